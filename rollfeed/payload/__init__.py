@@ -1,0 +1,39 @@
+"""Bytes <-> handles: per-token side channels written once, passed around as segment records."""
+
+from rollfeed.payload.errors import (
+    PayloadDtypeError,
+    PayloadError,
+    PayloadHeaderError,
+    PayloadIndexError,
+    PayloadInputError,
+    PayloadMissingFileError,
+    PayloadPathError,
+    PayloadSegmentError,
+    PayloadTruncatedError,
+    PayloadWidthError,
+    UnknownFieldError,
+)
+from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
+from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
+
+__all__ = [
+    "PAYLOAD_FIELDS",
+    "PayloadDtypeError",
+    "PayloadError",
+    "PayloadField",
+    "PayloadHeaderError",
+    "PayloadIndexError",
+    "PayloadInputError",
+    "PayloadMissingFileError",
+    "PayloadPathError",
+    "PayloadSegment",
+    "PayloadSegmentError",
+    "PayloadTruncatedError",
+    "PayloadWidthError",
+    "RaggedLayout",
+    "UnknownFieldError",
+    "clip_segments",
+    "lookup_field",
+    "register_field",
+    "shift_segments",
+]

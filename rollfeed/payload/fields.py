@@ -1,0 +1,96 @@
+"""The fields registry: which per-token side channels exist and how each is read back.
+
+A field is a name plus a :class:`PayloadField`. ``fill`` says both the value of an uncovered
+position and the value kind (an ``int`` fill means integer values, a ``float`` fill float values);
+``window`` says which positions a context-parallel rank reads (DESIGN.md):
+
+- ``inputs``: the rank's own input positions (routing, consumed in the forward);
+- ``labels``: the same positions shifted one ahead (a mask sits at the sampled token's position);
+- ``sequence``: the whole micro batch (consumed by the loss after a CP gather).
+
+Adding a field is one call, ``register_field("my_field", PayloadField(fill=0, window="inputs"))``,
+or one entry in your own mapping passed as ``fields=`` to the writer and reader; nothing else changes.
+Register at import time of a module your DataLoader workers also import, so spawned workers see it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from rollfeed.payload.errors import UnknownFieldError
+
+Window = Literal["inputs", "labels", "sequence"]
+WINDOWS: tuple[Window, ...] = ("inputs", "labels", "sequence")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PayloadField:
+    """How one per-token field is stored and read.
+
+    ``ragged=False``: fixed width, each row ``[*shape]``; read back as ``[n, *shape]``.
+    ``ragged=True``: a variable-length row per token (CSR); read back as ``[n, W]`` padded with fill,
+    values ``int32`` for an int fill and ``float32`` for a float fill.
+    """
+
+    fill: int | float
+    window: Window
+    ragged: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fill, bool) or not isinstance(self.fill, int | float):
+            raise ValueError(f"PayloadField fill must be an int or a float, got {self.fill!r}")
+        if self.window not in WINDOWS:
+            raise ValueError(f"PayloadField window must be one of {WINDOWS}, got {self.window!r}")
+        if isinstance(self.fill, float) and math.isnan(self.fill):
+            raise ValueError("PayloadField fill must not be NaN (it would never compare equal)")
+
+    @property
+    def is_int(self) -> bool:
+        return isinstance(self.fill, int)
+
+    @property
+    def ragged_dtype(self) -> np.dtype:
+        """Stored and returned dtype of a ragged field's values."""
+        return np.dtype("<i4") if self.is_int else np.dtype("<f4")
+
+
+PAYLOAD_FIELDS: dict[str, PayloadField] = {
+    "routed_experts": PayloadField(fill=0, window="inputs"),
+    "routed_expert_weights": PayloadField(fill=0.0, window="inputs"),
+    "sampling_mask": PayloadField(fill=-1, window="labels", ragged=True),
+    "sampling_mask_logprobs": PayloadField(fill=-math.inf, window="sequence", ragged=True),
+}
+
+
+def register_field(
+    name: str, field: PayloadField, *, fields: MutableMapping[str, PayloadField] = PAYLOAD_FIELDS
+) -> PayloadField:
+    """Add ``name`` to a registry (the default one unless ``fields`` is given).
+
+    Re-registering the same definition is a no-op; a different definition under a taken name is an
+    error, because segments already written would be read back differently.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"payload field name must be an identifier, got {name!r}")
+    old = fields.get(name)
+    if old is not None and old != field:
+        raise ValueError(f"payload field {name!r} is already registered as {old}; got {field}")
+    fields[name] = field
+    return field
+
+
+def lookup_field(name: str, fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS) -> PayloadField:
+    """The field definition, or :class:`UnknownFieldError` naming the known fields."""
+    try:
+        return fields[name]
+    except KeyError:
+        raise UnknownFieldError(
+            f"unknown payload field {name!r}; known: {sorted(fields)} "
+            "(register it with rollfeed.payload.register_field)",
+            field=name,
+        ) from None

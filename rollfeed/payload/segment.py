@@ -1,0 +1,100 @@
+"""Segment records: small, JSON-serialisable handles to rows of a field inside a payload file.
+
+A segment says "rows ``[pos, pos + rows)`` of ``field`` (token positions relative to the owning
+sequence) are the region rows ``[first, first + rows)`` of the region whose body starts at byte
+``offset`` of ``file``" (``file`` relative to the payload root). Every stage after inference moves
+only these records: truncation clips them, packing shifts them, a trainer rank reads its window.
+
+Worked example (a mask region of 6 rows written for completion tokens 4..9)::
+
+    s = PayloadSegment(field="sampling_mask", file="step_000001/w0.rfp", offset=64,
+                       pos=4, rows=6, dtype="int32", ragged=RaggedLayout(rows=6, values=11, ...))
+    clip_segments([s], 0, 8)    -> pos=4, rows=4, first=0   (truncated at 8)
+    clip_segments([s], 6, 20)   -> pos=6, rows=4, first=2   (head cut mid-request)
+    clip_segments([s], 12, 20)  -> pos=12, rows=0           (placeholder: the field stays present)
+    shift_segments([s], 100)    -> pos=104                  (packed at micro-batch offset 100)
+
+Clipping a ragged segment only moves ``first``/``rows``: it needs neither row widths nor I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rollfeed.payload.errors import PayloadSegmentError
+
+STORED_DTYPES = frozenset(
+    ["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "float16", "float32", "float64"]
+)
+
+
+class RaggedLayout(BaseModel):
+    """Where a CSR region keeps its row index; see :mod:`rollfeed.payload.layout`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rows: int  # rows in the whole region (not only this segment)
+    values: int  # values in the whole region
+    count_bytes: int  # width of one stored row length: 1, 2 or 4
+    block_rows: int  # rows per index block (one absolute value offset per block)
+
+
+class PayloadSegment(BaseModel):
+    """A handle to ``rows`` consecutive token rows of one field. Frozen; JSON round-trips."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str
+    file: str
+    offset: int
+    pos: int
+    rows: int
+    dtype: str
+    shape: tuple[int, ...] = ()
+    first: int = 0
+    ragged: RaggedLayout | None = None
+
+    @property
+    def end(self) -> int:
+        return self.pos + self.rows
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one fixed-width row (``prod(shape) * itemsize``)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PayloadSegment:
+        """Parse one record; a malformed record is a :class:`PayloadSegmentError`."""
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as err:
+            raise PayloadSegmentError(f"malformed payload segment record: {err}") from None
+
+
+def clip_segments(segments: Iterable[PayloadSegment], lo: int, hi: int) -> list[PayloadSegment]:
+    """Keep only rows at positions ``[lo, hi)``; pure metadata, no I/O.
+
+    A segment clipped to nothing stays as a zero-row placeholder with ``pos`` clamped into
+    ``[lo, hi]``, so the field is still known to be present.
+    """
+    if hi < lo:
+        raise ValueError(f"clip_segments needs lo <= hi, got lo={lo}, hi={hi}")
+    out = []
+    for s in segments:
+        a, b = max(s.pos, lo), min(s.end, hi)
+        if b <= a:
+            out.append(s.model_copy(update={"pos": min(max(s.pos, lo), hi), "rows": 0}))
+        elif a == s.pos and b == s.end:
+            out.append(s)
+        else:
+            out.append(s.model_copy(update={"pos": a, "rows": b - a, "first": s.first + a - s.pos}))
+    return out
+
+
+def shift_segments(segments: Iterable[PayloadSegment], delta: int) -> list[PayloadSegment]:
+    """Move every segment by ``delta`` token positions (e.g. to micro-batch coordinates)."""
+    return [s if delta == 0 else s.model_copy(update={"pos": s.pos + delta}) for s in segments]
