@@ -14,7 +14,11 @@ from rollfeed.payload.errors import (
     UnknownFieldError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
+from rollfeed.payload.layout import ragged_bytes
+from rollfeed.payload.reader import read_field
+from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
+from rollfeed.payload.writer import PayloadWriter
 
 __all__ = [
     "PAYLOAD_FIELDS",
@@ -26,14 +30,18 @@ __all__ = [
     "PayloadInputError",
     "PayloadMissingFileError",
     "PayloadPathError",
+    "PayloadRoot",
     "PayloadSegment",
     "PayloadSegmentError",
     "PayloadTruncatedError",
     "PayloadWidthError",
+    "PayloadWriter",
     "RaggedLayout",
     "UnknownFieldError",
     "clip_segments",
     "lookup_field",
+    "ragged_bytes",
+    "read_field",
     "register_field",
     "shift_segments",
 ]

@@ -45,11 +45,11 @@ class UnknownFieldError(PayloadError):
 
 
 class PayloadInputError(PayloadError):
-    """Arrays handed to the writer are malformed (negative counts, values length != sum(counts), ...)."""
+    """Arrays handed to the writer are malformed (negative counts, len(values) != sum(counts))."""
 
 
 class PayloadSegmentError(PayloadError):
-    """A segment record is inconsistent: negative rows or offsets, overlaps, wrong layout metadata."""
+    """A segment record is inconsistent: negative rows or offsets, overlaps, bad layout."""
 
 
 class PayloadPathError(PayloadError):
@@ -73,7 +73,7 @@ class PayloadIndexError(PayloadError):
 
 
 class PayloadDtypeError(PayloadError):
-    """A segment's dtype disagrees with its field (int vs float), or segments of a field disagree."""
+    """A segment's dtype disagrees with its field (int vs float), or a field's segments disagree."""
 
 
 class PayloadWidthError(PayloadError):

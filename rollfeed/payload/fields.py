@@ -9,7 +9,8 @@ position and the value kind (an ``int`` fill means integer values, a ``float`` f
 - ``sequence``: the whole micro batch (consumed by the loss after a CP gather).
 
 Adding a field is one call, ``register_field("my_field", PayloadField(fill=0, window="inputs"))``,
-or one entry in your own mapping passed as ``fields=`` to the writer and reader; nothing else changes.
+or one entry in your own mapping passed as ``fields=`` to the writer and reader; nothing else
+changes.
 Register at import time of a module your DataLoader workers also import, so spawned workers see it.
 """
 
@@ -33,7 +34,8 @@ class PayloadField:
     """How one per-token field is stored and read.
 
     ``ragged=False``: fixed width, each row ``[*shape]``; read back as ``[n, *shape]``.
-    ``ragged=True``: a variable-length row per token (CSR); read back as ``[n, W]`` padded with fill,
+    ``ragged=True``: a variable-length row per token (CSR); read back as ``[n, W]`` padded with
+    fill,
     values ``int32`` for an int fill and ``float32`` for a float fill.
     """
 

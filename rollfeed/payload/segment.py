@@ -27,7 +27,18 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rollfeed.payload.errors import PayloadSegmentError
 
 STORED_DTYPES = frozenset(
-    ["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "float16", "float32", "float64"]
+    [
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+    ]
 )
 
 
