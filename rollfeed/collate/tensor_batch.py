@@ -1,0 +1,82 @@
+"""TensorMicroBatch: the tensors one CP rank feeds to the model for one micro batch.
+
+Coordinates. A micro batch is one packed row of ``S`` tokens (``S`` a multiple of the pad
+multiple). The row is cut into *slots*: one per sample (for the zigzag layout a sample's slot is
+padded to a multiple of ``2 * cp_size``), plus one final slot for the row's tail padding when there
+is any. A CP rank holds ``N = S // cp_size`` of the row's positions, listed in ``positions`` in the
+order its tensors store them (``contiguous``: one chunk; ``zigzag``: chunks ``r`` and
+``2 * cp_size - 1 - r`` of every slot, TransformerEngine's THD order).
+
+Every per-token training tensor is in *label coordinates*: entry ``j`` describes the prediction made
+at input position ``j`` of token ``j + 1`` (``labels[j] = input_ids[j + 1]``), so ``loss_mask``,
+``advantages``, ``inference_logprobs`` and ``temperatures`` belong to sampled token ``j + 1``.
+They are computed on the whole row before the split, so a rank never needs its neighbour's tokens.
+At a sample's last position and on padding there is no label: ``labels = IGNORE_INDEX``,
+``loss_mask = False``, advantages and logprobs 0, temperature 1.
+
+Worked example: samples ``[5, 6, 7]`` (loss_mask ``[0, 1, 1]``) and ``[8, 9]`` (``[0, 1]``),
+contiguous layout, ``cp_size=2``, pad multiple 2 -> ``S = 6``::
+
+    whole row        input_ids [5, 6, 7, 8, 9, 0]   position_ids [0, 1, 2, 0, 1, 0]
+                     labels    [6, 7, -100, 9, -100, -100]   loss_mask [1, 1, 0, 1, 0, 0]
+                     seq_lens  [3, 2]               cu_seqlens [0, 3, 5, 6]   (last slot: padding)
+    cp_rank 0        positions [0, 1, 2]  input_ids [5, 6, 7]  labels [6, 7, -100]
+    cp_rank 1        positions [3, 4, 5]  input_ids [8, 9, 0]  labels [9, -100, -100]
+
+``fields`` holds one tensor per payload field present in the micro batch, read over the field's
+window (DESIGN.md): ``inputs`` -> ``[N, ...]`` at ``positions``; ``labels`` -> ``[N, ...]`` at
+``positions + 1`` (row position ``S`` reads fill); ``sequence`` -> ``[S, ...]`` over the whole row.
+With ``fields_whole=True`` every field was read over the whole row instead (``[S, ...]``, labels
+fields at ``1 .. S``), for models that shard inside the forward. Fixed-width fields are
+``[n, *shape]`` at their stored dtype (routing ids stay ``uint8``); ragged fields are ``[n, W]``
+``int32``/``float32`` padded with the field's fill, ``W`` the same on every CP rank.
+
+A dummy micro batch (a DP rank that came up short) has ``num_samples == 0``, all-padding tokens,
+``loss_mask`` all False and ``fields == {}``: no payload is read for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class TensorMicroBatch:
+    """One CP rank's tensors for one micro batch. ``N = seq_len // cp_size``; see module doc.
+
+    input_ids, position_ids, labels, positions: ``[N]`` int64.
+    loss_mask: ``[N]`` bool. advantages, inference_logprobs, temperatures: ``[N]`` float32.
+    seq_lens: ``[num_samples]`` int32, real tokens per sample of the whole row.
+    cu_seqlens: ``[num_slots + 1]`` int32, slot boundaries of the whole row (0 .. seq_len).
+    fields: field name -> tensor over the field's window (see module doc).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    inference_logprobs: torch.Tensor
+    temperatures: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens: torch.Tensor
+    seq_len: int
+    cp_rank: int
+    cp_size: int
+    cp_layout: str
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    fields_whole: bool = False
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.seq_lens.numel())
+
+    @property
+    def is_dummy(self) -> bool:
+        """True for the filler micro batch of a DP rank that came up short (no loss)."""
+        return self.num_samples == 0
