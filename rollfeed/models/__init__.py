@@ -1,1 +1,6 @@
-"""rollfeed.models."""
+"""rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP)."""
+
+from rollfeed.models.candidates import SupportInputError
+from rollfeed.models.support import SupportScores, support_logprobs
+
+__all__ = ["SupportInputError", "SupportScores", "support_logprobs"]

@@ -1,0 +1,77 @@
+"""Tensor-parallel reductions for vocab-parallel support scoring.
+
+Under TP each rank holds a vocabulary shard ``[v0, v0 + V_local)`` of the logits (or of the LM-head
+rows) and the *same* support rows, labels and upstream gradients. Scoring needs two reductions over
+the TP group per call:
+
+- :func:`all_reduce_max` — the row maxima ``[N]``, detached (the max is a shift that cancels out of
+  every score, so it carries no gradient);
+- :func:`all_reduce_sum_local_grad` — a stacked ``[2 or 3, N]`` of partial sums in one collective.
+  Its forward value is the global sum; its backward sends the incoming gradient to this rank's own
+  local term only (``global + (local - local.detach())``). That is exact here because every rank
+  evaluates the same loss from the same global sums, and shard r's logits enter those sums only
+  through shard r's local term. The gradient a rank sees for its logits is therefore the TP=1
+  gradient restricted to its shard, and the backward needs no collective.
+
+Both call ``torch.distributed.all_reduce`` through the module attribute, so a test can wrap it to
+count collectives.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+ProcessGroup = dist.ProcessGroup
+
+
+def tp_world(tp_group: ProcessGroup | None) -> tuple[int, int]:
+    """``(rank, size)`` of this process in ``tp_group``; ``(0, 1)`` when there is no group."""
+    if tp_group is None:
+        return 0, 1
+    return dist.get_rank(tp_group), dist.get_world_size(tp_group)
+
+
+def all_reduce_max(x: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:
+    """Element-wise max over the TP group of a detached copy of ``x`` (``x`` itself is untouched)."""
+    out = x.detach().clone()
+    if tp_group is not None:
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=tp_group)
+    return out
+
+
+def all_reduce_sum_local_grad(local: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:
+    """Sum ``local`` over the TP group; the gradient flows back into ``local`` unchanged.
+
+    Forward value: ``Σ_ranks local``. Backward: ``d out / d local = I`` on every rank (see the module
+    docstring for why that is the right gradient for vocab-parallel scoring).
+    """
+    if tp_group is None:
+        return local
+    total = local.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=tp_group)
+    # `local - local.detach()` is exactly zero in the forward, so the value is the reduced sum bit for
+    # bit, and the gradient reaches `local` through the identity.
+    return total + (local - local.detach())
+
+
+def vocab_shard(
+    local_width: int,
+    tp_group: ProcessGroup | None,
+    vocab_start: int | None,
+    vocab_size: int | None,
+) -> tuple[int, int]:
+    """``(v0, V)``: first global id of this rank's shard and the full vocabulary size.
+
+    Defaults assume an even split (``v0 = rank · V_local``, ``V = size · V_local``), which is how
+    Megatron / DTensor shard a padded vocabulary; pass both for an uneven split.
+    """
+    rank, size = tp_world(tp_group)
+    v0 = rank * local_width if vocab_start is None else vocab_start
+    vocab = size * local_width if vocab_size is None else vocab_size
+    if not 0 <= v0 <= vocab - local_width:
+        raise ValueError(
+            f"vocab shard [{v0}, {v0 + local_width}) does not fit in a vocabulary of {vocab}; "
+            "pass vocab_start and vocab_size for an uneven TP split"
+        )
+    return v0, vocab

@@ -1,0 +1,152 @@
+"""Plain path: parity with the float64 reference (values, gradients) and the edge cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollfeed.models import SupportInputError, support_logprobs
+from tests.models.reference import random_batch, reference_scores
+
+N, V = 47, 123
+
+
+def _grads(out: torch.Tensor, x: torch.Tensor, seed: int) -> torch.Tensor:
+    upstream = torch.randn(
+        out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype
+    )
+    (grad,) = torch.autograd.grad((out * upstream).sum(), x, retain_graph=True)
+    return grad
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_fallback", [False, True])
+def test_matches_reference_values_and_grads(temperature: float, with_fallback: bool) -> None:
+    b = random_batch(N, V, seed=1)
+    fallback = torch.zeros(N, dtype=torch.bool)
+    if with_fallback:
+        fallback[[0, 10, 17]] = True  # an empty row, a singleton row, a multi-id row
+    logits = b["logits"].requires_grad_()
+    got = support_logprobs(
+        logits,
+        b["labels"],
+        b["support"],
+        temperature=temperature,
+        compute_entropy=True,
+        entropy_requires_grad=True,
+        fallback_mask=fallback if with_fallback else None,
+    )
+    ref_lp, ref_h, ref_valid = reference_scores(
+        logits, b["labels"], b["support"], temperature=temperature, fallback_mask=fallback
+    )
+    assert torch.equal(got.valid_mask, ref_valid)
+    torch.testing.assert_close(got.logprobs, ref_lp, rtol=1e-12, atol=1e-12)
+    assert got.entropy is not None
+    torch.testing.assert_close(got.entropy, ref_h, rtol=1e-12, atol=1e-12)
+    for out, ref in ((got.logprobs, ref_lp), (got.entropy, ref_h)):
+        torch.testing.assert_close(_grads(out, logits, 2), _grads(ref, logits, 2))
+    assert int(got.metrics["rows_fallback"]) == (3 if with_fallback else 0)
+
+
+def test_float32_and_bfloat16_inputs_score_in_float32() -> None:
+    b = random_batch(N, V, seed=3)
+    ref_lp, ref_h, _ = reference_scores(b["logits"], b["labels"], b["support"])
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        got = support_logprobs(
+            b["logits"].to(dtype), b["labels"], b["support"].int(), compute_entropy=True
+        )
+        assert got.logprobs.dtype == torch.float32
+        torch.testing.assert_close(got.logprobs.double(), ref_lp, rtol=tol, atol=tol)
+        assert got.entropy is not None
+        torch.testing.assert_close(got.entropy.double(), ref_h, rtol=tol, atol=tol)
+
+
+def test_singleton_scores_zero_with_zero_gradient() -> None:
+    logits = torch.randn(3, 11, dtype=torch.float64, requires_grad=True)
+    support = torch.tensor([[4, -1, -1], [0, -1, -1], [10, -1, -1]])
+    got = support_logprobs(
+        logits, support[:, 0].clone(), support, compute_entropy=True, entropy_requires_grad=True
+    )
+    assert torch.equal(got.logprobs, torch.zeros(3, dtype=torch.float64))
+    assert got.entropy is not None and torch.equal(got.entropy, torch.zeros(3, dtype=torch.float64))
+    (grad,) = torch.autograd.grad(got.logprobs.sum() + got.entropy.sum(), logits)
+    assert torch.equal(grad, torch.zeros_like(grad))
+    assert int(got.metrics["rows_singleton"]) == 3
+
+
+def test_padding_rows_are_invalid_zero_and_get_no_gradient() -> None:
+    logits = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)
+    support = torch.tensor([[-1, -1], [2, 5]])
+    labels = torch.tensor([-100, 5])  # label of an unscored row is never read
+    got = support_logprobs(
+        logits, labels, support, compute_entropy=True, entropy_requires_grad=True
+    )
+    assert got.valid_mask.tolist() == [False, True]
+    assert got.logprobs[0].item() == 0.0 and got.entropy[0].item() == 0.0  # type: ignore[index]
+    (grad,) = torch.autograd.grad(got.logprobs.sum() + got.entropy.sum(), logits)  # type: ignore[union-attr]
+    assert torch.equal(grad[0], torch.zeros(7, dtype=torch.float64))
+    assert torch.isfinite(grad).all()
+
+
+def test_repeated_ids_count_once_and_padding_position_does_not_matter() -> None:
+    logits = torch.randn(1, 9, dtype=torch.float64)
+    labels = torch.tensor([3])
+    base = support_logprobs(logits, labels, torch.tensor([[3, 7, 1, -1, -1]]), compute_entropy=True)
+    for row in ([3, 7, 7, 1, 3], [7, -1, 3, 1, -1], [1, 1, 1, 7, 3]):
+        got = support_logprobs(logits, labels, torch.tensor([row]), compute_entropy=True)
+        torch.testing.assert_close(got.logprobs, base.logprobs, rtol=1e-15, atol=1e-15)
+        torch.testing.assert_close(got.entropy, base.entropy, rtol=1e-15, atol=1e-15)
+    dup = support_logprobs(logits, labels, torch.tensor([[3, 7, 7, 1, 3]]))
+    assert int(dup.metrics["duplicate_ids"]) == 2
+
+
+def test_label_outside_support_is_scored_as_is_and_counted() -> None:
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]], dtype=torch.float64)
+    got = support_logprobs(logits, torch.tensor([2]), torch.tensor([[0, 1, -1]]))
+    expected = 5.0 - torch.logsumexp(torch.tensor([0.0, 1.0], dtype=torch.float64), 0)
+    torch.testing.assert_close(got.logprobs, expected[None])
+    assert float(got.logprobs[0]) > 0
+    assert int(got.metrics["label_outside_support"]) == 1
+
+
+def test_extreme_logits_stay_finite() -> None:
+    logits = torch.tensor([[1e4, -1e4, 0.0, 3e4]], requires_grad=True)
+    got = support_logprobs(
+        logits,
+        torch.tensor([1]),
+        torch.tensor([[0, 1, 3]]),
+        compute_entropy=True,
+        entropy_requires_grad=True,
+    )
+    (grad,) = torch.autograd.grad(got.logprobs.sum() + got.entropy.sum(), logits)  # type: ignore[union-attr]
+    assert torch.isfinite(got.logprobs).all() and torch.isfinite(grad).all()
+
+
+def test_entropy_is_a_detached_metric_unless_asked() -> None:
+    logits = torch.randn(4, 6, requires_grad=True)
+    support = torch.tensor([[0, 1], [2, 3], [4, -1], [5, 0]])
+    got = support_logprobs(logits, support[:, 0].clone(), support, compute_entropy=True)
+    assert got.logprobs.requires_grad and got.entropy is not None
+    assert not got.entropy.requires_grad
+    assert support_logprobs(logits, support[:, 0].clone(), support).entropy is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"support": torch.tensor([[0, 123], [1, -1]])}, "outside \\[-1, 123\\)"),
+        ({"support": torch.tensor([[0, -2], [1, -1]])}, "outside \\[-1, 123\\)"),
+        ({"labels": torch.tensor([200, 0])}, "labels\\[0\\] = 200"),
+        ({"support": torch.tensor([0, 1])}, "must be \\[N, K\\]"),
+        ({"support": torch.tensor([[0.0], [1.0]])}, "int32/int64"),
+        ({"labels": torch.tensor([0])}, "labels must be"),
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"entropy_requires_grad": True}, "needs compute_entropy"),
+        ({"fallback_mask": torch.tensor([1, 0])}, "fallback_mask must be bool"),
+    ],
+)
+def test_bad_inputs_raise_naming_the_value(kwargs: dict, match: str) -> None:
+    args = {"labels": torch.tensor([0, 1]), "support": torch.tensor([[0, -1], [1, 2]])}
+    args.update(kwargs)
+    with pytest.raises(SupportInputError, match=match):
+        support_logprobs(torch.randn(2, 123), args.pop("labels"), args.pop("support"), **args)
