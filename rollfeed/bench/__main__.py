@@ -14,7 +14,9 @@ def _names() -> list[str]:
 def main(argv: list[str]) -> int:
     names = _names()
     if not argv or argv[0] not in [*names, "all"]:
-        sys.stderr.write(f"usage: python -m rollfeed.bench {{{'|'.join([*names, 'all'])}}} [ARGS...]\n")
+        sys.stderr.write(
+            f"usage: python -m rollfeed.bench {{{'|'.join([*names, 'all'])}}} [ARGS...]\n"
+        )
         return 2
     for name in names if argv[0] == "all" else [argv[0]]:
         importlib.import_module(f"rollfeed.bench.{name}").main(argv[1:])

@@ -21,6 +21,7 @@ class PayloadError(ValueError):
         offset: int | None = None,
         pos: int | None = None,
     ) -> None:
+        self.message = message
         self.file, self.field, self.offset, self.pos = file, field, offset, pos
         where = [
             f"{k}={v}"
@@ -29,15 +30,19 @@ class PayloadError(ValueError):
         ]
         super().__init__(f"{message} [{', '.join(where)}]" if where else message)
 
+    def with_place(self, **place: str | int | None) -> PayloadError:
+        """The same error with the places it did not know yet filled in (e.g. the field name)."""
+        known = {"file": self.file, "field": self.field, "offset": self.offset, "pos": self.pos}
+        known.update({k: v for k, v in place.items() if known[k] is None})
+        return type(self)(self.message, **known)
+
     def __reduce__(self):  # keep the attributes through pickling (worker -> main process)
-        return (_rebuild, (type(self), self.args[0], self.file, self.field, self.offset, self.pos))
+        place = {"file": self.file, "field": self.field, "offset": self.offset, "pos": self.pos}
+        return (_rebuild, (type(self), self.message, place))
 
 
-def _rebuild(cls, text, file, field, offset, pos):
-    err = cls.__new__(cls)
-    ValueError.__init__(err, text)
-    err.file, err.field, err.offset, err.pos = file, field, offset, pos
-    return err
+def _rebuild(cls: type[PayloadError], message: str, place: dict) -> PayloadError:
+    return cls(message, **place)
 
 
 class UnknownFieldError(PayloadError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import os
 from collections.abc import Mapping, Sequence
 
@@ -190,7 +191,7 @@ def _read_fixed(segs, live, starts, ranges, n, name, spec, root) -> torch.Tensor
     dtype, shape = _common_dtype(segs, name)
     widen = any(np.dtype(s.dtype) != dtype for s in live)
     out = torch.from_numpy(np.empty((n, *shape), dtype=dtype))
-    flat = out.numpy().reshape(n, -1)
+    flat = out.numpy().reshape(n, math.prod(shape))
     ops, widened, gaps, at = [], [], [], 0
     for lo, hi in ranges:
         cursor = lo
@@ -213,7 +214,7 @@ def _read_fixed(segs, live, starts, ranges, n, name, spec, root) -> torch.Tensor
         flat[g0:g1] = spec.fill
     _read(root, ops, name)
     for dst, tmp in widened if widen else ():
-        dst[...] = tmp.reshape(len(tmp), -1)
+        dst[...] = tmp.reshape(len(tmp), math.prod(shape))
     return out
 
 
@@ -221,9 +222,7 @@ def _read(root: PayloadRoot, ops: list[ReadOp], name: str) -> None:
     try:
         root.read(ops)
     except PayloadError as err:
-        if err.field is None:  # the I/O layer knows files, not fields
-            raise type(err)(str(err), field=name) from None
-        raise
+        raise err.with_place(field=name) from None  # the I/O layer knows files, not fields
 
 
 def _read_ragged(live, starts, ranges, n, name, spec, root, width) -> torch.Tensor:
@@ -256,7 +255,7 @@ def _read_ragged(live, starts, ranges, n, name, spec, root, width) -> torch.Tens
                 block_rows=lay.block_rows,
             )
         except PayloadError as err:
-            raise type(err)(str(err), file=s.file, field=name, offset=s.offset, pos=s.pos) from None
+            raise err.with_place(file=s.file, field=name, offset=s.offset, pos=s.pos) from None
     widest, wide_seg = 0, None
     for s in live:
         c = index[id(s)].counts

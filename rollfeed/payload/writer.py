@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadInputError
+from rollfeed.payload.errors import PayloadInputError, PayloadPathError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
@@ -89,6 +89,7 @@ class PayloadWriter:
         self._pid: int | None = None
         self._size = 0
         self._lock = threading.Lock()
+        self._closed = False
 
     def __enter__(self) -> PayloadWriter:
         return self
@@ -101,16 +102,24 @@ class PayloadWriter:
             if self._fd is not None and self._pid == os.getpid():
                 os.close(self._fd)
             self._fd = None
+            self._closed = True
 
     def _append(self, blob: bytes) -> int:
         """Append ``blob``; return its file offset. Caller holds the lock."""
         if self._fd is None or self._pid != os.getpid():
             full = self.root.resolve(self.file)
             os.makedirs(os.path.dirname(full), exist_ok=True)
+            if self._closed:
+                raise ValueError(f"PayloadWriter for {self.file} is closed")
             # O_EXCL: a second writer (or a forked child) never appends to someone else's file.
-            self._fd = os.open(
-                full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644
-            )
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+            try:
+                self._fd = os.open(full, flags, 0o644)
+            except FileExistsError:
+                raise PayloadPathError(
+                    "payload file already exists: each writer (and process) needs its own name",
+                    file=self.file,
+                ) from None
             self._pid = os.getpid()
             head = file_header()
             os.write(self._fd, head)
@@ -225,7 +234,7 @@ class PayloadWriter:
                 counts, values, dtype=field.ragged_dtype, block_rows=BLOCK_ROWS
             )
         except PayloadInputError as err:
-            raise PayloadInputError(f"field {name!r}: {err}", field=name) from None
+            raise err.with_place(field=name) from None
         assert len(body) == values_start(counts.size, count_bytes, BLOCK_ROWS) + values.size * 4
         header = RegionHeader(
             kind=KIND_RAGGED,

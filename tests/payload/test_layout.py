@@ -1,0 +1,89 @@
+import numpy as np
+import pytest
+
+from rollfeed.payload import PayloadInputError, ragged_bytes
+from rollfeed.payload.layout import decode_index, index_span, values_start
+
+
+def test_worked_example_bytes():
+    body, count_bytes = ragged_bytes(
+        np.array([2, 0, 1]), np.array([7, 9, 4]), dtype=np.dtype("int32"), block_rows=2
+    )
+    assert count_bytes == 1
+    expected = (
+        (0).to_bytes(8, "little")
+        + bytes([2, 0])
+        + (2).to_bytes(8, "little")
+        + bytes([1])
+        + bytes(1)  # pad values to 4 bytes
+        + np.array([7, 9, 4], "<i4").tobytes()
+    )
+    assert body == expected
+
+
+def test_wide_rows_use_wider_lengths():
+    counts = np.array([1, 300, 2])
+    body, count_bytes = ragged_bytes(counts, np.arange(303), dtype=np.dtype("int32"))
+    assert count_bytes == 2
+    lo, hi = index_span(1, 3, rows=3, count_bytes=2, block_rows=128)
+    idx = decode_index(
+        np.frombuffer(body[lo:hi], np.uint8),
+        1,
+        3,
+        rows=3,
+        values=303,
+        count_bytes=2,
+        block_rows=128,
+    )
+    assert idx.counts.tolist() == [300, 2] and idx.starts.tolist() == [1, 301]
+
+
+@pytest.mark.parametrize("mean", [1.7, 8.0])
+def test_bytes_per_token_target(mean):
+    rng = np.random.default_rng(0)
+    counts = 1 + rng.poisson(mean - 1, 100_000)
+    body, _ = ragged_bytes(counts, np.zeros(counts.sum(), np.int32), dtype=np.dtype("int32"))
+    per_token = len(body) / counts.size
+    assert per_token <= 4 * counts.mean() + 1.1
+    if mean == 1.7:
+        assert per_token <= 8.0
+
+
+def test_index_decodes_any_window():
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        n, block = int(rng.integers(1, 700)), int(rng.integers(1, 140))
+        counts = rng.integers(0, 300 if trial % 4 == 0 else 5, n)
+        body, cb = ragged_bytes(
+            counts, np.arange(counts.sum()), dtype=np.dtype("int32"), block_rows=block
+        )
+        lo = int(rng.integers(0, n))
+        hi = int(rng.integers(lo + 1, n + 1))
+        b0, b1 = index_span(lo, hi, rows=n, count_bytes=cb, block_rows=block)
+        idx = decode_index(
+            np.frombuffer(body[b0:b1], np.uint8),
+            lo,
+            hi,
+            rows=n,
+            values=int(counts.sum()),
+            count_bytes=cb,
+            block_rows=block,
+        )
+        starts = np.cumsum(counts) - counts
+        np.testing.assert_array_equal(idx.counts, counts[lo:hi])
+        np.testing.assert_array_equal(idx.starts, starts[lo:hi])
+        vals = np.frombuffer(body[values_start(n, cb, block) :], "<i4")
+        np.testing.assert_array_equal(vals, np.arange(counts.sum()))
+
+
+@pytest.mark.parametrize(
+    ("counts", "values", "match"),
+    [
+        (np.array([1, -1]), np.array([3]), "counts must be >= 0"),
+        (np.array([2, 1]), np.array([3, 4]), "sum\\(counts\\)=3"),
+        (np.array([1]), np.array([1 << 40]), "fit int32"),
+    ],
+)
+def test_bad_ragged_input(counts, values, match):
+    with pytest.raises(PayloadInputError, match=match):
+        ragged_bytes(counts, values, dtype=np.dtype("int32"))

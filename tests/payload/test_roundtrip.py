@@ -1,0 +1,183 @@
+"""write -> clip (mid-request, mid-row-block) -> shift -> read, against the NumPy reference."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollfeed.payload import (
+    PAYLOAD_FIELDS,
+    PayloadField,
+    PayloadRoot,
+    PayloadWriter,
+    clip_segments,
+    read_field,
+    register_field,
+    shift_segments,
+)
+from tests.payload.reference import (
+    dense_fixed,
+    dense_ragged,
+    read_fixed_ref,
+    read_ragged_ref,
+)
+
+SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@st.composite
+def requests(draw):
+    """Two requests of one sequence written by two writers (two files), plus a clip and a shift."""
+    length = draw(st.integers(1, 400))
+    cut = draw(st.integers(0, length))
+    experts = draw(st.sampled_from([8, 128, 300]))
+    seed = draw(st.integers(0, 2**31))
+    lo = draw(st.integers(0, length))
+    hi = draw(st.integers(lo, length + 3))
+    delta = draw(st.integers(0, 50))
+    n_ranges = draw(st.integers(1, 3))
+    ranges = []
+    for _ in range(n_ranges):
+        a = draw(st.integers(0, length + 4))
+        ranges.append((a, draw(st.integers(a, length + 6))))
+    return length, cut, experts, seed, (lo, hi), delta, ranges
+
+
+@SETTINGS
+@given(requests())
+def test_fixed_routing_round_trip(tmp_path, case):
+    length, cut, experts, seed, (lo, hi), delta, ranges = case
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, experts, (length, 3, 2))
+    stored = np.uint8 if experts <= 256 else np.uint16
+    # A run with more than 256 experts pins uint16 so every request stores the same dtype.
+    dtypes = {"routed_experts": "uint16"} if experts > 256 else None
+    segs = []
+    for a, b in [(0, cut), (cut, length)]:
+        if b > a:
+            with PayloadWriter(tmp_path, group="g", dtypes=dtypes) as w:
+                segs += w.write({"routed_experts": data[a:b]}, pos=a)
+    assert all(s.dtype == np.dtype(stored).name for s in segs)
+    segs = shift_segments(clip_segments(segs, lo, hi), delta)
+    dense = dense_fixed(length + delta, [(delta + lo, data[lo:hi])], 0, (3, 2), stored)
+    got = read_field(segs, "routed_experts", ranges, root=tmp_path)
+    assert got.dtype == (torch.uint8 if stored is np.uint8 else torch.uint16)
+    np.testing.assert_array_equal(got.numpy(), read_fixed_ref(dense, ranges, 0))
+
+
+@SETTINGS
+@given(requests(), st.sampled_from([0.7, 1.7, 8.0]))
+def test_ragged_mask_round_trip(tmp_path, case, mean):
+    length, cut, _, seed, (lo, hi), delta, ranges = case
+    rng = np.random.default_rng(seed)
+    counts = rng.poisson(mean, length)
+    values = rng.integers(0, 151_936, counts.sum()).astype(np.int32)
+    starts = np.cumsum(counts) - counts
+    segs = []
+    for a, b in [(0, cut), (cut, length)]:
+        if b > a:
+            vals = values[starts[a] : starts[a] + counts[a:b].sum()]
+            with PayloadWriter(tmp_path, group="g") as w:
+                segs += w.write({"sampling_mask": (counts[a:b], vals)}, pos=a)
+    segs = shift_segments(clip_segments(segs, lo, hi), delta)
+    rows = dense_ragged(length + delta, [(delta, counts, values)])
+    covered = range(delta + lo, delta + min(hi, length))
+    got = read_field(segs, "sampling_mask", ranges, root=tmp_path)
+    want = read_ragged_ref(rows, ranges, -1, np.int32, covered)
+    assert got.dtype == torch.int32
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_float_ragged_and_fixed_weights(tmp_path):
+    rng = np.random.default_rng(3)
+    counts = np.array([1, 0, 3, 2])
+    lp = rng.normal(size=6).astype(np.float32)
+    weights = rng.random((4, 2, 2)).astype(np.float32)
+    with PayloadWriter(tmp_path) as w:
+        segs = w.write(
+            {"sampling_mask_logprobs": (counts, lp), "routed_expert_weights": weights}, pos=2
+        )
+    got = read_field(segs, "sampling_mask_logprobs", (0, 7), root=tmp_path)
+    want = np.full((7, 3), -np.inf, np.float32)
+    want[2, :1], want[4, :3], want[5, :2] = lp[:1], lp[1:4], lp[4:]
+    np.testing.assert_array_equal(got.numpy(), want)
+    w_got = read_field(segs, "routed_expert_weights", (1, 4), root=tmp_path)
+    assert w_got.dtype == torch.float32
+    np.testing.assert_array_equal(
+        w_got.numpy(), np.concatenate([np.zeros((1, 2, 2), np.float32), weights[:2]])
+    )
+
+
+def test_registered_fields_round_trip_without_other_changes(tmp_path):
+    table = dict(PAYLOAD_FIELDS)
+    register_field(
+        "token_entropy_topk", PayloadField(fill=0.5, window="sequence", ragged=True), fields=table
+    )
+    register_field("tool_call_id", PayloadField(fill=-7, window="inputs"), fields=table)
+    counts = np.array([2, 1])
+    vals = np.array([0.25, 1.5, -3.0], np.float32)
+    ids = np.array([[3], [-2], [1000]])
+    with PayloadWriter(tmp_path, fields=table) as w:
+        segs = w.write(
+            {"token_entropy_topk": (counts, vals), "tool_call_id": ids},
+            pos={"token_entropy_topk": 1, "tool_call_id": 0},
+        )
+    rag = read_field(segs, "token_entropy_topk", (0, 4), root=tmp_path, fields=table)
+    np.testing.assert_array_equal(rag.numpy(), [[0.5, 0.5], [0.25, 1.5], [-3.0, 0.5], [0.5, 0.5]])
+    fixed = read_field(segs, "tool_call_id", (0, 4), root=tmp_path, fields=table)
+    assert fixed.dtype == torch.int16  # smallest dtype holding -7 .. 1000
+    np.testing.assert_array_equal(fixed.numpy()[:, 0], [3, -2, 1000, -7])
+
+
+def test_register_field_refuses_a_conflicting_definition():
+    table = dict(PAYLOAD_FIELDS)
+    register_field("sampling_mask", PAYLOAD_FIELDS["sampling_mask"], fields=table)  # same: no-op
+    with pytest.raises(ValueError, match="already registered"):
+        register_field("sampling_mask", PayloadField(fill=0, window="labels"), fields=table)
+    with pytest.raises(ValueError, match="window"):
+        PayloadField(fill=0, window="outputs")
+
+
+def test_absent_field_is_none_and_placeholder_is_width_one_fill(tmp_path):
+    with PayloadWriter(tmp_path) as w:
+        segs = w.write({"sampling_mask": (np.array([2, 1]), np.array([5, 6, 7]))}, pos=3)
+    assert read_field(segs, "routed_experts", (0, 4), root=tmp_path) is None
+    placeholder = clip_segments(segs, 0, 3)
+    assert placeholder[0].rows == 0
+    got = read_field(placeholder, "sampling_mask", (0, 4), root=tmp_path)
+    assert torch.equal(got, torch.full((4, 1), -1, dtype=torch.int32))
+
+
+def test_width_is_taken_over_all_segment_rows_not_the_window(tmp_path):
+    with PayloadWriter(tmp_path) as w:
+        segs = w.write({"sampling_mask": (np.array([1, 5, 1]), np.arange(7))}, pos=0)
+    narrow = read_field(segs, "sampling_mask", (2, 3), root=tmp_path)
+    assert narrow.shape == (1, 5) and narrow[0].tolist() == [6, -1, -1, -1, -1]
+    fixed = read_field(segs, "sampling_mask", (2, 3), root=tmp_path, width=8)
+    assert fixed.shape == (1, 8)
+
+
+def test_mixed_integer_widths_widen_losslessly(tmp_path):
+    with PayloadWriter(tmp_path) as w:
+        a = w.write({"routed_experts": np.array([[1, 2]])}, pos=0)
+        b = w.write({"routed_experts": np.array([[300, 4]])}, pos=1)
+    got = read_field(a + b, "routed_experts", (0, 3), root=tmp_path)
+    assert got.dtype == torch.uint16 and got.tolist() == [[1, 2], [300, 4], [0, 0]]
+
+
+def test_root_pickles_without_open_files_and_reads_after_fork(tmp_path):
+    root = PayloadRoot(tmp_path)
+    with PayloadWriter(root) as w:
+        segs = w.write({"routed_experts": np.arange(6).reshape(3, 2)}, pos=0)
+    first = read_field(segs, "routed_experts", (0, 3), root=root)
+    clone = pickle.loads(pickle.dumps(root))
+    assert clone._state is None and clone.path == root.path
+    ctx = torch.multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        again = pool.apply(read_field, (segs, "routed_experts", (0, 3)), {"root": root})
+    assert torch.equal(first, again)
