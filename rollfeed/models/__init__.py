@@ -1,6 +1,6 @@
 """rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP)."""
 
-from rollfeed.models.candidates import SupportInputError
+from rollfeed.models.candidates import SupportInputError, SupportLabelError
 from rollfeed.models.support import SupportScores, support_logprobs
 
-__all__ = ["SupportInputError", "SupportScores", "support_logprobs"]
+__all__ = ["SupportInputError", "SupportLabelError", "SupportScores", "support_logprobs"]

@@ -2,10 +2,12 @@
 
 With ``l = logits / temperature`` over the recorded support ``S`` of each row::
 
-    m = max_S l,  Z = Σ_S exp(l − m),  logp = l_y − m − log Z,  H_S = log Z − Σ_S exp(l − m)(l − m) / Z
+    m = max_S l,  Z = Σ_S exp(l − m),  logp = l_y − m − log Z,
+    H_S = log Z − Σ_S exp(l − m)(l − m) / Z
 
 Support semantics (sets, padding, fallback rows, labels outside the support) are described in
-:mod:`rollfeed.models.candidates`; the TP reductions in :mod:`rollfeed.models.tp`.
+:mod:`rollfeed.models.candidates`; the TP reductions in :mod:`rollfeed.models.tp`. The idea of
+replaying the sampler's kept set in the trainer is DeepSeek-V3.2's "Keep Sampling Mask".
 """
 
 from __future__ import annotations
@@ -14,15 +16,8 @@ import dataclasses
 
 import torch
 
-from rollfeed.models.candidates import (
-    check_ids,
-    check_inputs,
-    compute_dtype,
-    score_candidates,
-    support_members,
-    support_metrics,
-)
-from rollfeed.models.tp import ProcessGroup, vocab_shard
+from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
+from rollfeed.models.tp import ProcessGroup
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,9 +27,10 @@ class SupportScores:
     Attributes:
         logprobs: ``[N]`` label logprob normalised over the row's support (0 on invalid rows).
         entropy: ``[N]`` entropy of the support-restricted distribution, or None when not asked.
-        valid_mask: ``[N]`` bool, rows that were scored (non-empty support or fallback).
-        metrics: 0-d int64 tensors: ``rows_valid``, ``rows_fallback``, ``rows_singleton``,
-            ``label_outside_support``, ``duplicate_ids`` (no host sync until ``.item()``).
+        valid_mask: ``[N]`` bool, rows that were scored (a recorded support, or a fallback row).
+        metrics: 0-d int64 tensors (no host sync until ``.item()``): ``rows_valid``,
+            ``rows_fallback`` (full-vocab rows, including missing labels), ``rows_missing_label``,
+            ``rows_singleton``, ``duplicate_ids``; the fused path adds ``pairs_projected``.
     """
 
     logprobs: torch.Tensor
@@ -48,90 +44,81 @@ def support_logprobs(
     labels: torch.Tensor,
     support: torch.Tensor,
     *,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     compute_entropy: bool = False,
     entropy_requires_grad: bool = False,
     fallback_mask: torch.Tensor | None = None,
+    missing_label: MissingLabel = "error",
     tp_group: ProcessGroup | None = None,
-    vocab_start: int | None = None,
-    vocab_size: int | None = None,
-    validate: bool = True,
+    vocab_start: int = 0,
 ) -> SupportScores:
     """Score ``labels`` under ``logits`` renormalised over each row's recorded support.
 
     Args:
-        logits: ``[N, V_local]`` (the whole vocabulary, or this rank's shard under TP); any float
-            dtype, scored in fp32 (fp64 stays fp64). Only the support columns (plus full rows for
-            fallback rows) are read, so gradients are sparse in the vocabulary.
+        logits: ``[N, V_local]``, the whole vocabulary or this rank's shard under TP; any float
+            dtype, scored in fp32 (fp64 stays fp64). Only support columns (and whole fallback rows)
+            are read, so the gradient is zero outside them.
         labels: ``[N]`` int, the sampled token of each row (global ids).
-        support: ``[N, K]`` int32/int64 global token ids, ``-1`` padding (see
-            :mod:`rollfeed.models.candidates` for the exact semantics; repeats count once).
-        temperature: the sampler's temperature; logits are divided by it.
-        compute_entropy: also return the support entropy ``H_S``.
-        entropy_requires_grad: let the entropy carry gradients (for an entropy loss term);
-            otherwise it is a detached metric.
-        fallback_mask: ``[N]`` bool; those rows are scored over the full vocabulary (a named,
-            counted policy, e.g. a synthetic EOS with no recorded support). Selecting them costs a
-            host sync.
-        tp_group: TP group when ``logits`` is vocab-parallel; one MAX and one SUM all-reduce per call.
-        vocab_start, vocab_size: this rank's first id and the full vocabulary size; default to
-            an even split ``rank · V_local`` and ``world · V_local``.
-        validate: check id ranges (one host sync). Pass False when ids were checked upstream.
+        support: ``[N, W]`` int32/int64 global token ids, ``-1`` padding; repeats count once.
+        temperature: the sampler's temperature, a scalar or ``[N]``; logits are divided by it.
+        compute_entropy: also return the support entropy ``H_S`` (a detached metric).
+        entropy_requires_grad: let the entropy carry gradients (an entropy loss term).
+        fallback_mask: ``[N]`` bool; rows scored over the full vocabulary (a named, counted policy,
+            e.g. a loss-bearing synthetic EOS the sampler never produced).
+        missing_label: ``"error"`` raises :class:`SupportLabelError` naming rows whose label is
+            not in their support; ``"full_vocab"`` scores those rows over the full vocabulary.
+        tp_group: TP group when ``logits`` is vocab-parallel: one MAX and one SUM all-reduce.
+        vocab_start: first global id of this rank's shard.
 
     Returns:
-        :class:`SupportScores` with ``logprobs [N]``, ``entropy [N]`` or None, ``valid_mask [N]``.
+        :class:`SupportScores` (``logprobs [N]``, ``entropy [N]`` or None, ``valid_mask [N]``).
 
     Example (V=4, temperature 1)::
 
-        logits  = [[0., 1., 2., 3.]]; labels = [2]; support = [[2, 3, -1]]
-        logp    = 2 − logsumexp([2, 3]) = −1.3133
+        logits = [[0., 1., 2., 3.]]; labels = [2]; support = [[2, 3, -1]]
+        logp   = 2 − logsumexp([2, 3]) = −1.3133
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [N, V_local], got shape {tuple(logits.shape)}")
     rows, width = logits.shape
-    check_inputs(
+    cdt = compute_dtype(logits.dtype)
+    plan = plan_rows(
+        labels,
+        support,
         rows=rows,
-        labels=labels,
-        support=support,
-        fallback_mask=fallback_mask,
+        vocab_start=vocab_start,
+        local_width=width,
         temperature=temperature,
+        dtype=cdt,
+        fallback_mask=fallback_mask,
+        missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        whole_vocab=tp_group is None,
     )
-    v0, vocab = vocab_shard(width, tp_group, vocab_start, vocab_size)
-    member, repeats = support_members(support)
-    valid = member.any(-1) if fallback_mask is None else member.any(-1) | fallback_mask
-    if validate:
-        check_ids(labels, support, valid, vocab)
-    cdt = compute_dtype(logits.dtype)
+    t = plan.temperature
+    index = (support.long() - vocab_start).clamp(0, width - 1)
+    values = logits.gather(1, index).to(cdt) / t[:, None]
+    label_index = (labels.long() - vocab_start).clamp(0, width - 1)
+    label_value = logits.gather(1, label_index[:, None]).squeeze(1).to(cdt) / t
 
-    local = member & (support >= v0) & (support < v0 + width)
-    dense_rows = dense_values = None
-    if fallback_mask is not None:
-        local &= ~fallback_mask[:, None]
-        dense_rows = fallback_mask.nonzero().squeeze(1)
-        dense_values = logits[dense_rows].to(cdt) / temperature
-    index = (support.long() - v0).clamp(0, width - 1)
-    values = logits.gather(1, index).to(cdt) / temperature
-    label_owned = (labels >= v0) & (labels < v0 + width)
-    label_index = (labels.long() - v0).clamp(0, width - 1)
-    label_value = logits.gather(1, label_index[:, None]).squeeze(1).to(cdt) / temperature
+    dense_lse = dense_mean = None
+    if plan.fallback_rows is not None:
+        dense = logits[plan.fallback_rows].to(cdt) / t[plan.fallback_rows, None]
+        dense_lse = dense.logsumexp(-1)
+        if compute_entropy:
+            dense_mean = (torch.softmax(dense, -1) * dense).sum(-1)
 
     logp, entropy = score_candidates(
         values,
-        local,
+        plan,
         label_value,
-        label_owned,
-        valid,
-        dense_rows=dense_rows,
-        dense_values=dense_values,
+        dense_lse=dense_lse,
+        dense_mean=dense_mean,
         tp_group=tp_group,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
     )
     return SupportScores(
-        logprobs=logp,
-        entropy=entropy,
-        valid_mask=valid,
-        metrics=support_metrics(member, repeats, support, labels, valid, fallback_mask),
+        logprobs=logp, entropy=entropy, valid_mask=plan.valid, metrics=plan.metrics
     )

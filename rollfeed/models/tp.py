@@ -33,7 +33,7 @@ def tp_world(tp_group: ProcessGroup | None) -> tuple[int, int]:
 
 
 def all_reduce_max(x: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:
-    """Element-wise max over the TP group of a detached copy of ``x`` (``x`` itself is untouched)."""
+    """Element-wise max over the TP group of a detached copy of ``x`` (``x`` is untouched)."""
     out = x.detach().clone()
     if tp_group is not None:
         dist.all_reduce(out, op=dist.ReduceOp.MAX, group=tp_group)
@@ -43,15 +43,15 @@ def all_reduce_max(x: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tens
 def all_reduce_sum_local_grad(local: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:
     """Sum ``local`` over the TP group; the gradient flows back into ``local`` unchanged.
 
-    Forward value: ``Σ_ranks local``. Backward: ``d out / d local = I`` on every rank (see the module
-    docstring for why that is the right gradient for vocab-parallel scoring).
+    Forward value: ``Σ_ranks local``. Backward: ``d out / d local = I`` on every rank (see the
+    module docstring for why that is the right gradient for vocab-parallel scoring).
     """
     if tp_group is None:
         return local
     total = local.detach().clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=tp_group)
-    # `local - local.detach()` is exactly zero in the forward, so the value is the reduced sum bit for
-    # bit, and the gradient reaches `local` through the identity.
+    # `local - local.detach()` is exactly zero in the forward, so the value is the reduced sum bit
+    # for bit, and the gradient reaches `local` through the identity.
     return total + (local - local.detach())
 
 

@@ -14,15 +14,21 @@ def reference_scores(
     labels: torch.Tensor,
     support: torch.Tensor,
     *,
-    temperature: float = 1.0,
+    temperature: float | torch.Tensor = 1.0,
     fallback_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(logp [N], entropy [N], valid [N])`` in float64, differentiable w.r.t. ``logits``."""
-    scaled = logits.double() / temperature
+    """``(logp [N], entropy [N], valid [N])`` in float64, differentiable w.r.t. ``logits``.
+
+    Rows in ``fallback_mask`` and rows whose label is missing from their support are scored over
+    the full vocabulary (the ``missing_label="full_vocab"`` policy).
+    """
+    t = torch.as_tensor(temperature, dtype=torch.float64)
+    scaled = logits.double() / (t[:, None] if t.dim() else t)
     logps, entropies, valid = [], [], []
     for n in range(scaled.shape[0]):
         ids = sorted({int(i) for i in support[n] if int(i) >= 0})
-        if fallback_mask is not None and bool(fallback_mask[n]):
+        fallback = fallback_mask is not None and bool(fallback_mask[n])
+        if fallback or (ids and int(labels[n]) not in ids):
             ids = list(range(scaled.shape[1]))
         if not ids:
             logps.append(scaled[n, 0] * 0)

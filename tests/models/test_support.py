@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollfeed.models import SupportInputError, support_logprobs
+from rollfeed.models import SupportInputError, SupportLabelError, support_logprobs
 from tests.models.reference import random_batch, reference_scores
 
 N, V = 47, 123
@@ -19,9 +19,14 @@ def _grads(out: torch.Tensor, x: torch.Tensor, seed: int) -> torch.Tensor:
     return grad
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+TEMPERATURES = [1.0, 0.7, torch.linspace(0.5, 1.5, N, dtype=torch.float64)]
+
+
+@pytest.mark.parametrize("temperature", TEMPERATURES, ids=["t1", "t0.7", "per_token"])
 @pytest.mark.parametrize("with_fallback", [False, True])
-def test_matches_reference_values_and_grads(temperature: float, with_fallback: bool) -> None:
+def test_matches_reference_values_and_grads(
+    temperature: float | torch.Tensor, with_fallback: bool
+) -> None:
     b = random_batch(N, V, seed=1)
     fallback = torch.zeros(N, dtype=torch.bool)
     if with_fallback:
@@ -35,6 +40,7 @@ def test_matches_reference_values_and_grads(temperature: float, with_fallback: b
         compute_entropy=True,
         entropy_requires_grad=True,
         fallback_mask=fallback if with_fallback else None,
+        missing_label="full_vocab",
     )
     ref_lp, ref_h, ref_valid = reference_scores(
         logits, b["labels"], b["support"], temperature=temperature, fallback_mask=fallback
@@ -45,16 +51,17 @@ def test_matches_reference_values_and_grads(temperature: float, with_fallback: b
     torch.testing.assert_close(got.entropy, ref_h, rtol=1e-12, atol=1e-12)
     for out, ref in ((got.logprobs, ref_lp), (got.entropy, ref_h)):
         torch.testing.assert_close(_grads(out, logits, 2), _grads(ref, logits, 2))
-    assert int(got.metrics["rows_fallback"]) == (3 if with_fallback else 0)
+    missing = int(got.metrics["rows_missing_label"])
+    assert missing == 4  # the rows of kind 9 in random_batch
+    assert int(got.metrics["rows_fallback"]) == missing + (3 if with_fallback else 0)
 
 
 def test_float32_and_bfloat16_inputs_score_in_float32() -> None:
     b = random_batch(N, V, seed=3)
     ref_lp, ref_h, _ = reference_scores(b["logits"], b["labels"], b["support"])
+    kw = {"compute_entropy": True, "missing_label": "full_vocab"}
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
-        got = support_logprobs(
-            b["logits"].to(dtype), b["labels"], b["support"].int(), compute_entropy=True
-        )
+        got = support_logprobs(b["logits"].to(dtype), b["labels"], b["support"].int(), **kw)
         assert got.logprobs.dtype == torch.float32
         torch.testing.assert_close(got.logprobs.double(), ref_lp, rtol=tol, atol=tol)
         assert got.entropy is not None
@@ -96,17 +103,23 @@ def test_repeated_ids_count_once_and_padding_position_does_not_matter() -> None:
         got = support_logprobs(logits, labels, torch.tensor([row]), compute_entropy=True)
         torch.testing.assert_close(got.logprobs, base.logprobs, rtol=1e-15, atol=1e-15)
         torch.testing.assert_close(got.entropy, base.entropy, rtol=1e-15, atol=1e-15)
+    for row in ([3, 7, 7, 1, 3], [3, 7, 1, -5, -1]):  # every negative id is padding
+        got = support_logprobs(logits, labels, torch.tensor([row]))
+        torch.testing.assert_close(got.logprobs, base.logprobs, rtol=1e-15, atol=1e-15)
     dup = support_logprobs(logits, labels, torch.tensor([[3, 7, 7, 1, 3]]))
     assert int(dup.metrics["duplicate_ids"]) == 2
 
 
-def test_label_outside_support_is_scored_as_is_and_counted() -> None:
-    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]], dtype=torch.float64)
-    got = support_logprobs(logits, torch.tensor([2]), torch.tensor([[0, 1, -1]]))
-    expected = 5.0 - torch.logsumexp(torch.tensor([0.0, 1.0], dtype=torch.float64), 0)
-    torch.testing.assert_close(got.logprobs, expected[None])
-    assert float(got.logprobs[0]) > 0
-    assert int(got.metrics["label_outside_support"]) == 1
+def test_label_outside_support_raises_naming_rows_or_falls_back() -> None:
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]] * 3, dtype=torch.float64)
+    labels = torch.tensor([0, 2, 2])
+    support = torch.tensor([[0, 1, -1], [0, 1, -1], [-1, -1, -1]])
+    with pytest.raises(SupportLabelError, match=r"first rows \[1\] \(labels \[2\]\)"):
+        support_logprobs(logits, labels, support)
+    got = support_logprobs(logits, labels, support, missing_label="full_vocab")
+    torch.testing.assert_close(got.logprobs[1], torch.log_softmax(logits[1], 0)[2])
+    assert got.valid_mask.tolist() == [True, True, False]
+    assert int(got.metrics["rows_missing_label"]) == 1 and int(got.metrics["rows_fallback"]) == 1
 
 
 def test_extreme_logits_stay_finite() -> None:
@@ -134,10 +147,11 @@ def test_entropy_is_a_detached_metric_unless_asked() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"support": torch.tensor([[0, 123], [1, -1]])}, "outside \\[-1, 123\\)"),
-        ({"support": torch.tensor([[0, -2], [1, -1]])}, "outside \\[-1, 123\\)"),
+        ({"support": torch.tensor([[0, 123], [1, -1]])}, "vocabulary \\[0, 123\\)"),
+        ({"temperature": torch.ones(3)}, "scalar or \\[N=2\\]"),
+        ({"missing_label": "drop"}, "missing_label must be"),
         ({"labels": torch.tensor([200, 0])}, "labels\\[0\\] = 200"),
-        ({"support": torch.tensor([0, 1])}, "must be \\[N, K\\]"),
+        ({"support": torch.tensor([0, 1])}, "must be \\[N, W\\]"),
         ({"support": torch.tensor([[0.0], [1.0]])}, "int32/int64"),
         ({"labels": torch.tensor([0])}, "labels must be"),
         ({"temperature": 0.0}, "temperature must be > 0"),
