@@ -1,5 +1,7 @@
 """Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch."""
 
+from rollfeed.collate.balance import partition_costs, sequence_cost
+from rollfeed.collate.cp import attention_work, field_ranges, ranges_index, rank_ranges
 from rollfeed.collate.errors import (
     BatchConfigError,
     CollateError,
@@ -10,17 +12,39 @@ from rollfeed.collate.errors import (
     SegmentRangeError,
     TurnGapError,
 )
+from rollfeed.collate.micro_batch import MicroBatch
+from rollfeed.collate.multiturn import Turn, assemble_turns
+from rollfeed.collate.pack import pack_ffd
+from rollfeed.collate.prepare import BatchPlan, prepare_batch
+from rollfeed.collate.sample import Sample
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
+from rollfeed.collate.to_tensor import to_tensor_micro_batch
+from rollfeed.collate.truncate import truncate_sample
 
 __all__ = [
     "IGNORE_INDEX",
     "BatchConfigError",
+    "BatchPlan",
     "CollateError",
     "DuplicateFieldError",
+    "MicroBatch",
     "OverlongError",
+    "Sample",
     "SampleDtypeError",
     "SampleLengthError",
     "SegmentRangeError",
     "TensorMicroBatch",
+    "Turn",
     "TurnGapError",
+    "assemble_turns",
+    "attention_work",
+    "field_ranges",
+    "pack_ffd",
+    "partition_costs",
+    "prepare_batch",
+    "ranges_index",
+    "rank_ranges",
+    "sequence_cost",
+    "to_tensor_micro_batch",
+    "truncate_sample",
 ]
