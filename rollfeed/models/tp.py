@@ -75,3 +75,29 @@ def vocab_shard(
             "pass vocab_start and vocab_size for an uneven TP split"
         )
     return v0, vocab
+
+
+class _SumGradOverTP(torch.autograd.Function):
+    """Identity forward; all-reduce SUM of the gradient in backward (Megatron's "copy to TP region")."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, tp_group: ProcessGroup) -> torch.Tensor:  # type: ignore[override]
+        ctx.tp_group = tp_group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.tp_group)
+        return grad, None
+
+
+def sum_grad_over_tp(x: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:
+    """``x`` unchanged; in backward its gradient is summed over the TP group.
+
+    For an input every TP rank shares (the hidden states before a vocab-parallel LM head): each rank
+    computes only its vocabulary shard's part of the gradient, and the true gradient is their sum.
+    """
+    if tp_group is None or not x.requires_grad:
+        return x
+    return _SumGradOverTP.apply(x, tp_group)

@@ -1,0 +1,215 @@
+"""Support scoring straight from hidden states and the LM-head weight (the fused path).
+
+Only candidate logits are projected: for each scored row the distinct support ids this rank owns
+plus the label when it is not one of them, i.e. ``P ≈ N · |S|`` dot products instead of an
+``[N, V_local]`` matmul. Fallback rows (scored over the whole vocabulary) are projected a few rows
+at a time and reduced on the spot to this rank's log-sum-exp, so no ``[N, V]`` tensor exists.
+
+:class:`_FusedHeadProjection` (an ``autograd.Function``) saves only its inputs and recomputes each
+chunk in backward, so backward memory is one chunk plus the gradient buffers; the weight gradient
+is accumulated in fp32 (fp64 for fp64 inputs) whatever the weight dtype, in one buffer shared by
+the pairs and the fallback rows. Liger-Kernel's fused linear cross entropy and SkyRL's
+candidate-row projection are the prior art for the chunk-and-recompute design.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
+from rollfeed.models.support import SupportScores
+from rollfeed.models.tp import ProcessGroup, sum_grad_over_tp
+
+DEFAULT_CHUNK_SIZE = 4096
+
+
+class _FusedHeadProjection(torch.autograd.Function):
+    """``(hidden [N, H], weight [V_local, H])`` → candidate dots and fallback-row statistics.
+
+    Outputs: ``dots [P]`` with ``dots[p] = <hidden[pair_rows[p]], weight[pair_ids[p]]>`` (not yet
+    divided by the temperature); for the fallback rows ``fb_rows [F]`` with ``l = h Wᵀ / t``,
+    ``lse [F] = logsumexp_v l_v`` and ``mean [F] = Σ_v softmax(l)_v l_v`` (zeros unless
+    ``want_mean``). ``chunk_size`` bounds the pairs (or fallback logits, in rows × V_local) held
+    at once.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        pair_rows: torch.Tensor,
+        pair_ids: torch.Tensor,
+        fb_rows: torch.Tensor,
+        fb_temp: torch.Tensor,
+        chunk_size: int,
+        want_mean: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        acc = compute_dtype(hidden.dtype, weight.dtype)
+        dots = torch.empty(pair_rows.shape[0], dtype=acc, device=hidden.device)
+        for s in range(0, pair_rows.shape[0], chunk_size):
+            rows, ids = pair_rows[s : s + chunk_size], pair_ids[s : s + chunk_size]
+            dots[s : s + chunk_size] = _rowwise_dot(weight[ids].to(acc), hidden[rows].to(acc))
+        lse = torch.empty(fb_rows.shape[0], dtype=acc, device=hidden.device)
+        mean = torch.zeros_like(lse)
+        for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk_size, acc):
+            lse[sl] = logits.logsumexp(-1)
+            if want_mean:
+                mean[sl] = (torch.softmax(logits, -1) * logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, pair_rows, pair_ids, fb_rows, fb_temp, lse, mean)
+        ctx.chunk_size, ctx.want_mean = chunk_size, want_mean
+        return dots, lse, mean
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx, g_dots: torch.Tensor, g_lse: torch.Tensor, g_mean: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None, None]:
+        hidden, weight, pair_rows, pair_ids, fb_rows, fb_temp, lse, mean = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[:2]
+        acc = lse.dtype
+        grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        chunk = ctx.chunk_size
+        for s in range(0, pair_rows.shape[0], chunk):
+            rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
+            g = g_dots[s : s + chunk, None].to(acc)
+            if grad_h is not None:
+                grad_h.index_add_(0, rows, g * weight[ids].to(acc))
+            if grad_w is not None:
+                grad_w.index_add_(0, ids, g * hidden[rows].to(acc))
+        for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk, acc):
+            p = (logits - lse[sl, None]).exp()
+            # d lse / d l = p;  d mean / d l = p · (1 + l − mean)
+            dl = g_lse[sl, None] * p
+            if ctx.want_mean:
+                dl = dl + g_mean[sl, None] * p * (1 + logits - mean[sl, None])
+            dl = dl / fb_temp[sl, None]
+            rows = fb_rows[sl]
+            if grad_h is not None:
+                grad_h.index_add_(0, rows, (dl.to(weight.dtype) @ weight).to(acc))
+            if grad_w is not None:
+                grad_w.addmm_(dl.T, hidden[rows].to(acc))
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            *(None,) * 6,
+        )
+
+
+def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``[c, H] · [c, H] → [c]`` as a batched GEMV (no ``[c, H]`` product temporary)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+
+
+def _fallback_chunks(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    fb_rows: torch.Tensor,
+    fb_temp: torch.Tensor,
+    chunk_size: int,
+    acc: torch.dtype,
+):
+    """Yield ``(slice, logits [c, V_local])`` for fallback rows, ``c · V_local <= chunk_size · H``.
+
+    The matmul runs in the weight dtype (like the LM head it replaces); logits are then upcast.
+    """
+    per = max(1, chunk_size * weight.shape[1] // max(1, weight.shape[0]))
+    for s in range(0, fb_rows.shape[0], per):
+        sl = slice(s, s + per)
+        h = hidden[fb_rows[sl]].to(weight.dtype)
+        yield sl, (h @ weight.T).to(acc) / fb_temp[sl, None]
+
+
+def fused_support_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    support: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float | torch.Tensor = 1.0,
+    compute_entropy: bool = False,
+    entropy_requires_grad: bool = False,
+    fallback_mask: torch.Tensor | None = None,
+    missing_label: MissingLabel = "error",
+    tp_group: ProcessGroup | None = None,
+    vocab_start: int = 0,
+    reduce_hidden_grad: bool = True,
+) -> SupportScores:
+    """:func:`rollfeed.models.support_logprobs` of ``hidden @ weight.T`` without forming the logits.
+
+    Args:
+        hidden: ``[N, H]`` final hidden states (after the last norm).
+        weight: ``[V_local, H]`` LM-head weight, or this rank's vocabulary shard under TP.
+        labels, support, temperature, compute_entropy, entropy_requires_grad, fallback_mask,
+            missing_label, tp_group, vocab_start: as in :func:`support_logprobs`.
+        chunk_size: candidate pairs projected at once (fallback rows: ``chunk_size · H`` logits at
+            once); bounds the temporaries to about ``2 · chunk_size · H`` elements.
+        reduce_hidden_grad: under TP, all-reduce the hidden-state gradient over ``tp_group`` in
+            backward (each rank only holds its shard's part). Pass False when the surrounding
+            region already reduces it (e.g. a sequence-parallel gather whose backward
+            reduce-scatters).
+
+    Collectives per call under TP: one MAX and one SUM all-reduce in forward (the projection is
+    chunked but produces only ``[P]`` dots, scored together), plus one SUM of the ``[N, H]``
+    hidden gradient in backward when ``reduce_hidden_grad``.
+
+    Costs one host sync to list the candidate pairs (their count sets the shapes).
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden must be [N, H] and weight [V_local, H], got {tuple(hidden.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    rows, width = hidden.shape[0], weight.shape[0]
+    cdt = compute_dtype(hidden.dtype, weight.dtype)
+    plan = plan_rows(
+        labels,
+        support,
+        rows=rows,
+        vocab_start=vocab_start,
+        local_width=width,
+        temperature=temperature,
+        dtype=cdt,
+        fallback_mask=fallback_mask,
+        missing_label=missing_label,
+        compute_entropy=compute_entropy,
+        entropy_requires_grad=entropy_requires_grad,
+        whole_vocab=tp_group is None,
+    )
+    # The label is projected once per row: reuse its support column when it has one.
+    label_hit = plan.local & (support == labels[:, None])
+    has_hit = label_hit.any(-1)
+    need = torch.cat([plan.local, (plan.label_owned & ~has_hit)[:, None]], 1)
+    pairs = need.nonzero()
+    ids = torch.cat([support, labels[:, None].to(support.dtype)], 1)
+    pair_ids = ids[pairs[:, 0], pairs[:, 1]].long() - vocab_start
+
+    t = plan.temperature
+    fb_rows = plan.fallback_rows
+    if fb_rows is None:
+        fb_rows = torch.zeros(0, dtype=torch.long, device=hidden.device)
+    h = sum_grad_over_tp(hidden, tp_group) if reduce_hidden_grad else hidden
+    dots, fb_lse, fb_mean = _FusedHeadProjection.apply(
+        h, weight, pairs[:, 0], pair_ids, fb_rows, t[fb_rows], chunk_size, compute_entropy
+    )
+    cand = torch.zeros(need.shape, dtype=cdt, device=hidden.device)
+    cand = cand.index_put((pairs[:, 0], pairs[:, 1]), dots / t[pairs[:, 0]])
+    hit_col = label_hit.to(torch.uint8).argmax(-1, keepdim=True)
+    label_value = torch.where(has_hit, cand.gather(1, hit_col).squeeze(1), cand[:, -1])
+
+    with_fb = plan.fallback_rows is not None
+    logp, entropy = score_candidates(
+        cand[:, :-1],
+        plan,
+        label_value,
+        dense_lse=fb_lse if with_fb else None,
+        dense_mean=fb_mean if with_fb and compute_entropy else None,
+        tp_group=tp_group,
+        compute_entropy=compute_entropy,
+        entropy_requires_grad=entropy_requires_grad,
+    )
+    metrics = {**plan.metrics, "pairs_projected": torch.tensor(pairs.shape[0])}
+    return SupportScores(logprobs=logp, entropy=entropy, valid_mask=plan.valid, metrics=metrics)
