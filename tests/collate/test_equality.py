@@ -1,0 +1,99 @@
+"""By handle == inline, bitwise, for every DP rank, micro batch and CP rank."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from rollfeed.collate import prepare_batch, to_tensor_micro_batch
+from rollfeed.payload import PayloadRoot, PayloadWriter
+from tests.collate.gen import make_batch
+
+SEQ_LEN = 48  # a multiple of 2 * 4 (zigzag with cp 4)
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    root = tmp_path_factory.mktemp("payload")
+    rng = np.random.default_rng(7)
+    with PayloadWriter(root, group="a") as wa, PayloadWriter(root, group="b") as wb:
+        inline, handle = make_batch(rng, 14, SEQ_LEN, [wa, wb])
+    return PayloadRoot(root), inline, handle
+
+
+def _assert_equal(a, b, where):
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "fields":
+            assert sorted(x) == sorted(y), (where, sorted(x), sorted(y))
+            for k in x:
+                assert x[k].dtype == y[k].dtype, (where, k, x[k].dtype, y[k].dtype)
+                assert x[k].shape == y[k].shape, (where, k, x[k].shape, y[k].shape)
+                assert torch.equal(x[k], y[k]), (where, k)
+        elif isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), (where, f.name)
+        else:
+            assert x == y, (where, f.name)
+
+
+@pytest.mark.parametrize("cp_layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("cp_size", [1, 2, 4])
+@pytest.mark.parametrize("whole_fields", [False, True])
+def test_by_handle_equals_inline(batches, cp_size, cp_layout, whole_fields):
+    root, inline, handle = batches
+    kw = dict(seq_len=SEQ_LEN, dp_size=2, cp_size=cp_size, cp_layout=cp_layout)
+    plan_a, plan_b = prepare_batch(inline, **kw), prepare_batch(handle, **kw)
+    assert plan_a.metrics == plan_b.metrics
+    assert plan_a.metrics["truncated"] > 0  # non-vacuity: truncation happened
+    seen = {"fields": set(), "mixed_width": False, "segments": 0, "clipped_head": False}
+    for dp, (ra, rb) in enumerate(zip(plan_a, plan_b, strict=True)):
+        for step, (ma, mb) in enumerate(zip(ra, rb, strict=True)):
+            assert ma.indices == mb.indices and ma.cu_seqlens == mb.cu_seqlens
+            seen["segments"] += sum(len(v) for v in mb.segments.values())
+            seen["clipped_head"] |= any(s.first > 0 for v in mb.segments.values() for s in v)
+            widths = set()
+            for r in range(cp_size):
+                opts = dict(cp_rank=r, cp_size=cp_size, cp_layout=cp_layout)
+                ta = to_tensor_micro_batch(ma, whole_fields=whole_fields, **opts)
+                tb = to_tensor_micro_batch(mb, root=root, whole_fields=whole_fields, **opts)
+                _assert_equal(ta, tb, (dp, step, r))
+                seen["fields"] |= set(tb.fields)
+                if "sampling_mask" in tb.fields:
+                    widths.add(tb.fields["sampling_mask"].shape[1])
+            assert len(widths) <= 1, widths  # every CP rank gets the same ragged width
+            seen["mixed_width"] |= widths not in (set(), {1})
+    assert seen["fields"] == {
+        "routed_experts",
+        "routed_expert_weights",
+        "sampling_mask",
+        "sampling_mask_logprobs",
+    }
+    assert seen["segments"] > 0 and seen["clipped_head"] and seen["mixed_width"]
+
+
+def test_static_width_and_too_narrow(batches):
+    from rollfeed.payload import PayloadWidthError
+
+    root, inline, handle = batches
+    kw = dict(seq_len=SEQ_LEN, dp_size=1, cp_size=2, cp_layout="zigzag")
+    opts = dict(cp_size=2, cp_layout="zigzag")
+    pairs = zip(prepare_batch(inline, **kw)[0], prepare_batch(handle, **kw)[0], strict=True)
+    wide = [
+        (ma, mb)
+        for ma, mb in pairs
+        if to_tensor_micro_batch(ma, **opts).fields.get("sampling_mask", torch.ones(1, 1)).shape[1]
+        > 1
+    ]
+    assert wide  # non-vacuity: some micro batch has a mask row wider than 1
+    ma, mb = wide[0]
+    ta = to_tensor_micro_batch(ma, cp_rank=1, width=9, **opts)
+    tb = to_tensor_micro_batch(mb, cp_rank=1, width=9, root=root, **opts)
+    _assert_equal(ta, tb, "width=9")
+    assert ta.fields["sampling_mask"].shape[1] == 9
+    with pytest.raises(PayloadWidthError, match="sampling_mask"):
+        to_tensor_micro_batch(ma, width=1, **opts)
+    with pytest.raises(PayloadWidthError, match="sampling_mask"):
+        to_tensor_micro_batch(mb, width=1, root=root, **opts)
