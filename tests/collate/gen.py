@@ -25,7 +25,9 @@ def _route(rng, n):
 
 def make_pair(rng, T: int, writers: list[PayloadWriter], uid: str) -> tuple[Sample, Sample]:
     """(inline sample, by-handle sample) with equal tokens and equal field contents."""
-    P = int(rng.integers(0, T))  # prompt length; the completion is [P, T)
+    # Prompt length; the completion is [P, T). P = 0 often, so that a mask row sits at a sample's
+    # position 0, which the last position of the sample packed before it must not read.
+    P = 0 if rng.random() < 0.3 else int(rng.integers(0, T))
     base = dict(
         token_ids=rng.integers(0, 1000, T),
         loss_mask=np.arange(T) >= P,
