@@ -78,7 +78,7 @@ def vocab_shard(
 
 
 class _SumGradOverTP(torch.autograd.Function):
-    """Identity forward; all-reduce SUM of the gradient in backward (Megatron's "copy to TP region")."""
+    """Identity forward; all-reduce SUM of the gradient in backward (Megatron's "copy to TP")."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, tp_group: ProcessGroup) -> torch.Tensor:  # type: ignore[override]
