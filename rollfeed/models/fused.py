@@ -49,7 +49,9 @@ class _FusedHeadProjection(torch.autograd.Function):
         dots = torch.empty(pair_rows.shape[0], dtype=acc, device=hidden.device)
         for s in range(0, pair_rows.shape[0], chunk_size):
             rows, ids = pair_rows[s : s + chunk_size], pair_ids[s : s + chunk_size]
-            dots[s : s + chunk_size] = _rowwise_dot(weight[ids].to(acc), hidden[rows].to(acc))
+            dots[s : s + chunk_size] = _rowwise_dot(
+                weight.index_select(0, ids).to(acc), hidden.index_select(0, rows).to(acc)
+            )
         lse = torch.empty(fb_rows.shape[0], dtype=acc, device=hidden.device)
         mean = torch.zeros_like(lse)
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk_size, acc):
@@ -74,9 +76,9 @@ class _FusedHeadProjection(torch.autograd.Function):
             rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
             g = g_dots[s : s + chunk, None].to(acc)
             if grad_h is not None:
-                grad_h.index_add_(0, rows, g * weight[ids].to(acc))
+                grad_h.index_add_(0, rows, g * weight.index_select(0, ids).to(acc))
             if grad_w is not None:
-                grad_w.index_add_(0, ids, g * hidden[rows].to(acc))
+                grad_w.index_add_(0, ids, g * hidden.index_select(0, rows).to(acc))
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk, acc):
             p = (logits - lse[sl, None]).exp()
             # d lse / d l = p;  d mean / d l = p · (1 + l − mean)

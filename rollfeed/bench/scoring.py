@@ -1,0 +1,154 @@
+"""Fused support scoring vs full-vocab ``log_softmax`` + gather: time, peak memory, error.
+
+``python -m rollfeed.bench scoring [--vocab 151936 32000 262144] [--rows 2048] [--hidden 512]
+[--width 32] [--repeats 2]``
+
+Both variants start from fp32 hidden states ``[N, H]`` and an LM-head weight ``[V, H]`` and run
+forward + backward (gradients for hidden and weight) of ``Σ_n u_n · logp_n``:
+
+- ``full``: ``log_softmax(hidden @ weight.T).gather(labels)``, the full-vocab trainer;
+- ``fused``: :func:`rollfeed.models.fused_support_logprobs` over a recorded support of width W
+  (45% singletons, a heavy tail of larger sets, the label always a member).
+
+Each variant runs in its own subprocess, so one variant's allocations cannot hide in another's peak.
+Peak memory is ``ru_maxrss`` (the process's resident-set high-water mark) at the end, minus the
+resident set right after the inputs are allocated (``/proc/self/statm``), minus one weight-sized gradient
+buffer (``V·H·4`` bytes) that every variant must produce: what remains is the scorer's own
+temporaries (logits, softmax, their gradients; or chunks, dots and the hidden gradient). PyTorch's
+CPU allocator does not cache, so freed temporaries are returned and the high-water mark is what the
+variant really needed at once. Time is the best of ``--repeats`` runs. The error is the largest
+absolute difference of the logprobs from a float64 evaluation of the same quantity, computed after
+the measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+from rollfeed.models import fused_support_logprobs
+
+VARIANTS = ("full", "fused")
+
+
+def _inputs(rows: int, vocab: int, hidden: int, width: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(rows, hidden, generator=g)
+    w = torch.randn(vocab, hidden, generator=g).mul_(2.0 / hidden**0.5)  # in place: no transient
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    # 45% singletons; the rest log-uniform in [2, width] (mean ~4.5 at width 32).
+    u = torch.rand(rows, generator=g)
+    sizes = torch.where(
+        u < 0.45,
+        torch.ones(rows),
+        torch.exp(torch.rand(rows, generator=g) * torch.log(torch.tensor(width / 2.0))) * 2,
+    ).long()
+    sizes = sizes.clamp(1, width)
+    # Distinct ids per row, the label first: the label plus increasing random offsets (mod V).
+    steps = torch.randint(1, max(2, vocab // (2 * width)), (rows, width), generator=g)
+    steps[:, 0] = 0
+    support = (labels[:, None] + steps.cumsum(1)) % vocab
+    support[torch.arange(width)[None, :] >= sizes[:, None]] = -1
+    return {"hidden": h, "weight": w, "labels": labels, "support": support}
+
+
+def _run(variant: str, x: dict[str, torch.Tensor], up: torch.Tensor) -> torch.Tensor:
+    h, w = x["hidden"], x["weight"]
+    if variant == "full":
+        logp = torch.log_softmax(h @ w.T, -1).gather(1, x["labels"][:, None]).squeeze(1)
+    else:
+        scores = fused_support_logprobs(h, w, x["labels"], x["support"], missing_label="full_vocab")
+        logp = scores.logprobs
+    (logp * up).sum().backward()
+    return logp.detach()
+
+
+def _reference(variant: str, x: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Float64 logprobs, by a different route than the variant (row chunks / masked logsumexp)."""
+    h, w = x["hidden"].double(), x["weight"].double()
+    if variant == "full":
+        out = []
+        for s in range(0, h.shape[0], 128):
+            logits = h[s : s + 128] @ w.T
+            lab = x["labels"][s : s + 128, None]
+            out.append((logits.gather(1, lab) - logits.logsumexp(-1, keepdim=True)).squeeze(1))
+        return torch.cat(out)
+    support = x["support"]
+    cand = torch.einsum("nh,nkh->nk", h, w[support.clamp(min=0)])
+    cand = cand.masked_fill(support < 0, float("-inf"))
+    label = (h * w[x["labels"]]).sum(-1)
+    return label - cand.logsumexp(-1)
+
+
+def _resident_bytes() -> int:
+    """Current resident set (``/proc/self/statm``), not the high-water mark: input creation may have
+    had transients that the variants must not be credited with."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _child(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    x = _inputs(args.rows, args.vocab, args.hidden, args.width)
+    x["hidden"].requires_grad_()
+    x["weight"].requires_grad_()
+    up = torch.randn(args.rows)
+    base = _resident_bytes()
+    best = float("inf")
+    for _ in range(args.repeats):
+        x["hidden"].grad = x["weight"].grad = None
+        start = time.perf_counter()
+        logp = _run(args.child, x, up)
+        best = min(best, time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    extra = peak - base - x["weight"].numel() * 4
+    err = (logp.double() - _reference(args.child, x)).abs().max().item()
+    print(json.dumps({"seconds": best, "extra_bytes": extra, "max_abs_err": err}))
+
+
+def _measure(variant: str, args: argparse.Namespace, vocab: int) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "rollfeed.bench.scoring", "--child", variant]
+    cmd += ["--vocab", str(vocab), "--rows", str(args.rows), "--hidden", str(args.hidden)]
+    cmd += ["--width", str(args.width), "--repeats", str(args.repeats)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="python -m rollfeed.bench scoring")
+    p.add_argument("--vocab", type=int, nargs="+", default=[151936, 32000, 262144])
+    p.add_argument("--rows", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--width", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.vocab = args.vocab[0]
+        _child(args)
+        return
+    mib = 2**20
+    print(
+        f"scoring: N={args.rows} H={args.hidden} W={args.width} fp32, forward+backward, "
+        f"best of {args.repeats}; memory = peak above inputs + one weight grad"
+    )
+    for vocab in args.vocab:
+        full, fused = (_measure(v, args, vocab) for v in VARIANTS)
+        speed = full["seconds"] / fused["seconds"]
+        mem = full["extra_bytes"] / max(fused["extra_bytes"], 1)
+        print(
+            f"V={vocab:>7}  full {full['seconds'] * 1e3:9.1f} ms {full['extra_bytes'] / mib:8.1f} MiB"
+            f" err {full['max_abs_err']:.1e} | fused {fused['seconds'] * 1e3:7.1f} ms "
+            f"{fused['extra_bytes'] / mib:7.1f} MiB err {fused['max_abs_err']:.1e} | "
+            f"fused is {speed:6.1f}x faster, {mem:6.1f}x less memory"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
