@@ -163,58 +163,112 @@ def ragged_bytes(
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class RowIndex:
-    """Decoded lengths and value starts of rows ``[lo, hi)`` of a ragged region.
+class IndexTable:
+    """Room for the index blocks that cover rows ``[lo[i], hi[i])`` (``hi > lo``) of regions ``i``.
 
-    counts ``[hi - lo]``, starts ``[hi - lo]`` (value index relative to the region's values).
+    All arrays are ``[R]`` int64 over the R requests (regions of one ``(count_bytes, block_rows)``
+    kind holding ``rows[i]`` rows and ``values[i]`` values). ``table`` is zeroed bytes, so lengths
+    past a region's last row read as 0; request ``i`` reads ``span_len[i]`` bytes at body offset
+    ``span_start[i]`` into ``table[slot[i]:]``.
+    """
+
+    lo: np.ndarray
+    hi: np.ndarray
+    rows: np.ndarray
+    values: np.ndarray
+    count_bytes: int
+    block_rows: int
+    table: np.ndarray
+    span_start: np.ndarray
+    span_len: np.ndarray
+    slot: np.ndarray
+    block_base: np.ndarray  # [R + 1] first table block of each request
+
+
+def index_table(
+    lo: np.ndarray,
+    hi: np.ndarray,
+    rows: np.ndarray,
+    values: np.ndarray,
+    *,
+    count_bytes: int,
+    block_rows: int,
+) -> IndexTable:
+    per_block = _OFFSET.itemsize + block_rows * count_bytes
+    k0, k1 = lo // block_rows, (hi - 1) // block_rows
+    region_index = -(-rows // block_rows) * _OFFSET.itemsize + rows * count_bytes
+    span_start = k0 * per_block
+    span_len = np.minimum((k1 + 1) * per_block, region_index) - span_start
+    block_base = np.concatenate([[0], np.cumsum(k1 - k0 + 1)])
+    return IndexTable(
+        lo=lo,
+        hi=hi,
+        rows=rows,
+        values=values,
+        count_bytes=count_bytes,
+        block_rows=block_rows,
+        table=np.zeros(int(block_base[-1]) * per_block, np.uint8),
+        span_start=span_start,
+        span_len=span_len,
+        slot=block_base[:-1] * per_block,
+        block_base=block_base,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RowIndex:
+    """Lengths and value starts of every requested row, requests one after another.
+
+    counts ``[sum(hi - lo)]``, starts ``[sum(hi - lo)]`` (value index relative to the region's
+    values); request ``i``'s rows begin at ``row_base[i]`` (``row_base`` is ``[R + 1]``).
     """
 
     counts: np.ndarray
     starts: np.ndarray
+    row_base: np.ndarray
 
 
-def index_span(
-    lo: int, hi: int, *, rows: int, count_bytes: int, block_rows: int
-) -> tuple[int, int]:
-    """Byte range ``[start, end)`` of the index blocks that cover rows ``[lo, hi)`` (hi > lo)."""
-    per_block = _OFFSET.itemsize + block_rows * count_bytes
-    k0, k1 = lo // block_rows, (hi - 1) // block_rows
-    return k0 * per_block, min((k1 + 1) * per_block, index_bytes(rows, count_bytes, block_rows))
+def values_starts(rows: np.ndarray, count_bytes: int, block_rows: int) -> np.ndarray:
+    """Vectorised :func:`values_start`."""
+    index = -(-rows // block_rows) * _OFFSET.itemsize + rows * count_bytes
+    return -(-index // 4) * 4
 
 
-def decode_index(
-    raw: np.ndarray, lo: int, hi: int, *, rows: int, values: int, count_bytes: int, block_rows: int
-) -> RowIndex:
-    """Decode the bytes of :func:`index_span` into lengths and starts of rows ``[lo, hi)``.
+def decode_index(t: IndexTable) -> RowIndex:
+    """Decode a filled :class:`IndexTable` in one vectorised pass.
 
-    Raises :class:`PayloadIndexError` (position-free; the caller adds file and field) when the
-    block offsets are not consistent with the lengths or point outside the region's values.
+    Raises :class:`PayloadIndexError` with ``.request`` set to the offending request's index when
+    block offsets disagree with the lengths or point outside the region's values.
     """
-    per_block = _OFFSET.itemsize + block_rows * count_bytes
-    k0 = lo // block_rows
-    nblocks = -(-raw.size // per_block)
-    table = np.zeros(nblocks * per_block, np.uint8)
-    table[: raw.size] = raw
-    table = table.reshape(nblocks, per_block)
-    offsets = table[:, : _OFFSET.itemsize].copy().view(_OFFSET).reshape(-1).astype(np.int64)
-    lengths = table[:, _OFFSET.itemsize :].copy().view(count_dtype(count_bytes)).astype(np.int64)
-    covered = min((k0 + nblocks) * block_rows, rows) - k0 * block_rows
-    lengths.reshape(-1)[covered:] = 0  # bytes past the region's last row are not lengths
+    per_block, bs = _OFFSET.itemsize + t.block_rows * t.count_bytes, t.block_rows
+    blocks = t.table.reshape(-1, per_block)
+    offsets = blocks[:, : _OFFSET.itemsize].copy().view(_OFFSET).reshape(-1).astype(np.int64)
+    lengths = blocks[:, _OFFSET.itemsize :].copy().view(count_dtype(t.count_bytes)).astype(np.int64)
+    nb = np.diff(t.block_base)
+    values = np.repeat(t.values, nb)
     ends = offsets + lengths.sum(axis=1)
-    if np.any(offsets < 0) or np.any(ends > values) or np.any(offsets[1:] != ends[:-1]):
-        bad = (
-            int(np.flatnonzero((offsets < 0) | (ends > values))[0]) if np.any(ends > values) else -1
+    bad = (offsets < 0) | (ends > values)
+    chained = np.ones(len(offsets), bool)
+    chained[t.block_base[:-1]] = False  # a request's first block has no predecessor to chain to
+    bad[1:] |= chained[1:] & (offsets[1:] != ends[:-1])
+    last = t.block_base[1:] - 1
+    final = -(-t.rows // bs) == (t.hi - 1) // bs + 1  # the request reaches the region's end
+    bad[last[final]] |= ends[last[final]] != values[last[final]]
+    if bad.any():
+        block = int(np.flatnonzero(bad)[0])
+        i = int(np.searchsorted(t.block_base, block, side="right") - 1)
+        k = int(t.lo[i]) // bs + block - int(t.block_base[i])
+        err = PayloadIndexError(
+            f"CSR row index of block {k} (rows {k * bs}..) is not monotonic or points outside "
+            f"the region's {int(t.values[i])} values"
         )
-        block = k0 + (bad if bad >= 0 else int(np.flatnonzero(offsets[1:] != ends[:-1])[0]) + 1)
-        raise PayloadIndexError(
-            f"CSR row index of block {block} (rows {block * block_rows}..) is not monotonic or "
-            f"points outside the region's {values} values"
-        )
-    if k0 + nblocks == -(-rows // block_rows) and rows and ends[-1] != values:
-        raise PayloadIndexError(f"CSR row index ends at value {ends[-1]}, region holds {values}")
+        err.request = i
+        raise err
     starts = offsets[:, None] + np.cumsum(lengths, axis=1) - lengths
-    first = lo - k0 * block_rows
+    n = t.hi - t.lo
+    row_base = np.concatenate([[0], np.cumsum(n)])
+    first = t.block_base[:-1] * bs + t.lo % bs
+    idx = np.repeat(first - row_base[:-1], n) + np.arange(row_base[-1])
     return RowIndex(
-        counts=lengths.reshape(-1)[first : first + hi - lo],
-        starts=starts.reshape(-1)[first : first + hi - lo],
+        counts=lengths.reshape(-1)[idx], starts=starts.reshape(-1)[idx], row_base=row_base
     )

@@ -18,9 +18,9 @@ micro batch's segments gets the same ``W``; or ``width`` for static shapes.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
+import operator
 import os
 from collections.abc import Mapping, Sequence
 
@@ -30,16 +30,23 @@ import torch
 from rollfeed.payload.errors import (
     PayloadDtypeError,
     PayloadError,
+    PayloadIndexError,
     PayloadSegmentError,
     PayloadWidthError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
-from rollfeed.payload.layout import decode_index, index_span, values_start
-from rollfeed.payload.root import PayloadRoot, ReadOp, as_root
-from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment
+from rollfeed.payload.layout import decode_index, index_table, values_starts
+from rollfeed.payload.root import PayloadRoot, as_root
+from rollfeed.payload.segment import (
+    FLOAT_DTYPES,
+    INTEGER_DTYPES,
+    STORED_DTYPES,
+    PayloadSegment,
+)
 
 Window = tuple[int, int] | Sequence[tuple[int, int]]
 _MAX_EXTENT = 1 << 62
+_MAX_ROW = 1 << 24  # elements in one fixed-width row
 
 
 def _ranges(window: Window) -> list[tuple[int, int]]:
@@ -61,13 +68,15 @@ def _check(seg: PayloadSegment, name: str, field: PayloadField) -> None:
     def fail(cls: type[PayloadError], msg: str) -> None:
         raise cls(msg, file=seg.file, field=name, offset=seg.offset, pos=seg.pos)
 
-    if min(seg.rows, seg.offset, seg.pos, seg.first) < 0 or any(d < 0 for d in seg.shape):
-        fail(PayloadSegmentError, "negative rows, offset, position or shape in segment")
-    if max(seg.rows, seg.offset, seg.pos, seg.first, *seg.shape, 0) >= _MAX_EXTENT:
+    if min(seg.rows, seg.offset, seg.pos, seg.first) < 0 or any(d < 1 for d in seg.shape):
+        fail(PayloadSegmentError, "negative rows, offset or position, or a shape dimension < 1")
+    if max(seg.rows, seg.offset, seg.pos, seg.first) >= _MAX_EXTENT:
         fail(PayloadSegmentError, "segment extent is beyond any file")
+    if seg.shape and math.prod(seg.shape) >= _MAX_ROW:
+        fail(PayloadSegmentError, f"row shape {seg.shape} exceeds {_MAX_ROW} elements")
     if seg.dtype not in STORED_DTYPES:
         fail(PayloadDtypeError, f"unknown stored dtype {seg.dtype!r}")
-    if field.is_int != (np.dtype(seg.dtype).kind in "iu"):
+    if field.is_int != (seg.dtype in INTEGER_DTYPES):
         fail(
             PayloadDtypeError,
             f"stored dtype {seg.dtype} disagrees with the field's {type(field.fill).__name__} fill",
@@ -79,7 +88,7 @@ def _check(seg: PayloadSegment, name: str, field: PayloadField) -> None:
         )
     if seg.ragged is not None:
         lay = seg.ragged
-        if seg.dtype != field.ragged_dtype.name or seg.shape:
+        if seg.dtype != ("int32" if field.is_int else "float32") or seg.shape:
             fail(
                 PayloadDtypeError,
                 f"ragged values are stored as {field.ragged_dtype.name}, segment says {seg.dtype}",
@@ -96,12 +105,47 @@ def _check(seg: PayloadSegment, name: str, field: PayloadField) -> None:
             )
 
 
+_by_position = operator.attrgetter("pos", "rows")
+
+
+def _plausible_shape(shape: tuple[int, ...]) -> bool:
+    return not shape or (min(shape) > 0 and math.prod(shape) < _MAX_ROW)
+
+
 def _field_segments(
     segments: Sequence[PayloadSegment], name: str, field: PayloadField
 ) -> list[PayloadSegment]:
-    mine = sorted((s for s in segments if s.field == name), key=lambda s: (s.pos, s.rows))
+    mine = sorted((s for s in segments if s.field == name), key=_by_position)
+    # One cheap predicate per record; the detailed check only runs to explain a failure.
+    if field.ragged:
+        kinds = {field.ragged_dtype.name}
+    else:
+        kinds = INTEGER_DTYPES if field.is_int else FLOAT_DTYPES
     for s in mine:
-        _check(s, name, field)
+        r = s.ragged
+        if not (
+            s.dtype in kinds
+            and 0 <= s.rows < _MAX_EXTENT
+            and 0 <= s.offset < _MAX_EXTENT
+            and 0 <= s.pos < _MAX_EXTENT
+            and 0 <= s.first < _MAX_EXTENT
+            and (
+                (r is None and not field.ragged and _plausible_shape(s.shape))
+                or (
+                    r is not None
+                    and field.ragged
+                    and not s.shape
+                    and s.first + s.rows <= r.rows < _MAX_EXTENT
+                    and 0 <= r.values < _MAX_EXTENT
+                    and r.count_bytes in (1, 2, 4)
+                    and 0 < r.block_rows < _MAX_EXTENT
+                )
+            )
+        ):
+            _check(s, name, field)
+            raise PayloadSegmentError(
+                "inconsistent segment", file=s.file, field=name, offset=s.offset, pos=s.pos
+            )
     real = [s for s in mine if s.rows]
     for a, b in itertools.pairwise(real):
         if b.pos < a.end:
@@ -119,7 +163,6 @@ def _common_dtype(segs: list[PayloadSegment], name: str) -> tuple[np.dtype, tupl
     """Stored dtype and row shape shared by the segments; integer ids widen losslessly."""
     dtype, shape = np.dtype(segs[0].dtype), segs[0].shape
     for s in segs[1:]:
-        other = np.dtype(s.dtype)
         if s.shape != shape:
             raise PayloadDtypeError(
                 f"segments disagree on row shape: {shape} vs {s.shape}",
@@ -127,6 +170,7 @@ def _common_dtype(segs: list[PayloadSegment], name: str) -> tuple[np.dtype, tupl
                 field=name,
                 pos=s.pos,
             )
+        other = np.dtype(s.dtype)
         if other != dtype:
             if (
                 dtype.kind in "iu"
@@ -144,15 +188,30 @@ def _common_dtype(segs: list[PayloadSegment], name: str) -> tuple[np.dtype, tupl
     return dtype, shape
 
 
-def _overlaps(segs: list[PayloadSegment], starts: list[int], lo: int, hi: int):
-    """(segment, a, b) for each segment row range [a, b) inside [lo, hi), in position order."""
-    i = max(bisect.bisect_right(starts, lo) - 1, 0)
-    for s in segs[i:]:
-        if s.pos >= hi:
-            break
-        a, b = max(s.pos, lo), min(s.end, hi)
-        if a < b:
-            yield s, a, b
+class _Table:
+    """The live (non-empty) segments of one field as ``[S]`` int64 columns, sorted by position."""
+
+    def __init__(self, segs: list[PayloadSegment]) -> None:
+        self.segs = segs
+        self.files = list(dict.fromkeys(s.file for s in segs))
+        where = {f: i for i, f in enumerate(self.files)}
+        self.file_idx = np.fromiter((where[s.file] for s in segs), np.int64, len(segs))
+        self.pos = np.fromiter((s.pos for s in segs), np.int64, len(segs))
+        self.rows = np.fromiter((s.rows for s in segs), np.int64, len(segs))
+        self.offset = np.fromiter((s.offset for s in segs), np.int64, len(segs))
+        self.first = np.fromiter((s.first for s in segs), np.int64, len(segs))
+        self.end = self.pos + self.rows
+
+    def overlaps(self, ranges: list[tuple[int, int]]):
+        """Per window range: (at, lo, hi, seg [k], a [k], b [k]) where rows [a, b) of segment
+        seg fall inside [lo, hi) and ``at`` is the range's first output row."""
+        at = 0
+        for lo, hi in ranges:
+            i0 = int(np.searchsorted(self.end, lo, side="right"))
+            i1 = int(np.searchsorted(self.pos, hi, side="left"))
+            seg = np.arange(i0, max(i0, i1))
+            yield at, lo, hi, seg, np.maximum(self.pos[seg], lo), np.minimum(self.end[seg], hi)
+            at += hi - lo
 
 
 def read_field(
@@ -178,127 +237,131 @@ def read_field(
     ranges = _ranges(window)
     n = sum(hi - lo for lo, hi in ranges)
     live = [s for s in segs if s.rows]
-    starts = [s.pos for s in live]
     proot = as_root(root)
-    if spec.ragged:
-        out = _read_ragged(live, starts, ranges, n, field, spec, proot, width)
-    else:
-        out = _read_fixed(segs, live, starts, ranges, n, field, spec, proot)
+    try:
+        if spec.ragged:
+            out = _read_ragged(live, ranges, n, field, spec, proot, width)
+        else:
+            out = _read_fixed(segs, live, ranges, n, field, spec, proot)
+    except PayloadError as err:
+        raise err.with_place(field=field) from None  # the I/O layer knows files, not fields
     return out if dtype is None else out.to(dtype)
 
 
-def _read_fixed(segs, live, starts, ranges, n, name, spec, root) -> torch.Tensor:
+def _read_fixed(segs, live, ranges, n, name, spec, root) -> torch.Tensor:
     dtype, shape = _common_dtype(segs, name)
-    widen = any(np.dtype(s.dtype) != dtype for s in live)
-    out = torch.from_numpy(np.empty((n, *shape), dtype=dtype))
-    flat = out.numpy().reshape(n, math.prod(shape))
-    ops, widened, gaps, at = [], [], [], 0
-    for lo, hi in ranges:
-        cursor = lo
-        for s, a, b in _overlaps(live, starts, lo, hi):
-            if a > cursor:
-                gaps.append((at + cursor - lo, at + a - lo))
-            rb, dst = s.row_bytes, flat[at + a - lo : at + b - lo]
-            src = s.offset + (s.first + a - s.pos) * rb
-            if np.dtype(s.dtype) == dtype:
-                ops.append(ReadOp(s.file, src, memoryview(dst).cast("B")))
-            else:  # a narrower integer segment: read it as stored, widen after
-                tmp = np.empty((b - a, *shape), np.dtype(s.dtype))
-                ops.append(ReadOp(s.file, src, memoryview(tmp).cast("B")))
-                widened.append((dst, tmp))
-            cursor = b
-        if cursor < hi:
-            gaps.append((at + cursor - lo, at + hi - lo))
-        at += hi - lo
-    for g0, g1 in gaps:
-        flat[g0:g1] = spec.fill
-    _read(root, ops, name)
-    for dst, tmp in widened if widen else ():
-        dst[...] = tmp.reshape(len(tmp), math.prod(shape))
-    return out
-
-
-def _read(root: PayloadRoot, ops: list[ReadOp], name: str) -> None:
-    try:
-        root.read(ops)
-    except PayloadError as err:
-        raise err.with_place(field=name) from None  # the I/O layer knows files, not fields
-
-
-def _read_ragged(live, starts, ranges, n, name, spec, root, width) -> torch.Tensor:
-    # Pass 1: the row index of every segment (all its rows: W depends on them, not on the window).
-    spans, bufs = [], []
+    out = np.empty((n, math.prod(shape)), dtype)
+    groups = {}  # stored dtype -> its segments; more than one only when integer ids widen
     for s in live:
-        lay = s.ragged
-        b0, b1 = index_span(
-            s.first,
-            s.first + s.rows,
-            rows=lay.rows,
-            count_bytes=lay.count_bytes,
-            block_rows=lay.block_rows,
+        groups.setdefault(s.dtype, []).append(s)
+    covered = np.zeros(n, bool) if len(groups) > 1 else None
+    if not groups:
+        out[:] = spec.fill
+    for stored, members in groups.items():
+        target = out if covered is None else np.empty((n, out.shape[1]), stored)
+        rows_written = _read_fixed_group(members, ranges, target, spec.fill, root)
+        if covered is not None:
+            mask = np.zeros(n, bool)
+            for r0, r1 in rows_written:
+                mask[r0:r1] = True
+            out[mask] = target[mask]
+            covered |= mask
+    if covered is not None:
+        out[~covered] = spec.fill
+    return torch.from_numpy(out.reshape(n, *shape))
+
+
+def _read_fixed_group(segs, ranges, out: np.ndarray, fill, root) -> list[tuple[int, int]]:
+    """Read same-dtype segments into ``out`` ``[n, row]``; fill the gaps; return written rows."""
+    t = _Table(segs)
+    row_bytes = np.int64(out.shape[1] * out.itemsize)
+    parts, written = [], []
+    for at, lo, hi, seg, a, b in t.overlaps(ranges):
+        prev = np.concatenate([[lo], b[:-1]])
+        for g0, g1 in zip((prev[a > prev]).tolist(), (a[a > prev]).tolist(), strict=True):
+            out[at + g0 - lo : at + g1 - lo] = fill
+        tail = int(b[-1]) if len(b) else lo
+        out[at + tail - lo : at + hi - lo] = fill
+        src = t.offset[seg] + (t.first[seg] + a - t.pos[seg]) * row_bytes
+        parts.append((t.file_idx[seg], src, (b - a) * row_bytes, (at + a - lo) * row_bytes))
+        written += zip((at + a - lo).tolist(), (at + b - lo).tolist(), strict=True)
+    if parts:
+        fi, src, ln, dst = (np.concatenate(c) for c in zip(*parts, strict=True))
+        root.read_into(t.files, fi, src, ln, out, dst)
+    return written
+
+
+def _read_ragged(live, ranges, n, name, spec, root, width) -> torch.Tensor:
+    kinds: dict[tuple[int, int], list[PayloadSegment]] = {}
+    for s in live:
+        kinds.setdefault((s.ragged.count_bytes, s.ragged.block_rows), []).append(s)
+    # Pass 1: the row index of every segment (all its rows: W depends on them, not the window),
+    # one table per (count_bytes, block_rows) kind, read straight into place, decoded at once.
+    decoded = []
+    for (cb, block), segs in kinds.items():
+        t = _Table(segs)
+        lay_rows = np.fromiter((s.ragged.rows for s in segs), np.int64, len(segs))
+        lay_values = np.fromiter((s.ragged.values for s in segs), np.int64, len(segs))
+        table = index_table(
+            t.first, t.first + t.rows, lay_rows, lay_values, count_bytes=cb, block_rows=block
         )
-        buf = np.empty(b1 - b0, np.uint8)
-        spans.append(ReadOp(s.file, s.offset + b0, memoryview(buf)))
-        bufs.append(buf)
-    _read(root, spans, name)
-    index = {}
-    for s, buf in zip(live, bufs, strict=True):
-        lay = s.ragged
+        root.read_into(
+            t.files,
+            t.file_idx,
+            t.offset + table.span_start,
+            table.span_len,
+            table.table,
+            table.slot,
+        )
         try:
-            index[id(s)] = decode_index(
-                buf,
-                s.first,
-                s.first + s.rows,
-                rows=lay.rows,
-                values=lay.values,
-                count_bytes=lay.count_bytes,
-                block_rows=lay.block_rows,
-            )
-        except PayloadError as err:
+            idx = decode_index(table)
+        except PayloadIndexError as err:
+            s = segs[err.request]
             raise err.with_place(file=s.file, field=name, offset=s.offset, pos=s.pos) from None
-    widest, wide_seg = 0, None
-    for s in live:
-        c = index[id(s)].counts
-        if c.size and int(c.max()) > widest:
-            widest, wide_seg = int(c.max()), s
+        decoded.append((t, idx, t.offset + values_starts(lay_rows, cb, block)))
+    widest = max((int(idx.counts.max()) for _, idx, _ in decoded), default=0)
     if width is not None:
         if width < 1:
             raise ValueError(f"read_field width must be >= 1, got {width}")
         if widest > width:
-            row = int(np.argmax(index[id(wide_seg)].counts))
+            t, idx, _ = next(d for d in decoded if int(d[1].counts.max()) == widest)
+            row = int(np.argmax(idx.counts))
+            i = int(np.searchsorted(idx.row_base, row, side="right") - 1)
+            s = t.segs[i]
             raise PayloadWidthError(
                 f"a row holds {widest} values, wider than width={width}; raise width or pass None",
-                file=wide_seg.file,
+                file=s.file,
                 field=name,
-                offset=wide_seg.offset,
-                pos=wide_seg.pos + row,
+                offset=s.offset,
+                pos=s.pos + row - int(idx.row_base[i]),
             )
-    W = width if width is not None else max(1, widest)
     # Pass 2: the window's values, one read per (segment, range) intersection, in window order.
     row_counts = np.zeros(n, np.int64)
-    pieces = []  # (segment, value start, value count)
-    at = 0
-    for lo, hi in ranges:
-        for s, a, b in _overlaps(live, starts, lo, hi):
-            idx = index[id(s)]
-            c = idx.counts[a - s.pos : b - s.pos]
-            row_counts[at + a - lo : at + b - lo] = c
-            pieces.append((s, int(idx.starts[a - s.pos]), int(c.sum())))
-        at += hi - lo
-    total = int(row_counts.sum())
-    values = np.empty(total, spec.ragged_dtype)
-    raw = memoryview(values).cast("B")
-    ops, v = [], 0
-    for s, start, count in pieces:
-        if count:
-            vs = values_start(s.ragged.rows, s.ragged.count_bytes, s.ragged.block_rows)
-            ops.append(ReadOp(s.file, s.offset + vs + 4 * start, raw[4 * v : 4 * (v + count)]))
-            v += count
-    _read(root, ops, name)
-    out = np.full((n, W), spec.fill, spec.ragged_dtype)
-    if total:
+    pieces = []
+    for t, idx, vstart in decoded:
+        for at, lo, _, seg, a, b in t.overlaps(ranges):
+            if not len(seg):
+                continue
+            r0 = idx.row_base[seg] + a - t.pos[seg]
+            length = b - a
+            src = np.repeat(r0 - np.cumsum(length) + length, length) + np.arange(length.sum())
+            dst = np.repeat(at + a - lo - np.cumsum(length) + length, length) + np.arange(
+                length.sum()
+            )
+            row_counts[dst] = idx.counts[src]
+            v0 = idx.starts[r0]
+            v1 = idx.starts[r0 + length - 1] + idx.counts[r0 + length - 1]
+            pieces.append(
+                (at + a - lo, t.files, t.file_idx[seg], vstart[seg] + 4 * v0, 4 * (v1 - v0))
+            )
+    # Values land in window-row order so that one scatter places them all.
+    value_base = np.concatenate([[0], np.cumsum(row_counts)])
+    values = np.empty(int(value_base[-1]), spec.ragged_dtype)
+    for first_row, files, fi, src, ln in pieces:
+        root.read_into(files, fi, src, ln, values, 4 * value_base[first_row])
+    out = np.full((n, width if width is not None else max(1, widest)), spec.fill, spec.ragged_dtype)
+    if values.size:
         rows = np.repeat(np.arange(n), row_counts)
-        row_start = np.cumsum(row_counts) - row_counts
-        cols = np.arange(total) - np.repeat(row_start, row_counts)
+        cols = np.arange(values.size) - np.repeat(value_base[:-1], row_counts)
         out[rows, cols] = values
     return torch.from_numpy(out)

@@ -4,22 +4,26 @@ A :class:`PayloadRoot` is a small picklable value (a path and a few settings). O
 thread pool live in a per-process cache that is created lazily and dropped after ``fork``, so the
 object can be handed to DataLoader workers and never carries file descriptors across processes.
 
-Reads are described as :class:`ReadOp`\\ s (file, byte offset, destination buffer). :meth:`read`
-coalesces ops that are contiguous in a file into one ``os.preadv`` with several destination
-buffers, and issues the files concurrently on a thread pool when there is enough to read.
+:meth:`PayloadRoot.read_into` takes a batch of byte ranges as arrays (file, offset, length,
+destination offset), coalesces ranges that touch within a file into one ``os.preadv`` with several
+destination buffers, and issues the files concurrently on a thread pool when there is enough to
+read. Planning stays in NumPy so a 64-file window costs little more than its system calls.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from rollfeed.payload.errors import (
     PayloadHeaderError,
@@ -30,15 +34,7 @@ from rollfeed.payload.errors import (
 from rollfeed.payload.layout import FILE_HEADER, MAGIC, VERSION
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOp:
-    """Read ``len(dest)`` bytes of ``file`` at ``offset`` into ``dest`` (a writable buffer)."""
-
-    file: str
-    offset: int
-    dest: memoryview
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 class _ProcessState:
@@ -47,7 +43,7 @@ class _ProcessState:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.files: OrderedDict[str, tuple[int, int]] = OrderedDict()  # rel -> (fd, size)
+        self.files: dict[str, tuple[int, int]] = {}  # rel -> (fd, size), oldest first
         self.pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
@@ -65,7 +61,9 @@ class PayloadRoot:
     ``retries`` / ``backoff_s``: a missing file or a short read reopens the file and retries with
     exponential backoff (shared filesystems can lag), then raises naming file, offset and sizes.
     ``threads``: reads of different files run concurrently once a read touches at least
-    ``parallel_min_bytes``; below that the pool's hand-off costs more than it saves.
+    ``parallel_min_bytes``. From the page cache on 2 cores, a 6 MiB window over 64 files took
+    0.7 ms inline and 1.1-2.6 ms on 2-4 threads, so the default only goes parallel for large
+    reads; on a network filesystem, where each read waits on latency, set it to 0.
     """
 
     def __init__(
@@ -76,7 +74,7 @@ class PayloadRoot:
         retries: int = 3,
         backoff_s: float = 0.02,
         threads: int = 4,
-        parallel_min_bytes: int = 4 << 20,
+        parallel_min_bytes: int = 64 << 20,
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.max_open, self.retries, self.backoff_s = max_open, retries, backoff_s
@@ -127,13 +125,12 @@ class PayloadRoot:
             )
         return full
 
-    def _open(self, rel: str) -> tuple[int, int]:
-        proc = self._proc()
-        with proc.lock:
-            hit = proc.files.get(rel)
-            if hit is not None:
-                proc.files.move_to_end(rel)
-                return hit
+    def _open(self, rel: str, proc: _ProcessState | None = None) -> tuple[int, int]:
+        """(fd, size at open) of ``rel``, opened once per process and cached."""
+        proc = proc or self._proc()
+        hit = proc.files.get(rel)
+        if hit is not None:
+            return hit
         full = self.resolve(rel)
         for attempt in range(self.retries + 1):
             try:
@@ -163,9 +160,20 @@ class PayloadRoot:
             raise
         with proc.lock:
             proc.files[rel] = (fd, size)
-            while len(proc.files) > self.max_open:
-                os.close(proc.files.popitem(last=False)[1][0])
         return fd, size
+
+    def _fds(self, files: Sequence[str], proc: _ProcessState) -> list[int]:
+        """Open ``files`` and close the oldest others beyond ``max_open``. Only the calling
+        thread evicts, before any read of this batch starts, so no read sees a closed fd."""
+        fds = [self._open(rel, proc)[0] for rel in files]
+        if len(proc.files) > self.max_open:
+            keep = set(files)
+            with proc.lock:
+                for rel in [r for r in proc.files if r not in keep][
+                    : len(proc.files) - self.max_open
+                ]:
+                    os.close(proc.files.pop(rel)[0])
+        return fds
 
     def _forget(self, rel: str) -> None:
         proc = self._proc()
@@ -174,46 +182,78 @@ class PayloadRoot:
         if hit is not None:
             os.close(hit[0])
 
-    def _read_file(self, rel: str, ops: list[ReadOp]) -> None:
-        ops = sorted(ops, key=lambda op: op.offset)
-        runs: list[list[ReadOp]] = []
-        for op in ops:  # coalesce ranges that touch into one preadv with several buffers
-            if runs and runs[-1][-1].offset + len(runs[-1][-1].dest) == op.offset:
-                runs[-1].append(op)
-            else:
-                runs.append([op])
-        for run in runs:
-            want = sum(len(op.dest) for op in run)
-            for attempt in range(self.retries + 1):
-                fd, size = self._open(rel)
-                got = os.preadv(fd, [op.dest for op in run], run[0].offset) if want else 0
-                if got == want:
-                    break
-                self._forget(rel)  # the file may have been replaced or still be arriving: reopen
-                if attempt == self.retries:
-                    raise PayloadTruncatedError(
-                        f"short read: wanted {want} bytes, got {got} (file size {size}) "
-                        f"after {self.retries} retries",
-                        file=rel,
-                        offset=run[0].offset,
-                    )
-                time.sleep(self.backoff_s * 2**attempt)
+    def read_into(
+        self,
+        files: Sequence[str],
+        file_idx: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dest: np.ndarray,
+        dest_offsets: np.ndarray,
+    ) -> None:
+        """Read ``lengths[i]`` bytes of ``files[file_idx[i]]`` at ``offsets[i]`` into the bytes of
+        ``dest`` (a contiguous array) at ``dest_offsets[i]``; all index arrays are ``[K]`` int64.
 
-    def read(self, ops: list[ReadOp]) -> None:
-        """Fill every op's destination; files in parallel when the read is large enough."""
-        by_file: dict[str, list[ReadOp]] = defaultdict(list)
-        for op in ops:
-            by_file[op.file].append(op)
-        total = sum(len(op.dest) for op in ops)
-        if len(by_file) < 2 or self.threads < 2 or total < self.parallel_min_bytes:
-            for rel, file_ops in by_file.items():
-                self._read_file(rel, file_ops)
+        Ranges that touch within a file become one ``os.preadv`` with several destinations.
+        """
+        keep = lengths > 0
+        if not keep.all():
+            file_idx, offsets, lengths, dest_offsets = (
+                a[keep] for a in (file_idx, offsets, lengths, dest_offsets)
+            )
+        if not len(offsets):
             return
+        order = np.lexsort((offsets, file_idx))
+        fi, off, ln, do = (a[order] for a in (file_idx, offsets, lengths, dest_offsets))
+        cut = np.ones(len(off), bool)
+        cut[1:] = (fi[1:] != fi[:-1]) | (off[1:] != off[:-1] + ln[:-1])
+        cut[::_IOV_MAX] = True  # preadv takes at most IOV_MAX buffers
+        bounds = [*np.flatnonzero(cut).tolist(), len(off)]
+        fi_l, off_l, ln_l, do_l = fi.tolist(), off.tolist(), ln.tolist(), do.tolist()
+        view = memoryview(dest.reshape(-1).view(np.uint8))
         proc = self._proc()
+        fds = self._fds(files, proc)
+        runs = [
+            (fi_l[s], off_l[s], [view[do_l[k] : do_l[k] + ln_l[k]] for k in range(s, e)])
+            for s, e in itertools.pairwise(bounds)
+        ]
+        if len(files) < 2 or self.threads < 2 or int(ln.sum()) < self.parallel_min_bytes:
+            self._read_runs(files, fds, runs)
+            return
+        by_file: dict[int, list] = defaultdict(list)
+        for run in runs:
+            by_file[run[0]].append(run)
         if proc.pool is None:
             proc.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rollfeed-read")
-        for future in [proc.pool.submit(self._read_file, rel, fo) for rel, fo in by_file.items()]:
+        jobs = [proc.pool.submit(self._read_runs, files, fds, rs) for rs in by_file.values()]
+        for future in jobs:
             future.result()
+
+    def _read_runs(self, files: Sequence[str], fds: list[int], runs: list) -> None:
+        """Issue ``runs`` (file index, offset, buffers); a file is in one thread's runs only."""
+        for f, offset, bufs in runs:
+            got = os.preadv(fds[f], bufs, offset)
+            want = sum(map(len, bufs))
+            if got != want:
+                fds[f] = self._retry(files[f], offset, bufs, want, got)
+
+    def _retry(self, rel: str, offset: int, bufs: list[memoryview], want: int, got: int) -> int:
+        """A short read: the file may have been replaced or still be arriving; reopen, retry."""
+        size = -1
+        for attempt in range(self.retries):
+            self._forget(rel)
+            time.sleep(self.backoff_s * 2**attempt)
+            fd, size = self._open(rel)
+            got = os.preadv(fd, bufs, offset)
+            if got == want:
+                return fd
+        self._forget(rel)
+        raise PayloadTruncatedError(
+            f"short read: wanted {want} bytes, got {got} (file size {size}) "
+            f"after {self.retries} retries",
+            file=rel,
+            offset=offset,
+        )
 
     def file_size(self, rel: str) -> int:
         return self._open(rel)[1]

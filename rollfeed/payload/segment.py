@@ -19,27 +19,19 @@ Clipping a ragged segment only moves ``first``/``rows``: it needs neither row wi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rollfeed.payload.errors import PayloadSegmentError
 
-STORED_DTYPES = frozenset(
-    [
-        "uint8",
-        "int8",
-        "uint16",
-        "int16",
-        "uint32",
-        "int32",
-        "int64",
-        "float16",
-        "float32",
-        "float64",
-    ]
-)
+# Stored dtype name -> itemsize; the integer ones are the kinds an int fill accepts.
+ITEMSIZE = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "int64": 8}
+INTEGER_DTYPES = frozenset(ITEMSIZE)
+FLOAT_DTYPES = frozenset(["float16", "float32", "float64"])
+ITEMSIZE.update(float16=2, float32=4, float64=8)
+STORED_DTYPES = frozenset(ITEMSIZE)
 
 
 class RaggedLayout(BaseModel):
@@ -75,7 +67,7 @@ class PayloadSegment(BaseModel):
     @property
     def row_bytes(self) -> int:
         """Bytes of one fixed-width row (``prod(shape) * itemsize``)."""
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * ITEMSIZE[self.dtype]
 
     @classmethod
     def from_json(cls, text: str | bytes) -> PayloadSegment:

@@ -2,7 +2,25 @@ import numpy as np
 import pytest
 
 from rollfeed.payload import PayloadInputError, ragged_bytes
-from rollfeed.payload.layout import decode_index, index_span, values_start
+from rollfeed.payload.layout import decode_index, index_table, values_start
+
+
+def fill_table(bodies, lo, hi, rows, values, *, count_bytes, block_rows):
+    arrays = (np.asarray(x, np.int64) for x in (lo, hi, rows, values))
+    table = index_table(*arrays, count_bytes=count_bytes, block_rows=block_rows)
+    for body, start, size, at in zip(
+        bodies, table.span_start, table.span_len, table.slot, strict=True
+    ):
+        table.table[at : at + size] = np.frombuffer(body[start : start + size], np.uint8)
+    return decode_index(table)
+
+
+def decode_rows(
+    body: bytes, lo: int, hi: int, *, rows: int, values: int, count_bytes: int, block_rows: int
+):
+    return fill_table(
+        [body], [lo], [hi], [rows], [values], count_bytes=count_bytes, block_rows=block_rows
+    )
 
 
 def test_worked_example_bytes():
@@ -25,16 +43,7 @@ def test_wide_rows_use_wider_lengths():
     counts = np.array([1, 300, 2])
     body, count_bytes = ragged_bytes(counts, np.arange(303), dtype=np.dtype("int32"))
     assert count_bytes == 2
-    lo, hi = index_span(1, 3, rows=3, count_bytes=2, block_rows=128)
-    idx = decode_index(
-        np.frombuffer(body[lo:hi], np.uint8),
-        1,
-        3,
-        rows=3,
-        values=303,
-        count_bytes=2,
-        block_rows=128,
-    )
+    idx = decode_rows(body, 1, 3, rows=3, values=303, count_bytes=2, block_rows=128)
     assert idx.counts.tolist() == [300, 2] and idx.starts.tolist() == [1, 301]
 
 
@@ -49,6 +58,20 @@ def test_bytes_per_token_target(mean):
         assert per_token <= 8.0
 
 
+def test_index_decodes_several_requests_at_once():
+    counts = [np.array([1, 0, 2, 3]), np.array([4, 1]), np.array([0, 0, 5])]
+    bodies = [
+        ragged_bytes(c, np.arange(c.sum()), dtype=np.dtype("int32"), block_rows=2)[0]
+        for c in counts
+    ]
+    lo, hi = [1, 0, 2], [4, 2, 3]
+    rows, values = [c.size for c in counts], [int(c.sum()) for c in counts]
+    idx = fill_table(bodies, lo, hi, rows, values, count_bytes=1, block_rows=2)
+    assert idx.counts.tolist() == [0, 2, 3, 4, 1, 5]
+    assert idx.starts.tolist() == [1, 1, 3, 0, 4, 0]
+    assert idx.row_base.tolist() == [0, 3, 5, 6]
+
+
 def test_index_decodes_any_window():
     rng = np.random.default_rng(1)
     for trial in range(100):
@@ -59,15 +82,8 @@ def test_index_decodes_any_window():
         )
         lo = int(rng.integers(0, n))
         hi = int(rng.integers(lo + 1, n + 1))
-        b0, b1 = index_span(lo, hi, rows=n, count_bytes=cb, block_rows=block)
-        idx = decode_index(
-            np.frombuffer(body[b0:b1], np.uint8),
-            lo,
-            hi,
-            rows=n,
-            values=int(counts.sum()),
-            count_bytes=cb,
-            block_rows=block,
+        idx = decode_rows(
+            body, lo, hi, rows=n, values=int(counts.sum()), count_bytes=cb, block_rows=block
         )
         starts = np.cumsum(counts) - counts
         np.testing.assert_array_equal(idx.counts, counts[lo:hi])
