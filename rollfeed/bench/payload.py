@@ -55,7 +55,7 @@ def write_requests(
 
 
 def raw_ranges(segs) -> list[tuple[str, int, int]]:
-    """The byte ranges read_field needs for the whole window: routing bodies, CSR index and values."""
+    """Byte ranges read_field needs for the whole window: routing bodies, CSR index, values."""
     out = []
     for s in segs:
         if s.ragged is None:
@@ -79,12 +79,12 @@ def main(argv: list[str]) -> None:
         print("payload bytes per completion token")
         for mean in (1.7, 8.0):
             _, per_token = write_requests(tmp, rng, 16, 65_536, mean, routing=False)
-            print(
-                f"  mask, mean {mean:>3} kept ids: {per_token:6.2f} B/token  (padded [T, 32] int32: 128.00; ratio {128 / per_token:5.1f}x smaller)"
-            )
-        print(
-            f"  routing 48 layers x top-8 of 128 experts: {48 * 8} B/token as uint8  (int32: {48 * 8 * 4}, int64: {48 * 8 * 8})"
-        )
+            ratio = 128 / per_token
+            print(f"  mask, mean {mean:>3} kept ids: {per_token:6.2f} B/token", end="")
+            print(f"  (padded [T, 32] int32: 128.00, {ratio:5.1f}x more)")
+        row = 48 * 8
+        print(f"  routing 48 layers x top-8 of 128 experts: {row} B/token as uint8", end="")
+        print(f"  (int32: {row * 4}, int64: {row * 8})")
 
         segs, _ = write_requests(tmp, rng, args.files, args.tokens, 1.7, routing=True)
         root = PayloadRoot(tmp)
@@ -113,7 +113,9 @@ def main(argv: list[str]) -> None:
         for fd in fds.values():
             os.close(fd)
         r, o = statistics.median(t_raw), statistics.median(t_ours)
+        mib = len(buf) / 2**20
         print(
-            f"read one micro batch window ({args.tokens} tokens, {args.files} files, {len(buf) / 2**20:.1f} MiB):"
-            f" raw preadv {r * 1e3:.2f} ms, read_field {o * 1e3:.2f} ms -> raw/ours = {r / o:.2f} (goal >= 0.7)"
+            f"read one micro batch window ({args.tokens} tokens, {args.files} files, {mib:.1f} MiB)"
         )
+        print(f"  raw preadv {r * 1e3:.2f} ms, read_field {o * 1e3:.2f} ms", end="")
+        print(f" -> raw/ours = {r / o:.2f} (goal >= 0.7)")
