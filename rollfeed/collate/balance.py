@@ -32,24 +32,37 @@ def sequence_cost(lengths: np.ndarray | Sequence[int], quadratic: float = DEFAUL
 
 
 def _kk(costs: np.ndarray, k: int) -> list[list[int]]:
-    # A state is k (sum, items) subsets sorted by sum, descending. Merging two states pairs the
-    # heaviest subset of one with the lightest of the other, which keeps the spread small.
-    heap = []
-    for i in np.argsort(-costs, kind="stable").tolist():
-        subsets = [(float(costs[i]), [i])] + [(0.0, []) for _ in range(k - 1)]
-        heap.append((-float(costs[i]), i, subsets))
+    # A state is k (sum, head, tail) subsets sorted by sum, descending; a subset's items form a
+    # linked list through `link`, so merging subsets is O(1) and allocates no per-subset list
+    # (thousands of small lists make the garbage collector, not the algorithm, dominate).
+    # Merging two states pairs the heaviest subset of one with the lightest of the other.
+    n = len(costs)
+    link = [-1] * n
+    empty = ((0.0, -1, -1),) * (k - 1)
+    heap = [(-c, i, ((c, i, i), *empty)) for i, c in enumerate(costs.tolist())]
     heapq.heapify(heap)
     while len(heap) > 1:
         _, tie, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
         merged = []
-        for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True):
-            big, small = (ia, ib) if len(ia) >= len(ib) else (ib, ia)
-            big.extend(small)  # states are consumed, so growing the longer list is safe
-            merged.append((sa + sb, big))
+        for (sa, ha, ta), (sb, hb, tb) in zip(a, reversed(b), strict=True):
+            if ha < 0:
+                merged.append((sa + sb, hb, tb))
+            elif hb < 0:
+                merged.append((sa + sb, ha, ta))
+            else:
+                link[ta] = hb
+                merged.append((sa + sb, ha, tb))
         merged.sort(key=lambda s: -s[0])
-        heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, merged))
-    return [items for _, items in heap[0][2]] if heap else [[] for _ in range(k)]
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, tuple(merged)))
+    parts = []
+    for _, head, _ in heap[0][2] if heap else ((0.0, -1, -1),) * k:
+        items = []
+        while head >= 0:
+            items.append(head)
+            head = link[head]
+        parts.append(items)
+    return parts
 
 
 def _refine(parts: list[list[int]], costs: np.ndarray, rounds: int) -> None:

@@ -6,16 +6,18 @@ pad multiple 2)::
     starts (0, 4)   cu_seqlens (0, 4, 6)   length 6
     row     [a0 a1 a2 pad | b0 b1]        (slot 0 holds sample a and one padding token)
 
-Segments are grouped per field and shifted to row positions. ``labels``-window segments are first
-clipped to ``[1, T)`` of their sample: a label at the sample's last position ``T - 1`` would read
-row position ``start + T`` (the next sample's first token), and position 0 of a sample is never
-anyone's label, so clipping it away makes that read fill.
+``segments`` groups the samples' segments per field and shifts them to row positions, on demand
+(planning thousands of samples then moves no records; the rank that reads does it for its micro
+batches only). ``labels``-window segments are first clipped to ``[1, T)`` of their sample: a label
+at the sample's last position ``T - 1`` would read row position ``start + T`` (the next sample's
+first token), and position 0 of a sample is never anyone's label, so clipping it away makes that
+read fill.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rollfeed.collate.sample import Sample
 from rollfeed.payload import PayloadField, PayloadSegment, clip_segments, shift_segments
@@ -33,11 +35,22 @@ class MicroBatch:
     cp_size: int
     cp_layout: str
     cost: float = 0.0  # balance cost of the samples (0 for a dummy)
-    segments: Mapping[str, tuple[PayloadSegment, ...]] = field(default_factory=dict)
+    label_fields: frozenset[str] = frozenset()  # fields read one ahead: clipped to [1, T)
 
     @property
     def is_dummy(self) -> bool:
         return not self.samples
+
+    @property
+    def segments(self) -> dict[str, tuple[PayloadSegment, ...]]:
+        """By-handle segments per field, in row coordinates (see module doc)."""
+        grouped: dict[str, list[PayloadSegment]] = {}
+        for sample, start in zip(self.samples, self.starts, strict=True):
+            for seg in sample.payload:
+                if seg.field in self.label_fields:
+                    (seg,) = clip_segments([seg], 1, len(sample))
+                grouped.setdefault(seg.field, []).extend(shift_segments([seg], start))
+        return {k: tuple(v) for k, v in grouped.items()}
 
     @property
     def num_tokens(self) -> int:
@@ -64,13 +77,6 @@ def build_micro_batch(
     starts = tuple(cu[:-1])
     if cu[-1] < length:
         cu.append(length)
-    grouped: dict[str, list[PayloadSegment]] = {}
-    for sample, start in zip(samples, starts, strict=True):
-        T = len(sample)
-        for seg in sample.payload:
-            if fields[seg.field].window == "labels":
-                (seg,) = clip_segments([seg], 1, T)
-            grouped.setdefault(seg.field, []).extend(shift_segments([seg], start))
     return MicroBatch(
         samples=tuple(samples),
         indices=tuple(indices),
@@ -80,7 +86,7 @@ def build_micro_batch(
         cp_size=cp_size,
         cp_layout=cp_layout,
         cost=cost,
-        segments={k: tuple(v) for k, v in grouped.items()},
+        label_fields=frozenset(k for k, f in fields.items() if f.window == "labels"),
     )
 
 

@@ -95,7 +95,7 @@ def _merge(name, spec, handle, inline, owned) -> torch.Tensor:
     return torch.where(keep, inline.to(dtype), handle.to(dtype))
 
 
-def _field(mb, name, spec, ranges, *, whole, root, width, fields) -> torch.Tensor:
+def _field(mb, segments, name, spec, ranges, *, whole, root, width, fields) -> torch.Tensor:
     window = field_ranges(ranges, spec.window, mb.length, whole=whole)
     idx = ranges_index(window)
     labels = spec.window == "labels"
@@ -106,12 +106,12 @@ def _field(mb, name, spec, ranges, *, whole, root, width, fields) -> torch.Tenso
             inline = _inline_ragged(mb, name, spec, rows, idx, width)
         else:
             inline = _inline_fixed(mb, name, spec, rows, idx)
-    if name in mb.segments:
+    if name in segments:
         if root is None:
             raise BatchConfigError(
                 "micro batch holds payload segments; pass root= (the payload root)", field=name
             )
-        handle = read_field(mb.segments[name], name, window, root=root, width=width, fields=fields)
+        handle = read_field(segments[name], name, window, root=root, width=width, fields=fields)
     if inline is None:
         return handle
     if handle is None:
@@ -158,11 +158,13 @@ def to_tensor_micro_batch(
             temp[a : a + T - 1] = s.temperatures[1:]
     cu = np.asarray(mb.cu_seqlens, np.int64)
     pos = np.arange(S) - np.repeat(cu[:-1], np.diff(cu))
-    names = sorted({*mb.segments, *(k for s in mb.samples for k in s.fields)})
+    segments = mb.segments
+    names = sorted({*segments, *(k for s in mb.samples for k in s.fields)})
     out = {}
     for name in names:
         t = _field(
             mb,
+            segments,
             name,
             fields[name],
             ranges,
