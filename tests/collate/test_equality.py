@@ -97,3 +97,46 @@ def test_static_width_and_too_narrow(batches):
         to_tensor_micro_batch(ma, width=1, **opts)
     with pytest.raises(PayloadWidthError, match="sampling_mask"):
         to_tensor_micro_batch(mb, width=1, root=root, **opts)
+
+
+def test_mixed_inline_and_by_handle_in_one_micro_batch(batches):
+    root, inline, handle = batches
+    mixed = [h if i % 2 else a for i, (a, h) in enumerate(zip(inline, handle, strict=True))]
+    kw = dict(seq_len=SEQ_LEN, dp_size=1, cp_size=2, cp_layout="zigzag")
+    plan_a, plan_m = prepare_batch(inline, **kw), prepare_batch(mixed, **kw)
+    both = 0
+    for ma, mm in zip(plan_a[0], plan_m[0], strict=True):
+        both += bool(mm.segments) and any(s.fields for s in mm.samples)
+        for r in range(2):
+            opts = dict(cp_rank=r, cp_size=2, cp_layout="zigzag")
+            ta = to_tensor_micro_batch(ma, **opts)
+            _assert_equal(ta, to_tensor_micro_batch(mm, root=root, **opts), ("mixed", r))
+    assert both > 0  # non-vacuity: some micro batch holds both kinds
+
+
+def test_field_cut_to_placeholders_reads_width_one_fill(tmp_path):
+    from rollfeed.collate import Sample
+
+    T, P = 20, 12
+    counts, values = np.full(T - P, 2), np.arange(2 * (T - P), dtype=np.int32)
+    with PayloadWriter(tmp_path) as w:
+        segs = w.write({"sampling_mask": (counts, values)}, P)
+    base = (np.arange(T), np.ones(T), np.zeros(T), np.zeros(T))
+    full = np.concatenate([np.zeros(P, np.int64), counts])
+    a = Sample(*base, fields={"sampling_mask": (full, values)})
+    b = Sample(*base, payload=segs)
+    for s, root in ((a, None), (b, tmp_path)):
+        plan = prepare_batch([s], seq_len=8, dp_size=1)
+        assert plan.metrics["truncated"] == 1
+        t = to_tensor_micro_batch(plan[0][0], root=root)
+        assert torch.equal(t.fields["sampling_mask"], torch.full((8, 1), -1, dtype=torch.int32))
+
+
+def test_plan_pickles(batches):
+    import pickle
+
+    _, _, handle = batches
+    plan = prepare_batch(handle, seq_len=SEQ_LEN, dp_size=2)
+    back = pickle.loads(pickle.dumps(plan))
+    assert back.metrics == plan.metrics and len(back) == 2
+    assert back[0][0].segments == plan[0][0].segments
