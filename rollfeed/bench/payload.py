@@ -35,7 +35,7 @@ def kept_counts(rng: np.random.Generator, n: int, mean: float) -> np.ndarray:
 def write_requests(
     root: str, rng: np.random.Generator, files: int, tokens: int, mean: float, routing: bool
 ):
-    segs, mask_bytes = [], 0
+    segs, file_bytes = [], 0
     per = tokens // files
     for i in range(files):
         counts = kept_counts(rng, per, mean)
@@ -48,10 +48,8 @@ def write_requests(
             written = w.write(arrays, pos=0)
         for s in written:
             segs.append(s.model_copy(update={"pos": i * per}))
-        mask_bytes += os.path.getsize(os.path.join(root, "bench", f"req{mean}-{routing}-{i}.rfp"))
-        if routing:
-            mask_bytes -= per * 48 * 8 + 40  # routing region and its header are not mask bytes
-    return segs, mask_bytes / tokens
+        file_bytes += os.path.getsize(os.path.join(root, "bench", f"req{mean}-{routing}-{i}.rfp"))
+    return segs, file_bytes / tokens  # bytes on disk per token, headers included
 
 
 def raw_ranges(segs) -> list[tuple[str, int, int]]:

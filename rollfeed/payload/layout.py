@@ -6,8 +6,9 @@ offset); the region headers make a file self-describing for ``verify`` and ``ins
 
 File header ``<8sHHI``: magic ``b"RFPAYLD\\0"``, format version, flags (0), reserved (0).
 
-Region header ``<4sBBBxIQQQ4x``: magic ``b"RGN1"``, kind (0 fixed, 1 ragged), count bytes,
-dtype code, block rows, rows, values, body bytes.
+Region header ``<4sBBBBIQQQ4x``: magic ``b"RGN1"``, kind (0 fixed, 1 ragged), count bytes,
+dtype code, field name length, block rows, rows, values, body bytes; then the field name (UTF-8),
+then the body.
 
 Fixed-width body: C-contiguous ``[rows, *shape]`` at the stored dtype (little endian).
 
@@ -42,7 +43,7 @@ MAGIC = b"RFPAYLD\0"
 VERSION = 1
 FILE_HEADER = struct.Struct("<8sHHI")
 REGION_MAGIC = b"RGN1"
-REGION_HEADER = struct.Struct("<4sBBBxIQQQ4x")
+REGION_HEADER = struct.Struct("<4sBBBBIQQQ4x")
 KIND_FIXED, KIND_RAGGED = 0, 1
 DTYPE_CODES = (
     "uint8",
@@ -66,6 +67,7 @@ def file_header() -> bytes:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegionHeader:
+    field: str
     kind: int
     count_bytes: int
     dtype: str
@@ -74,26 +76,43 @@ class RegionHeader:
     values: int
     body_bytes: int
 
+    @property
+    def size(self) -> int:
+        """Bytes from the region's start to its body."""
+        return REGION_HEADER.size + len(self.field.encode())
+
     def pack(self) -> bytes:
-        return REGION_HEADER.pack(
-            REGION_MAGIC,
-            self.kind,
-            self.count_bytes,
-            DTYPE_CODES.index(self.dtype),
-            self.block_rows,
-            self.rows,
-            self.values,
-            self.body_bytes,
+        name = self.field.encode()
+        return (
+            REGION_HEADER.pack(
+                REGION_MAGIC,
+                self.kind,
+                self.count_bytes,
+                DTYPE_CODES.index(self.dtype),
+                len(name),
+                self.block_rows,
+                self.rows,
+                self.values,
+                self.body_bytes,
+            )
+            + name
         )
 
     @classmethod
-    def unpack(cls, raw: bytes) -> RegionHeader | None:
-        """The header, or ``None`` when ``raw`` is not a well-formed region header."""
-        magic, kind, cb, code, block, rows, values, body = REGION_HEADER.unpack(raw)
+    def unpack(cls, raw: bytes, name: bytes) -> RegionHeader | None:
+        """The header from its fixed part and its name, or ``None`` when it is not well formed."""
+        magic, kind, cb, code, name_len, block, rows, values, body = REGION_HEADER.unpack(raw)
         if magic != REGION_MAGIC or kind not in (0, 1) or code >= len(DTYPE_CODES):
+            return None
+        if len(name) != name_len:
+            return None
+        try:
+            field = name.decode()
+        except UnicodeDecodeError:
             return None
         dtype = DTYPE_CODES[code]
         return cls(
+            field=field,
             kind=kind,
             count_bytes=cb,
             dtype=dtype,

@@ -33,7 +33,6 @@ from rollfeed.payload.layout import (
     BLOCK_ROWS,
     KIND_FIXED,
     KIND_RAGGED,
-    REGION_HEADER,
     RegionHeader,
     file_header,
     ragged_bytes,
@@ -151,7 +150,7 @@ class PayloadWriter:
         segments = []
         with self._lock:
             for name, first, header, body, shape in regions:
-                offset = self._append(header.pack() + body) + REGION_HEADER.size
+                offset = self._append(header.pack() + body) + header.size
                 layout = None
                 if header.kind == KIND_RAGGED:
                     layout = RaggedLayout(
@@ -206,6 +205,7 @@ class PayloadWriter:
             dtype = arr.dtype
         body = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("<")).tobytes()
         header = RegionHeader(
+            field=name,
             kind=KIND_FIXED,
             count_bytes=0,
             dtype=dtype.name,
@@ -237,6 +237,7 @@ class PayloadWriter:
             raise err.with_place(field=name) from None
         assert len(body) == values_start(counts.size, count_bytes, BLOCK_ROWS) + values.size * 4
         header = RegionHeader(
+            field=name,
             kind=KIND_RAGGED,
             count_bytes=count_bytes,
             dtype=field.ragged_dtype.name,
