@@ -12,9 +12,10 @@ forward + backward (gradients for hidden and weight) of ``Σ_n u_n · logp_n``:
 
 Each variant runs in its own subprocess, so one variant's allocations cannot hide in another's peak.
 Peak memory is ``ru_maxrss`` (the process's resident-set high-water mark) at the end, minus the
-resident set right after the inputs are allocated (``/proc/self/statm``), minus one weight-sized gradient
-buffer (``V·H·4`` bytes) that every variant must produce: what remains is the scorer's own
-temporaries (logits, softmax, their gradients; or chunks, dots and the hidden gradient). PyTorch's
+resident set right after the inputs are allocated and a tiny warm-up run of the same variant
+(``/proc/self/statm``; one-time library costs such as thread pools are not the scorer's), minus
+one weight-sized gradient buffer (``V·H·4`` bytes) that every variant must produce. What remains
+is the scorer's own temporaries (logits, softmax, their gradients; or chunks, dots and the hidden gradient). PyTorch's
 CPU allocator does not cache, so freed temporaries are returned and the high-water mark is what the
 variant really needed at once. Time is the best of ``--repeats`` runs. The error is the largest
 absolute difference of the logprobs from a float64 evaluation of the same quantity, computed after
@@ -99,6 +100,12 @@ def _child(args: argparse.Namespace) -> None:
     x["hidden"].requires_grad_()
     x["weight"].requires_grad_()
     up = torch.randn(args.rows)
+    # A tiny run first, so one-time costs (kernel selection, thread pools) are not in the peak.
+    tiny = _inputs(16, 256, args.hidden, args.width)
+    tiny["hidden"].requires_grad_()
+    tiny["weight"].requires_grad_()
+    _run(args.child, tiny, torch.ones(16))
+    del tiny
     base = _resident_bytes()
     best = float("inf")
     for _ in range(args.repeats):
@@ -143,7 +150,8 @@ def main(argv: list[str]) -> None:
         speed = full["seconds"] / fused["seconds"]
         mem = full["extra_bytes"] / max(fused["extra_bytes"], 1)
         print(
-            f"V={vocab:>7}  full {full['seconds'] * 1e3:9.1f} ms {full['extra_bytes'] / mib:8.1f} MiB"
+            f"V={vocab:>7}  full {full['seconds'] * 1e3:9.1f} ms "
+            f"{full['extra_bytes'] / mib:8.1f} MiB"
             f" err {full['max_abs_err']:.1e} | fused {fused['seconds'] * 1e3:7.1f} ms "
             f"{fused['extra_bytes'] / mib:7.1f} MiB err {fused['max_abs_err']:.1e} | "
             f"fused is {speed:6.1f}x faster, {mem:6.1f}x less memory"

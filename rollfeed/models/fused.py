@@ -20,7 +20,7 @@ from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, s
 from rollfeed.models.support import SupportScores
 from rollfeed.models.tp import ProcessGroup, sum_grad_over_tp
 
-DEFAULT_CHUNK_SIZE = 4096
+DEFAULT_CHUNK_SIZE = 2048
 
 
 class _FusedHeadProjection(torch.autograd.Function):
