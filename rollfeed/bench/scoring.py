@@ -17,9 +17,9 @@ resident set right after the inputs are allocated and a tiny warm-up run of the 
 one weight-sized gradient buffer (``V·H·4`` bytes) that every variant must produce. What remains
 is the scorer's own temporaries (logits, softmax, their gradients; or chunks, dots and the hidden
 gradient). PyTorch's CPU allocator does not cache, so freed temporaries are returned and the
-high-water mark is what the variant really needed at once. Time is the best of ``--repeats`` runs. The error is the largest
-absolute difference of the logprobs from a float64 evaluation of the same quantity, computed after
-the measurements.
+high-water mark is what the variant really needed at once. Time is the best of ``--repeats``
+runs. The error is the largest absolute difference of the logprobs from a float64 evaluation of
+the same quantity, computed after the measurements.
 """
 
 from __future__ import annotations
