@@ -23,6 +23,7 @@ import math
 import operator
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from rollfeed.payload.errors import (
     PayloadWidthError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
-from rollfeed.payload.layout import decode_index, index_table, values_starts
+from rollfeed.payload.layout import RowIndex, decode_index, index_table, values_starts
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.segment import (
     FLOAT_DTYPES,
@@ -295,73 +296,109 @@ def _read_ragged(live, ranges, n, name, spec, root, width) -> torch.Tensor:
     kinds: dict[tuple[int, int], list[PayloadSegment]] = {}
     for s in live:
         kinds.setdefault((s.ragged.count_bytes, s.ragged.block_rows), []).append(s)
-    # Pass 1: the row index of every segment (all its rows: W depends on them, not the window),
-    # one table per (count_bytes, block_rows) kind, read straight into place, decoded at once.
-    decoded = []
-    for (cb, block), segs in kinds.items():
-        t = _Table(segs)
-        lay_rows = np.fromiter((s.ragged.rows for s in segs), np.int64, len(segs))
-        lay_values = np.fromiter((s.ragged.values for s in segs), np.int64, len(segs))
-        table = index_table(
-            t.first, t.first + t.rows, lay_rows, lay_values, count_bytes=cb, block_rows=block
-        )
-        root.read_into(
-            t.files,
-            t.file_idx,
-            t.offset + table.span_start,
-            table.span_len,
-            table.table,
-            table.slot,
-        )
-        try:
-            idx = decode_index(table)
-        except PayloadIndexError as err:
-            s = segs[err.request]
-            raise err.with_place(file=s.file, field=name, offset=s.offset, pos=s.pos) from None
-        decoded.append((t, idx, t.offset + values_starts(lay_rows, cb, block)))
-    widest = max((int(idx.counts.max()) for _, idx, _ in decoded), default=0)
+    decoded = [_read_index(segs, cb, block, name, root) for (cb, block), segs in kinds.items()]
+    widest = max((int(d.index.counts.max()) for d in decoded), default=0)
     if width is not None:
         if width < 1:
             raise ValueError(f"read_field width must be >= 1, got {width}")
         if widest > width:
-            t, idx, _ = next(d for d in decoded if int(d[1].counts.max()) == widest)
-            row = int(np.argmax(idx.counts))
-            i = int(np.searchsorted(idx.row_base, row, side="right") - 1)
-            s = t.segs[i]
+            d = next(d for d in decoded if int(d.index.counts.max()) == widest)
+            row = int(np.argmax(d.index.counts))
+            i = int(np.searchsorted(d.index.row_base, row, side="right") - 1)
+            s = d.table.segs[i]
             raise PayloadWidthError(
                 f"a row holds {widest} values, wider than width={width}; raise width or pass None",
                 file=s.file,
                 field=name,
                 offset=s.offset,
-                pos=s.pos + row - int(idx.row_base[i]),
+                pos=s.pos + row - int(d.index.row_base[i]),
             )
-    # Pass 2: the window's values, one read per (segment, range) intersection, in window order.
+    # Pass 2: the window's values in window-row order, so that one scatter places them all.
+    # Values of whole regions are already in memory; the others take one read per intersection.
     row_counts = np.zeros(n, np.int64)
     pieces = []
-    for t, idx, vstart in decoded:
+    for d in decoded:
+        t, idx = d.table, d.index
         for at, lo, _, seg, a, b in t.overlaps(ranges):
             if not len(seg):
                 continue
             r0 = idx.row_base[seg] + a - t.pos[seg]
             length = b - a
-            src = np.repeat(r0 - np.cumsum(length) + length, length) + np.arange(length.sum())
-            dst = np.repeat(at + a - lo - np.cumsum(length) + length, length) + np.arange(
-                length.sum()
-            )
-            row_counts[dst] = idx.counts[src]
+            row_counts[_spread(at + a - lo, length)] = idx.counts[_spread(r0, length)]
             v0 = idx.starts[r0]
             v1 = idx.starts[r0 + length - 1] + idx.counts[r0 + length - 1]
-            pieces.append(
-                (at + a - lo, t.files, t.file_idx[seg], vstart[seg] + 4 * v0, 4 * (v1 - v0))
-            )
-    # Values land in window-row order so that one scatter places them all.
+            pieces.append((d, seg, at + a - lo, v0, v1 - v0))
     value_base = np.concatenate([[0], np.cumsum(row_counts)])
     values = np.empty(int(value_base[-1]), spec.ragged_dtype)
-    for first_row, files, fi, src, ln in pieces:
-        root.read_into(files, fi, src, ln, values, 4 * value_base[first_row])
-    out = np.full((n, width if width is not None else max(1, widest)), spec.fill, spec.ragged_dtype)
-    if values.size:
-        rows = np.repeat(np.arange(n), row_counts)
-        cols = np.arange(values.size) - np.repeat(value_base[:-1], row_counts)
-        out[rows, cols] = values
+    for d, seg, first_row, v0, count in pieces:
+        dst = value_base[first_row]
+        held = d.body_at[seg] >= 0
+        if held.any():
+            src = (d.body_at[seg] + d.values_at[seg])[held] // 4 + v0[held]
+            values[_spread(dst[held], count[held])] = d.bodies[_spread(src, count[held])]
+        if not held.all():
+            t, rest = d.table, seg[~held]
+            src = t.offset[rest] + d.values_at[rest] + 4 * v0[~held]
+            root.read_into(t.files, t.file_idx[rest], src, 4 * count[~held], values, 4 * dst[~held])
+    W = width if width is not None else max(1, widest)
+    out = np.full((n, W), spec.fill, spec.ragged_dtype)
+    if values.size:  # value k of row r lands at flat index r * W + (k - value_base[r])
+        out.reshape(-1)[_spread(np.arange(0, n * W, W), row_counts)] = values
     return torch.from_numpy(out)
+
+
+def _spread(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(starts[i], starts[i] + lengths[i])``: ``[sum(lengths)]``."""
+    return np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Decoded:
+    """The row index of one kind's segments, and the region bodies read whole."""
+
+    table: _Table
+    index: RowIndex
+    values_at: np.ndarray  # [S] byte offset of the values inside each region body
+    body_at: np.ndarray  # [S] byte offset of the body in ``bodies``, or -1 (not read whole)
+    bodies: np.ndarray  # values of whole regions as ``ragged_dtype`` elements, bodies back to back
+
+
+def _read_index(segs, cb, block, name, root) -> _Decoded:
+    """Pass 1: the row index of every segment (all its rows: W depends on them, not the window).
+
+    A segment that spans its whole region (the common case: one request, one region) is read in
+    one go, index and values together; a clipped one reads only the index blocks covering it.
+    """
+    t = _Table(segs)
+    lay_rows = np.fromiter((s.ragged.rows for s in segs), np.int64, len(segs))
+    lay_values = np.fromiter((s.ragged.values for s in segs), np.int64, len(segs))
+    table = index_table(
+        t.first, t.first + t.rows, lay_rows, lay_values, count_bytes=cb, block_rows=block
+    )
+    values_at = values_starts(lay_rows, cb, block)
+    whole = (t.first == 0) & (t.rows == lay_rows)
+    body_len = np.where(whole, values_at + 4 * lay_values, 0)  # multiples of 4: values stay aligned
+    body_at = np.where(whole, np.cumsum(body_len) - body_len, -1)
+    bodies = np.empty(int(body_len.sum()) // 4, segs[0].dtype)
+    root.read_into(
+        t.files, t.file_idx[whole], t.offset[whole], body_len[whole], bodies, body_at[whole]
+    )
+    part = ~whole
+    root.read_into(
+        t.files,
+        t.file_idx[part],
+        t.offset[part] + table.span_start[part],
+        table.span_len[part],
+        table.table,
+        table.slot[part],
+    )
+    raw = bodies.view(np.uint8)
+    for i in np.flatnonzero(whole).tolist():  # whole bodies hold their index at offset 0
+        at, size = int(table.slot[i]), int(table.span_len[i])
+        table.table[at : at + size] = raw[int(body_at[i]) : int(body_at[i]) + size]
+    try:
+        index = decode_index(table)
+    except PayloadIndexError as err:
+        s = segs[err.request]
+        raise err.with_place(file=s.file, field=name, offset=s.offset, pos=s.pos) from None
+    return _Decoded(table=t, index=index, values_at=values_at, body_at=body_at, bodies=bodies)
