@@ -240,6 +240,19 @@ def _field(name: str, data: Any, T: int, uid: str | None) -> FieldData:
             )
         if values.dtype.kind not in "iuf":
             raise SampleDtypeError(f"values of dtype {values.dtype}", sample=uid, field=name)
+        if (
+            values.dtype.kind in "iu"
+            and values.size
+            and not (
+                _holds(np.dtype(np.int32), int(values.min()))
+                and _holds(np.dtype(np.int32), int(values.max()))
+            )
+        ):
+            raise SampleDtypeError(
+                "ragged integer values must fit int32 (they are read back as int32)",
+                sample=uid,
+                field=name,
+            )
         return counts, np.ascontiguousarray(values)
     arr = np.asarray(data)
     if arr.ndim < 1 or arr.shape[0] != T:

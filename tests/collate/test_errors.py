@@ -63,6 +63,8 @@ def test_dtypes():
     ragged_as_fixed = _sample(fields={"sampling_mask": np.zeros((4, 2), np.int32)})
     with pytest.raises(SampleDtypeError, match=r"\(counts, values\).*sample=0"):
         prepare_batch([ragged_as_fixed], seq_len=8, dp_size=1)
+    with pytest.raises(SampleDtypeError, match="must fit int32"):
+        _sample(fields={"sampling_mask": (np.array([1, 0, 0, 0]), np.array([1 << 40]))})
     unknown = _sample(fields={"nope": np.zeros(4)})
     with pytest.raises(SampleDtypeError, match=r"unknown payload field.*field=nope"):
         prepare_batch([unknown], seq_len=8, dp_size=1)
