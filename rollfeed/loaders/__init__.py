@@ -1,1 +1,36 @@
-"""rollfeed.loaders."""
+"""torch.utils.data shell around the batches planner: dataset, batch sampler, collate_fn, state."""
+
+from rollfeed.loaders.collator import MicroBatchCollator
+from rollfeed.loaders.dataset import STEP_STRIDE, RolloutDataset
+from rollfeed.loaders.errors import (
+    LoaderConfigError,
+    LoaderError,
+    LoaderStateError,
+    StepFileError,
+    StepTimeoutError,
+)
+from rollfeed.loaders.plan import PlanSpec, plan_step, rebuild_micro_batch
+from rollfeed.loaders.sampler import MicroBatchSampler
+from rollfeed.loaders.state import SamplerState
+from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
+from rollfeed.loaders.topology import Topology
+
+__all__ = [
+    "STEP_STRIDE",
+    "LoaderConfigError",
+    "LoaderError",
+    "LoaderStateError",
+    "MicroBatchCollator",
+    "MicroBatchSampler",
+    "PlanSpec",
+    "RolloutDataset",
+    "SamplerState",
+    "StepFileError",
+    "StepTimeoutError",
+    "Topology",
+    "plan_step",
+    "read_step_file",
+    "rebuild_micro_batch",
+    "step_file_name",
+    "write_step_file",
+]

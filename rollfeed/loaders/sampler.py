@@ -1,0 +1,164 @@
+"""MicroBatchSampler: the ``batch_sampler`` yielding, per micro step, one micro batch's indices.
+
+For each training step it plans the step with the batches planner from ``dataset.lengths(step)``
+(:func:`rollfeed.loaders.plan.plan_step`; the same plan on every rank) and yields this DP rank's
+micro batches as lists of dataset indices **in packing order** — empty for a dummy micro batch of
+a rank that came up short. :class:`~rollfeed.loaders.collator.MicroBatchCollator` rebuilds the
+exact micro batch from the samples in that order.
+
+One pass (``iter`` once) is one training step. An in-memory list is the same samples every step;
+a step directory has one file per step: a pass covers the next step file present (none left: an
+empty pass), or in stream mode waits for the next step's file (``step_timeout_s`` bound) before
+its first micro batch, in the caller's ``iter``/``next`` -- never inside a prefetch of the previous
+step's micro batches.
+
+Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
+
+    list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), seq_len=8)) -> [[2, 3]]
+
+State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*: the right count when the
+sampler runs in the trainer's loop or under ``StatefulDataLoader``, which snapshots it in step with
+what it hands out. A plain ``DataLoader`` with workers draws ahead, so save its state only through
+``StatefulDataLoader``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from rollfeed.collate.balance import DEFAULT_QUADRATIC
+from rollfeed.loaders.dataset import RolloutDataset
+from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.plan import MicroPlan, PlanSpec, plan_step
+from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
+from rollfeed.loaders.topology import Topology
+from rollfeed.payload import PAYLOAD_FIELDS, PayloadField
+
+logger = logging.getLogger(__name__)
+
+
+class MicroBatchSampler(Sampler[list[int]]):
+    """Batch sampler over training steps; see the module doc.
+
+    ``shuffle``: present a step's samples to the planner in an order drawn from
+    ``(seed, step)`` (the same on every rank); otherwise in dataset order.
+    ``start_step``: first step (default: the oldest step file present, 0 for a list).
+    """
+
+    def __init__(
+        self,
+        dataset: RolloutDataset,
+        topology: Topology,
+        *,
+        seq_len: int,
+        cp_layout: Literal["contiguous", "zigzag"] = "contiguous",
+        pad_to_multiple_of: int | None = None,
+        overlong: Literal["truncate", "drop", "error"] = "truncate",
+        quadratic_cost: float = DEFAULT_QUADRATIC,
+        fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
+        seed: int = 0,
+        shuffle: bool = False,
+        stream: bool = False,
+        step_timeout_s: float = 600.0,
+        start_step: int | None = None,
+        on_reshard: Reshard = "error",
+    ) -> None:
+        if stream and not dataset.streams:
+            raise LoaderConfigError("stream=True needs a step directory (from_step_dir)")
+        if on_reshard not in RESHARD:
+            raise LoaderConfigError(f"on_reshard must be one of {RESHARD}, got {on_reshard!r}")
+        self.dataset, self.topology = dataset, topology
+        self.spec = PlanSpec(
+            seq_len=seq_len,
+            cp_size=topology.cp_size,
+            cp_layout=cp_layout,
+            pad_to_multiple_of=pad_to_multiple_of,
+            overlong=overlong,
+            quadratic_cost=quadratic_cost,
+            fields=fields,
+        )
+        self.seed, self.shuffle, self.stream = seed, shuffle, stream
+        self.step_timeout_s, self.on_reshard = step_timeout_s, on_reshard
+        self._step = dataset.first_step() if start_step is None else start_step
+        self._consumed = 0
+        self._step_size: int | None = None  # micro steps of self._step once planned
+        self._plan: tuple[int, MicroPlan, np.ndarray] | None = None
+
+    def plan(self, step: int) -> tuple[MicroPlan, np.ndarray]:
+        """``(plan, order)``: ``plan[dp][k]`` positions into ``order``, the step's indices."""
+        if self._plan is None or self._plan[0] != step:
+            order = self.dataset.step_indices(step)
+            lengths = self.dataset.lengths(step)
+            if self.shuffle:
+                perm = np.random.default_rng([self.seed, step]).permutation(len(order))
+                order, lengths = order[perm], lengths[perm]
+            plan = plan_step(lengths, self.spec, dp_size=self.topology.dp_size)
+            self._plan = (step, plan, order)
+        return self._plan[1], self._plan[2]
+
+    def step_micro_batches(self, step: int) -> list[list[int]]:
+        """This DP rank's micro batches of ``step`` as dataset indices (packing order)."""
+        plan, order = self.plan(step)
+        return [order[list(mb)].tolist() for mb in plan[self.topology.dp_rank]]
+
+    def _normalize(self) -> None:
+        if self._consumed and self._consumed == self._step_size:  # finished: resume at the next
+            self._step, self._consumed, self._step_size = self._step + 1, 0, None
+
+    def _pass_step(self) -> int | None:
+        """The step the next pass covers (waits for it in stream mode), or None: nothing left."""
+        if self.stream:
+            self.dataset.wait_for_step(self._step, timeout_s=self.step_timeout_s)
+            return self._step
+        return next(iter(self.dataset.steps_from(self._step)), None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """One pass = one training step (see module doc)."""
+        self._normalize()
+        step = self._pass_step()
+        if step is None:
+            return
+        if step != self._step:  # a gap in the step files: nothing of the missing steps was seen
+            self._step, self._consumed = step, 0
+        micro = self.step_micro_batches(step)
+        self._step_size = len(micro)
+        for k in range(self._consumed, len(micro)):
+            self._consumed = k + 1
+            yield micro[k]
+        self._normalize()
+        if not micro:  # an empty step still counts as done
+            self._step, self._consumed, self._step_size = step + 1, 0, None
+        logger.debug("step %d done (%d micro batches)", step, len(micro))
+
+    def __len__(self) -> int:
+        """Micro batches left in this pass (stream mode: once the step file is there)."""
+        self._normalize()
+        step = self._pass_step()
+        if step is None:
+            return 0
+        return len(self.plan(step)[0][0]) - (self._consumed if step == self._step else 0)
+
+    def state_dict(self) -> dict[str, int]:
+        self._normalize()
+        return SamplerState(
+            step=self._step,
+            micro_batches=self._consumed,
+            seed=self.seed,
+            dp_size=self.topology.dp_size,
+            cp_size=self.topology.cp_size,
+        ).to_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._step, self._consumed = resume_point(
+            SamplerState.from_dict(state),
+            seed=self.seed,
+            dp_size=self.topology.dp_size,
+            cp_size=self.topology.cp_size,
+            on_reshard=self.on_reshard,
+        )
+        self._step_size = None
