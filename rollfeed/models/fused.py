@@ -213,5 +213,8 @@ def fused_support_logprobs(
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
     )
-    metrics = {**plan.metrics, "pairs_projected": torch.tensor(pairs.shape[0])}
+    metrics = {
+        **plan.metrics,
+        "pairs_projected": torch.tensor(pairs.shape[0], device=hidden.device),
+    }
     return SupportScores(logprobs=logp, entropy=entropy, valid_mask=plan.valid, metrics=metrics)

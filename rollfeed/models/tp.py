@@ -25,13 +25,6 @@ import torch.distributed as dist
 ProcessGroup = dist.ProcessGroup
 
 
-def tp_world(tp_group: ProcessGroup | None) -> tuple[int, int]:
-    """``(rank, size)`` of this process in ``tp_group``; ``(0, 1)`` when there is no group."""
-    if tp_group is None:
-        return 0, 1
-    return dist.get_rank(tp_group), dist.get_world_size(tp_group)
-
-
 def all_reduce_max(x: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:
     """Element-wise max over the TP group of a detached copy of ``x`` (``x`` is untouched)."""
     out = x.detach().clone()
@@ -53,28 +46,6 @@ def all_reduce_sum_local_grad(local: torch.Tensor, tp_group: ProcessGroup | None
     # `local - local.detach()` is exactly zero in the forward, so the value is the reduced sum bit
     # for bit, and the gradient reaches `local` through the identity.
     return total + (local - local.detach())
-
-
-def vocab_shard(
-    local_width: int,
-    tp_group: ProcessGroup | None,
-    vocab_start: int | None,
-    vocab_size: int | None,
-) -> tuple[int, int]:
-    """``(v0, V)``: first global id of this rank's shard and the full vocabulary size.
-
-    Defaults assume an even split (``v0 = rank · V_local``, ``V = size · V_local``), which is how
-    Megatron / DTensor shard a padded vocabulary; pass both for an uneven split.
-    """
-    rank, size = tp_world(tp_group)
-    v0 = rank * local_width if vocab_start is None else vocab_start
-    vocab = size * local_width if vocab_size is None else vocab_size
-    if not 0 <= v0 <= vocab - local_width:
-        raise ValueError(
-            f"vocab shard [{v0}, {v0 + local_width}) does not fit in a vocabulary of {vocab}; "
-            "pass vocab_start and vocab_size for an uneven TP split"
-        )
-    return v0, vocab
 
 
 class _SumGradOverTP(torch.autograd.Function):
