@@ -6,8 +6,9 @@ Defaults chosen for a trainer rank:
   payload files and parsed step files survive from step to step), ``fork`` on Linux (cheap start,
   the dataset is shared copy-on-write), one torch thread per worker (the trainer owns the cores).
 - ``pin_memory`` only when CUDA is available (pinning needs it).
-- ``stateful=True``: torchdata's ``StatefulDataLoader``, whose ``state_dict()`` holds the sampler
-  state as of the micro batches handed out (not prefetched), so a resume repeats and loses nothing.
+- ``stateful=True``: torchdata's ``StatefulDataLoader`` (:class:`StepDataLoader`), whose
+  ``state_dict()`` holds the sampler state as of the micro batches handed out (not prefetched),
+  so a resume repeats and loses nothing.
 
 Example::
 
@@ -37,6 +38,24 @@ from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import Reshard
 from rollfeed.loaders.topology import Topology
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadRoot
+
+
+class StepDataLoader(StatefulDataLoader):
+    """``StatefulDataLoader`` that resumes a state saved at the end of a pass at the next step.
+
+    Loading a finished state, ``StatefulDataLoader`` with workers primes a prefetch from the
+    restored sampler (drawing the whole next step) and then discards it for a fresh pass, which
+    would skip that step. A finished state has nothing to restore but the sampler's position, so
+    it is loaded into the sampler directly.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict.get("_iterator_finished"):
+            super().load_state_dict(state_dict)
+            return
+        main = state_dict.get("_snapshot", {}).get("_main_snapshot", state_dict)
+        self.batch_sampler.load_state_dict(main["_index_sampler_state"])
+        super().load_state_dict({})
 
 
 def init_worker(worker_id: int, *, threads: int) -> None:
@@ -118,4 +137,4 @@ def build_dataloader(
             worker_init_fn=functools.partial(init_worker, threads=worker_threads),
             multiprocessing_context=multiprocessing_context,
         )
-    return StatefulDataLoader(dataset, **kw) if stateful else DataLoader(dataset, **kw)
+    return StepDataLoader(dataset, **kw) if stateful else DataLoader(dataset, **kw)

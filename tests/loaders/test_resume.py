@@ -1,0 +1,91 @@
+"""Resume mid-step, at the end of a step and across steps: sampler and loaders, 0 and 2 workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rollfeed.loaders import (
+    LoaderStateError,
+    MicroBatchSampler,
+    RolloutDataset,
+    Topology,
+)
+from rollfeed.loaders.build import build_dataloader
+from rollfeed.loaders.step_files import write_step_file
+from tests.collate.gen import inline_batch
+from tests.loaders.common import SEQ_LEN, tensor_bytes, write_batch
+from tests.loaders.resume import check_resume
+
+
+def tmb_key(t):
+    """Every tensor of a TensorMicroBatch as bytes (bitwise comparison of streams)."""
+    tensors = [tensor_bytes(getattr(t, n)) for n in ("input_ids", "labels", "positions")]
+    return (t.seq_len, *tensors, *((k, tensor_bytes(v)) for k, v in sorted(t.fields.items())))
+
+
+@pytest.fixture(scope="module")
+def step_dir(tmp_path_factory):
+    """Three steps of by-handle samples (13, 7 and 10 samples), payload beside them."""
+    base = tmp_path_factory.mktemp("run")
+    samples = write_batch(base / "payload", 30, seed=11)
+    (base / "steps").mkdir()
+    for step, (lo, hi) in enumerate([(0, 13), (13, 20), (20, 30)], start=4):
+        write_step_file(base / "steps", step, samples[lo:hi])
+    return base
+
+
+def test_sampler_resume_in_memory_passes():
+    ds = RolloutDataset(inline_batch(np.random.default_rng(2), 25, 30))
+    topo = Topology(dp_rank=1, dp_size=2)
+    cuts = check_resume(
+        lambda: MicroBatchSampler(ds, topo, seq_len=32, shuffle=True, seed=3), passes=3
+    )
+    assert len(cuts) == 3 and cuts[0] > 2  # several micro batches per step
+
+
+def test_sampler_resume_step_dir(step_dir):
+    ds = RolloutDataset.from_step_dir(step_dir / "steps")
+    topo = Topology(dp_rank=0, dp_size=2, cp_rank=1, cp_size=2)
+    check_resume(lambda: MicroBatchSampler(ds, topo, seq_len=SEQ_LEN, cp_layout="zigzag"), passes=3)
+
+
+@pytest.mark.parametrize("finish_passes", [True, False])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes):
+    ds = RolloutDataset.from_step_dir(step_dir / "steps")
+    topo = Topology(dp_rank=1, dp_size=2, cp_rank=0, cp_size=2)
+
+    def make():
+        return build_dataloader(
+            ds, topo, seq_len=SEQ_LEN, root=step_dir / "payload", num_workers=num_workers
+        )
+
+    cuts = check_resume(make, passes=3, key=tmb_key, finish_passes=finish_passes)
+    assert cuts[0] > 1 and cuts[1] - cuts[0] > 1  # mid-step points exist in two steps
+
+
+def test_state_refuses_other_world_shape_unless_told():
+    ds = RolloutDataset(inline_batch(np.random.default_rng(4), 20, 30))
+    two = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), seq_len=32)
+    it = iter(two)
+    next(it)
+    state = two.state_dict()
+    assert state["micro_batches"] == 1
+    one = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=1), seq_len=32)
+    with pytest.raises(LoaderStateError, match="on_reshard"):
+        one.load_state_dict(state)
+    full = one.step_micro_batches(0)
+    restart = MicroBatchSampler(
+        ds, Topology(dp_rank=0, dp_size=1), seq_len=32, on_reshard="restart_step"
+    )
+    restart.load_state_dict(state)
+    assert list(restart) == full  # the interrupted step, replanned for DP 1, from its start
+    skip = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=1), seq_len=32, on_reshard="next_step")
+    skip.load_state_dict(state)
+    assert skip.state_dict()["step"] == 1 and skip.state_dict()["micro_batches"] == 0
+    other_seed = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), seq_len=32, seed=9)
+    with pytest.raises(LoaderStateError, match="seed"):
+        other_seed.load_state_dict(state)
+    with pytest.raises(LoaderStateError, match="version"):
+        two.load_state_dict({**state, "version": 99})
