@@ -392,10 +392,11 @@ def _read_index(segs, cb, block, name, root) -> _Decoded:
         table.table,
         table.slot[part],
     )
-    raw = bodies.view(np.uint8)
-    for i in np.flatnonzero(whole).tolist():  # whole bodies hold their index at offset 0
-        at, size = int(table.slot[i]), int(table.span_len[i])
-        table.table[at : at + size] = raw[int(body_at[i]) : int(body_at[i]) + size]
+    if whole.any():  # whole bodies hold their index blocks at offset 0
+        size = table.span_len[whole]
+        table.table[_spread(table.slot[whole], size)] = bodies.view(np.uint8)[
+            _spread(body_at[whole], size)
+        ]
     try:
         index = decode_index(table)
     except PayloadIndexError as err:
