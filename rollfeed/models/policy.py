@@ -1,0 +1,235 @@
+"""PolicyScorer: score a micro batch with an HF causal LM over the recorded sampling support.
+
+One call runs the forward on this rank's tokens (packed block-causal attention, the Ulysses
+all-to-all inside attention when a sequence-parallel group is given, router replay when routing is
+given), scores the labels window with :func:`fused_support_logprobs` straight from the last hidden
+states (no ``[N, V]`` logits), and gathers the per-token results into canonical coordinates of the
+whole row.
+
+Coordinates, for ``S = 6``, ``sp = 2``, contiguous shards (``rollfeed.collate.TensorMicroBatch``)::
+
+    rank 0: positions [0, 1, 2]   rank 1: positions [3, 4, 5]
+    result.logprobs [6]: entry j scores labels[j] = input_ids[j + 1] under the support of row j
+
+Every rank of the SP group gets the same ``[S]`` result; compute the same loss from it on each rank
+and sum parameter gradients over the SP group (as a data-parallel all-reduce would).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from rollfeed.models.candidates import MissingLabel
+from rollfeed.models.fused import DEFAULT_CHUNK_SIZE, fused_support_logprobs
+from rollfeed.models.packing_attention import packed_layout, register_packed_attention
+from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
+from rollfeed.models.support import SupportScores, support_logprobs
+from rollfeed.models.ulysses import SequenceParallel, gather_rank_order, gather_sequence
+
+if TYPE_CHECKING:
+    from rollfeed.collate import TensorMicroBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PolicyScores:
+    """Per-token scores of a whole packed row, canonical coordinates.
+
+    ``logprobs [S]`` (0 where not valid), ``entropy [S]`` or None, ``valid_mask [S]`` bool.
+    ``metrics``: this rank's counters: ``rows_replayed``, ``rows_fallen_back`` (routing rows that
+    kept the model's own routing), plus the scorer's 0-d tensors (``rows_valid``, ...).
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+    valid_mask: torch.Tensor
+    metrics: dict[str, int | torch.Tensor] = field(default_factory=dict)
+
+
+class PolicyScorer:
+    """Wraps an HF causal LM (``...ForCausalLM``) for support-conditioned scoring.
+
+    ``sp``: this rank's sequence-parallel group (built from the trainer's topology, e.g.
+    ``SequenceParallel(group=pg, rank=topo.sp_rank, size=topo.sp_size)``). ``replay_weights``:
+    replay recorded routing weights too, when the micro batch carries them. Switches the model's
+    attention to the packed implementation (:mod:`rollfeed.models.packing_attention`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        sp: SequenceParallel | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        compute_entropy: bool = False,
+        entropy_requires_grad: bool = False,
+        missing_label: MissingLabel = "error",
+        replay_weights: bool = False,
+    ) -> None:
+        self.model = model
+        self.sp = sp or SequenceParallel()
+        self.chunk_size = chunk_size
+        self.compute_entropy = compute_entropy
+        self.entropy_requires_grad = entropy_requires_grad
+        self.missing_label: MissingLabel = missing_label
+        model.set_attn_implementation(register_packed_attention())
+        self.replay = (
+            RouterReplay(model, replay_weights=replay_weights) if find_routers(model) else None
+        )
+
+    def score_tokens(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        labels: torch.Tensor,
+        support: torch.Tensor,
+        *,
+        temperature: float | torch.Tensor = 1.0,
+        routing: Routing | None = None,
+        canonical_index: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        fallback_mask: torch.Tensor | None = None,
+    ) -> PolicyScores:
+        """Score this rank's ``N`` tokens and gather the row.
+
+        ``input_ids, position_ids [N]``; ``labels [N]`` (next token of each input position);
+        ``support [N, W]`` int, ``-1`` padded; ``temperature`` scalar or ``[N]``; ``routing`` over
+        the same ``N`` input positions; ``canonical_index [N]`` / ``cu_seqlens [B+1]`` as in
+        :func:`rollfeed.models.packing_attention.packed_layout`; ``fallback_mask [N]`` rows scored
+        over the full vocabulary.
+        """
+        layout = packed_layout(
+            position_ids, sp=self.sp, canonical_index=canonical_index, cu_seqlens=cu_seqlens
+        )
+        metrics: dict[str, int | torch.Tensor] = {"rows_replayed": 0, "rows_fallen_back": 0}
+        if routing is not None:
+            if self.replay is None:
+                raise ValueError(
+                    f"routing given but {type(self.model).__name__} has no MoE router to replay"
+                )
+            metrics.update(self.replay.set(routing))
+        try:
+            hidden = self.model.base_model(
+                input_ids=input_ids.reshape(1, -1),
+                position_ids=position_ids.reshape(1, -1),
+                packing=layout,
+            ).last_hidden_state[0]
+        finally:
+            # With activation checkpointing the backward recomputes the forward and must replay
+            # again; the routing then stays set until the next call.
+            if routing is not None and not _checkpointing(self.model):
+                self.replay.clear()
+        weight = self.model.get_output_embeddings().weight
+        scores = fused_support_logprobs(
+            hidden,
+            weight,
+            _safe_labels(labels, support, fallback_mask),
+            support,
+            chunk_size=self.chunk_size,
+            temperature=temperature,
+            compute_entropy=self.compute_entropy,
+            entropy_requires_grad=self.entropy_requires_grad,
+            fallback_mask=fallback_mask,
+            missing_label=self.missing_label,
+        )
+        metrics.update(scores.metrics)
+        return self._gather(scores, canonical_index, metrics)
+
+    def score(
+        self, micro_batch: TensorMicroBatch, *, fallback_unsupported: bool = False
+    ) -> PolicyScores:
+        """:meth:`score_tokens` on this rank's :class:`rollfeed.collate.TensorMicroBatch`.
+
+        Support comes from ``fields["sampling_mask"]`` (all rows invalid when absent), routing from
+        ``fields["routed_experts"]`` (and ``routed_expert_weights``). ``fallback_unsupported``:
+        score loss-bearing rows that have no recorded support over the full vocabulary (counted in
+        ``rows_fallback``) instead of leaving them invalid.
+        """
+        mb = micro_batch
+        if mb.fields_whole:
+            raise ValueError(
+                "score() needs fields over this rank's windows; build the TensorMicroBatch with "
+                "whole_fields=False"
+            )
+        if mb.cp_size != self.sp.size or mb.cp_rank != self.sp.rank:
+            raise ValueError(
+                f"micro batch is for cp_rank {mb.cp_rank}/{mb.cp_size}, scorer is sp rank "
+                f"{self.sp.rank}/{self.sp.size}; split with cp_size = sp size"
+            )
+        support = mb.fields.get("sampling_mask")
+        if support is None:
+            support = torch.full((mb.input_ids.numel(), 1), -1, dtype=torch.int32)
+        routing = None
+        if "routed_experts" in mb.fields:
+            routing = Routing(
+                experts=mb.fields["routed_experts"],
+                weights=mb.fields.get("routed_expert_weights"),
+            )
+        fallback = None
+        if fallback_unsupported:
+            fallback = mb.loss_mask & (support < 0).all(dim=1)
+        return self.score_tokens(
+            mb.input_ids,
+            mb.position_ids,
+            mb.labels,
+            support,
+            temperature=mb.temperatures,
+            routing=routing,
+            canonical_index=mb.positions,
+            cu_seqlens=mb.cu_seqlens,
+            fallback_mask=fallback,
+        )
+
+    def score_logits(
+        self, logits: torch.Tensor, labels: torch.Tensor, support: torch.Tensor, **options: object
+    ) -> SupportScores:
+        """Plain logits ``[N, V]`` -> :func:`support_logprobs` with this scorer's options."""
+        options.setdefault("compute_entropy", self.compute_entropy)
+        options.setdefault("entropy_requires_grad", self.entropy_requires_grad)
+        options.setdefault("missing_label", self.missing_label)
+        return support_logprobs(logits, labels, support, **options)  # type: ignore[arg-type]
+
+    def _gather(
+        self,
+        scores: SupportScores,
+        canonical_index: torch.Tensor | None,
+        metrics: dict[str, int | torch.Tensor],
+    ) -> PolicyScores:
+        sp = self.sp
+        if canonical_index is None and sp.enabled:
+            n = scores.logprobs.shape[0]
+            canonical_index = sp.rank * n + torch.arange(n)
+        valid = gather_rank_order(scores.valid_mask.to(torch.uint8), sp)
+        if canonical_index is not None:
+            order = gather_rank_order(canonical_index.to(torch.long), sp)
+            valid = valid[torch.argsort(order)]
+        entropy = scores.entropy
+        return PolicyScores(
+            logprobs=gather_sequence(scores.logprobs, sp, canonical_index=canonical_index),
+            entropy=None
+            if entropy is None
+            else gather_sequence(entropy, sp, canonical_index=canonical_index),
+            valid_mask=valid.bool(),
+            metrics=metrics,
+        )
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def _safe_labels(
+    labels: torch.Tensor, support: torch.Tensor, fallback_mask: torch.Tensor | None
+) -> torch.Tensor:
+    # Rows with no label (sample ends, padding) carry IGNORE_INDEX; they have no support and are
+    # not scored, so any in-range id stands in for the scorer's range check.
+    unscored = (support < 0).all(dim=1)
+    if fallback_mask is not None:
+        unscored &= ~fallback_mask
+    return torch.where(unscored & (labels < 0), torch.zeros_like(labels), labels)

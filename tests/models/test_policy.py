@@ -1,0 +1,139 @@
+"""PolicyScorer on one rank: TensorMicroBatches from the planner vs an independent reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollfeed.collate import prepare_batch, to_tensor_micro_batch
+from rollfeed.models.policy import PolicyScorer
+from rollfeed.models.router_replay import Routing
+from rollfeed.models.support import support_logprobs
+from tests.dist.policy_cases import loss_weights, make_samples, own_routing, reference
+from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
+
+TOL = 1e-10  # float64 end to end; packed vs per-sample runs differ only in summation order
+LENGTHS = [9, 4, 12, 6]
+
+
+def _one_micro_batch(samples, seq_len: int = 40):
+    plan = prepare_batch(samples, seq_len=seq_len, dp_size=1, pad_to_multiple_of=8)
+    (mb,) = plan[0]
+    return mb
+
+
+def _sdpa(model):
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _check_against_reference(build, mb, seed: int) -> dict:
+    assert mb.length > sum(LENGTHS)  # the row ends in padding
+    scorer = PolicyScorer(build(seed=seed), compute_entropy=True, entropy_requires_grad=True)
+    out = scorer.score(to_tensor_micro_batch(mb))
+    ref_model = _sdpa(build(seed=seed))
+    ref_lp, ref_ent, ref_valid = reference(ref_model, mb)
+    assert torch.equal(out.valid_mask, ref_valid)
+    assert ref_valid.sum() >= 10
+    torch.testing.assert_close(out.logprobs, ref_lp, atol=TOL, rtol=0)
+    torch.testing.assert_close(out.entropy, ref_ent, atol=TOL, rtol=0)
+    w = loss_weights(mb.length)
+    ((out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()).backward()
+    ((ref_lp * w[0]).sum() + (ref_ent * w[1]).sum()).backward()
+    got, want = _grads(scorer.model), _grads(ref_model)
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=TOL, rtol=0, msg=name)
+    return out.metrics
+
+
+def test_packed_micro_batch_scores_equal_each_sample_alone_dense() -> None:
+    mb = _one_micro_batch(make_samples(0, LENGTHS))
+    metrics = _check_against_reference(tiny_qwen3, mb, seed=11)
+    assert metrics["rows_replayed"] == 0
+
+
+def test_packed_micro_batch_with_replayed_routing_moe() -> None:
+    token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
+    routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
+    mb = _one_micro_batch(make_samples(1, LENGTHS, own_routing=routing))
+    metrics = _check_against_reference(tiny_qwen3_moe, mb, seed=12)
+    # Each sample's last token and the row's padding keep the model's own routing.
+    padding = mb.length - sum(LENGTHS)
+    assert metrics["rows_replayed"] == sum(LENGTHS) - len(LENGTHS)
+    assert metrics["rows_fallen_back"] == len(LENGTHS) + padding
+
+
+def test_replay_changes_the_scores() -> None:
+    # Guard for the MoE case above: replaying the shifted routing is not a no-op.
+    token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
+    routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
+    mb = _one_micro_batch(make_samples(1, LENGTHS, own_routing=routing))
+    tmb = to_tensor_micro_batch(mb)
+    scorer = PolicyScorer(tiny_qwen3_moe(seed=12))
+    with torch.no_grad():
+        replayed = scorer.score(tmb).logprobs
+        plain = scorer.score_tokens(
+            tmb.input_ids,
+            tmb.position_ids,
+            tmb.labels,
+            tmb.fields["sampling_mask"],
+            temperature=tmb.temperatures,
+            cu_seqlens=tmb.cu_seqlens,
+        ).logprobs
+    assert (replayed - plain).abs().max() > 1e-3
+
+
+def test_fallback_unsupported_scores_unmasked_loss_rows_over_the_vocab() -> None:
+    mb = _one_micro_batch(make_samples(2, LENGTHS))
+    tmb = to_tensor_micro_batch(mb)
+    scorer = PolicyScorer(tiny_qwen3(seed=13))
+    ref_model = _sdpa(tiny_qwen3(seed=13))
+    with torch.no_grad():
+        out = scorer.score(tmb, fallback_unsupported=True)
+        alone = [
+            ref_model(input_ids=torch.as_tensor(s.token_ids)[None]).logits[0] for s in mb.samples
+        ]
+    no_mask = tmb.loss_mask & (tmb.fields["sampling_mask"] < 0).all(dim=1)
+    assert no_mask.sum() >= 1
+    assert int(out.metrics["rows_fallback"]) == int(no_mask.sum())
+    has_support = (tmb.fields["sampling_mask"] >= 0).any(dim=1)
+    assert torch.equal(out.valid_mask, has_support | no_mask)
+    for row in no_mask.nonzero()[:, 0].tolist():
+        k = max(i for i, a in enumerate(mb.starts) if a <= row)
+        logits = alone[k][row - mb.starts[k]] / float(tmb.temperatures[row])
+        expected = torch.log_softmax(logits, -1)[tmb.labels[row]]
+        assert out.valid_mask[row]
+        torch.testing.assert_close(out.logprobs[row], expected, atol=TOL, rtol=0)
+
+
+def test_score_logits_is_support_logprobs_with_the_scorers_options() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(7, 13, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([1, 2, 3, 4, 5, 6, 0])
+    support = torch.tensor([[1, 9], [2, -1], [3, 4], [4, 0], [5, 6], [6, 7], [-1, -1]])
+    scorer = PolicyScorer(tiny_qwen3(), compute_entropy=True)
+    got = scorer.score_logits(logits, labels, support)
+    want = support_logprobs(logits, labels, support, compute_entropy=True)
+    assert torch.equal(got.logprobs, want.logprobs) and torch.equal(got.entropy, want.entropy)
+
+
+def test_misuse_is_refused() -> None:
+    samples = make_samples(3, LENGTHS)
+    tmb = to_tensor_micro_batch(_one_micro_batch(samples))
+    dense = PolicyScorer(tiny_qwen3())
+    with pytest.raises(ValueError, match="no MoE router"):
+        dense.score_tokens(
+            tmb.input_ids,
+            tmb.position_ids,
+            tmb.labels,
+            tmb.fields["sampling_mask"],
+            routing=Routing(experts=torch.zeros(tmb.input_ids.numel(), 2, 2, dtype=torch.uint8)),
+        )
+    plan = prepare_batch(samples, seq_len=40, dp_size=1, cp_size=2, pad_to_multiple_of=8)
+    with pytest.raises(ValueError, match="cp_rank 1/2, scorer is sp rank 0/1"):
+        dense.score(to_tensor_micro_batch(plan[0][0], cp_rank=1, cp_size=2))
