@@ -47,6 +47,7 @@ def run(build, layout: str, sp: SequenceParallel, routed: bool) -> None:
     ref_lp, ref_ent, ref_valid = reference(ref_model, mb)
     assert torch.equal(one.valid_mask, ref_valid), name
     assert torch.allclose(one.logprobs, ref_lp, atol=TOL, rtol=0), name
+    assert torch.allclose(one.entropy, ref_ent, atol=TOL, rtol=0), name
 
     scorer = PolicyScorer(build(seed=21), sp=sp, compute_entropy=True, entropy_requires_grad=True)
     tmb = to_tensor_micro_batch(mb, cp_rank=sp.rank, cp_size=sp.size, cp_layout=layout)
