@@ -29,6 +29,7 @@ from rollfeed.models.fused import DEFAULT_CHUNK_SIZE, fused_support_logprobs
 from rollfeed.models.packing_attention import packed_layout, register_packed_attention
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.support import SupportScores, support_logprobs
+from rollfeed.models.tp import ProcessGroup
 from rollfeed.models.ulysses import SequenceParallel, gather_rank_order, gather_sequence
 
 if TYPE_CHECKING:
@@ -56,7 +57,9 @@ class PolicyScorer:
     """Wraps an HF causal LM (``...ForCausalLM``) for support-conditioned scoring.
 
     ``sp``: this rank's sequence-parallel group (built from the trainer's topology, e.g.
-    ``SequenceParallel(group=pg, rank=topo.sp_rank, size=topo.sp_size)``). ``replay_weights``:
+    ``SequenceParallel(group=pg, rank=topo.sp_rank, size=topo.sp_size)``). ``tp_group`` /
+    ``vocab_start``: a vocabulary-parallel LM head whose local weight holds rows
+    ``[vocab_start, vocab_start + V_local)`` (the body is not split here). ``replay_weights``:
     replay recorded routing weights too, when the micro batch carries them. Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`).
     """
@@ -71,6 +74,8 @@ class PolicyScorer:
         entropy_requires_grad: bool = False,
         missing_label: MissingLabel = "error",
         replay_weights: bool = False,
+        tp_group: ProcessGroup | None = None,
+        vocab_start: int = 0,
     ) -> None:
         self.model = model
         self.sp = sp or SequenceParallel()
@@ -78,6 +83,8 @@ class PolicyScorer:
         self.compute_entropy = compute_entropy
         self.entropy_requires_grad = entropy_requires_grad
         self.missing_label: MissingLabel = missing_label
+        self.tp_group = tp_group
+        self.vocab_start = vocab_start
         model.set_attn_implementation(register_packed_attention())
         self.replay = (
             RouterReplay(model, replay_weights=replay_weights) if find_routers(model) else None
@@ -137,6 +144,8 @@ class PolicyScorer:
             entropy_requires_grad=self.entropy_requires_grad,
             fallback_mask=fallback_mask,
             missing_label=self.missing_label,
+            tp_group=self.tp_group,
+            vocab_start=self.vocab_start,
         )
         metrics.update(scores.metrics)
         return self._gather(scores, canonical_index, metrics)
@@ -193,6 +202,8 @@ class PolicyScorer:
         options.setdefault("compute_entropy", self.compute_entropy)
         options.setdefault("entropy_requires_grad", self.entropy_requires_grad)
         options.setdefault("missing_label", self.missing_label)
+        options.setdefault("tp_group", self.tp_group)
+        options.setdefault("vocab_start", self.vocab_start)
         return support_logprobs(logits, labels, support, **options)  # type: ignore[arg-type]
 
     def _gather(
