@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rollfeed.models.packing_attention import packed_layout
-from rollfeed.models.ulysses import SequenceParallel, gather_sequence
+from rollfeed.models.ulysses import SequenceParallel, gather_sequence, heads_to_seq, seq_to_heads
 from tests.models.tiny import tiny_qwen3
 
 TOL = 1e-10
@@ -48,15 +48,33 @@ def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def check_layout(name: str, local_index: torch.Tensor, sp: SequenceParallel, use_cu: bool) -> None:
+def check_all_to_all(sp: SequenceParallel) -> None:
+    """[S/sp, H, d] <-> [S, H/sp, d] against slicing a tensor every rank knows, values and grads."""
+    full = torch.arange(6 * 4 * 3, dtype=torch.float64).reshape(6, 4, 3)
+    rows, heads = 6 // sp.size, 4 // sp.size
+    local = full[sp.rank * rows : (sp.rank + 1) * rows].clone().requires_grad_(True)
+    by_heads = seq_to_heads(local, sp, seq_dim=0, head_dim=1)
+    assert torch.equal(by_heads, full[:, sp.rank * heads : (sp.rank + 1) * heads])
+    back = heads_to_seq(by_heads, sp, seq_dim=0, head_dim=1)
+    assert torch.equal(back, local)
+    # d/dlocal of sum(by_heads * g) with g = the same slice of a known tensor: its own rows of G,
+    # gathered from every rank's head slice.
+    g_full = torch.randn(6, 4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    (by_heads * g_full[:, sp.rank * heads : (sp.rank + 1) * heads]).sum().backward()
+    assert torch.equal(local.grad, g_full[sp.rank * rows : (sp.rank + 1) * rows])
+
+
+def check_layout(
+    name: str, local_index: torch.Tensor, sp: SequenceParallel, use_cu: bool, **config
+) -> None:
     ids, pos, cu, w = row()
-    ref_model = tiny_qwen3(seed=1)
+    ref_model = tiny_qwen3(seed=1, **config)
     logp, ent = token_scores(ref_model, ids, pos, packed_layout(pos))
     ref_lp, ref_loss = loss_of(logp, ent, ids, w)
     ref_loss.backward()
     ref_grads = grads(ref_model)
 
-    model = tiny_qwen3(seed=1)
+    model = tiny_qwen3(seed=1, **config)
     layout = packed_layout(
         pos[local_index], sp=sp, canonical_index=local_index, cu_seqlens=cu if use_cu else None
     )
@@ -83,7 +101,10 @@ def main() -> None:
     sp = SequenceParallel(group=dist.group.WORLD, rank=rank, size=size)
     half = S // size
     contiguous = torch.arange(rank * half, (rank + 1) * half)
+    check_all_to_all(sp)
     check_layout("contiguous", contiguous, sp, use_cu=False)
+    # One KV head for two ranks: replicated to the query heads before the all-to-all.
+    check_layout("contiguous/1-kv-head", contiguous, sp, use_cu=False, num_key_value_heads=1)
     check_layout("contiguous+cu", contiguous, sp, use_cu=True)
     quarter = S // (2 * size)
     chunks = torch.arange(S).reshape(2 * size, quarter)
