@@ -117,7 +117,12 @@ def packed_attention_forward(
     """transformers attention function: q ``[B, H, S/sp, d]``, k/v ``[B, KV, S/sp, d]`` ->
     ``[B, S/sp, H, d]``. ``attention_mask`` from transformers is ignored: ``packing`` replaces it.
     """
-    del attention_mask, kwargs
+    del attention_mask
+    if kwargs.get("sliding_window") is not None:
+        raise PackingError(
+            f"packed attention implements full causal attention only; this layer asks for a "
+            f"sliding window of {kwargs['sliding_window']} (use a model config without one)"
+        )
     sp = packing.sp
     heads, kv_heads = query.shape[1], key.shape[1]
     if sp.enabled and kv_heads % sp.size:

@@ -137,3 +137,13 @@ def test_misuse_is_refused() -> None:
     plan = prepare_batch(samples, seq_len=40, dp_size=1, cp_size=2, pad_to_multiple_of=8)
     with pytest.raises(ValueError, match="cp_rank 1/2, scorer is sp rank 0/1"):
         dense.score(to_tensor_micro_batch(plan[0][0], cp_rank=1, cp_size=2))
+
+
+def test_dummy_micro_batch_scores_nothing_and_backprops() -> None:
+    plan = prepare_batch(make_samples(4, [6]), seq_len=16, dp_size=2)
+    dummy = to_tensor_micro_batch(plan[1][0])
+    assert dummy.is_dummy and dummy.fields == {}
+    scorer = PolicyScorer(tiny_qwen3(), compute_entropy=True)
+    out = scorer.score(dummy)
+    assert not out.valid_mask.any() and not out.logprobs.any()
+    out.logprobs.sum().backward()  # a rank with a dummy still joins the backward

@@ -115,3 +115,10 @@ def test_gather_sequence_local_reorders_to_canonical() -> None:
     assert x.grad[:, 0].tolist() == [1.0, 4.0, 2.0, 3.0]
     with pytest.raises(ValueError, match="permutation"):
         gather_sequence(x, SequenceParallel(), canonical_index=torch.tensor([0, 0, 1, 2]))
+
+
+def test_sliding_window_layers_are_refused() -> None:
+    model = tiny_qwen3(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    pos = torch.arange(6)
+    with pytest.raises(PackingError, match="sliding window of 4"):
+        model(input_ids=pos[None], position_ids=pos[None], packing=packed_layout(pos))
