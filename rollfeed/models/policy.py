@@ -121,6 +121,8 @@ class PolicyScorer:
                     f"routing given but {type(self.model).__name__} has no MoE router to replay"
                 )
             metrics.update(self.replay.set(routing))
+        elif self.replay is not None:
+            self.replay.clear()  # a routing left set for a checkpointed backward is stale now
         try:
             hidden = self.model.base_model(
                 input_ids=input_ids.reshape(1, -1),

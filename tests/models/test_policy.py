@@ -147,3 +147,37 @@ def test_dummy_micro_batch_scores_nothing_and_backprops() -> None:
     out = scorer.score(dummy)
     assert not out.valid_mask.any() and not out.logprobs.any()
     out.logprobs.sum().backward()  # a rank with a dummy still joins the backward
+
+
+def test_activation_checkpointing_replays_in_the_recomputed_forward() -> None:
+    token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
+    routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
+    tmb = to_tensor_micro_batch(_one_micro_batch(make_samples(1, LENGTHS, own_routing=routing)))
+    w = loss_weights(tmb.input_ids.numel())
+
+    def unrouted(scorer):
+        with torch.no_grad():
+            return scorer.score_tokens(
+                tmb.input_ids,
+                tmb.position_ids,
+                tmb.labels,
+                tmb.fields["sampling_mask"],
+                temperature=tmb.temperatures,
+                cu_seqlens=tmb.cu_seqlens,
+            ).logprobs
+
+    grads, after = [], []
+    for checkpoint in (False, True):
+        model = tiny_qwen3_moe(seed=12)
+        if checkpoint:
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        model.train()  # HF checkpoints only in training mode; the tiny configs have no dropout
+        scorer = PolicyScorer(model)
+        (scorer.score(tmb).logprobs * w[0]).sum().backward()
+        grads.append(_grads(model))
+        # The next call without routing must not replay the routing kept for that backward.
+        after.append(unrouted(scorer))
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=TOL, rtol=0, msg=name)
+    torch.testing.assert_close(after[1], after[0], atol=TOL, rtol=0)
