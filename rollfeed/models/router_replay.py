@@ -140,7 +140,10 @@ class RouterReplay:
     def __init__(self, model: nn.Module, *, replay_weights: bool = False) -> None:
         self.routers = find_routers(model)
         if not self.routers:
-            raise RoutingReplayError(f"{type(model).__name__} has no MoE router to replay")
+            raise RoutingReplayError(
+                f"{type(model).__name__} has no MoE router to replay (replay hooks the "
+                "...TopKRouter modules of transformers >= 5)"
+            )
         self.replay_weights = replay_weights
         self._routing: Routing | None = None
         self._covered: torch.Tensor | None = None
