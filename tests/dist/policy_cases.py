@@ -18,12 +18,16 @@ LAYERS, TOPK, EXPERTS = 2, 2, 8
 
 
 def make_samples(
-    seed: int, lengths: list[int], *, own_routing: list[np.ndarray] | None = None
+    seed: int,
+    lengths: list[int],
+    *,
+    own_routing: list[np.ndarray] | None = None,
+    routing_weights: bool = False,
 ) -> list[Sample]:
     """Samples with a prompt (no loss, no mask), a sampled completion whose kept set holds the
     sampled token plus 0-3 others (some completion tokens without a mask), temperatures 0.7/1.0 and,
     when ``own_routing`` is given, routing ``[T, LAYERS, TOPK]`` shifted by 3 experts from the
-    model's own choice (last row: fill)."""
+    model's own choice (last row: fill), with random recorded weights if ``routing_weights``."""
     rng = np.random.default_rng(seed)
     samples = []
     for i, T in enumerate(lengths):
@@ -45,6 +49,10 @@ def make_samples(
             routed = ((own_routing[i] + 3) % EXPERTS).astype(np.uint8)
             routed[-1] = 0
             fields["routed_experts"] = routed
+            if routing_weights:
+                weights = rng.random((T, LAYERS, TOPK), dtype=np.float32)
+                weights[-1] = 0.0
+                fields["routed_expert_weights"] = weights
         samples.append(
             Sample(
                 ids,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollfeed.collate import prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import IGNORE_INDEX, prepare_batch, to_tensor_micro_batch
 from rollfeed.models.policy import PolicyScorer
 from rollfeed.models.router_replay import Routing
 from rollfeed.models.support import support_logprobs
@@ -181,3 +181,26 @@ def test_activation_checkpointing_replays_in_the_recomputed_forward() -> None:
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=TOL, rtol=0, msg=name)
     torch.testing.assert_close(after[1], after[0], atol=TOL, rtol=0)
+
+
+def test_recorded_routing_weights_reach_the_experts() -> None:
+    token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
+    routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
+    samples = make_samples(1, LENGTHS, own_routing=routing, routing_weights=True)
+    tmb = to_tensor_micro_batch(_one_micro_batch(samples))
+    model = tiny_qwen3_moe(seed=12)
+    seen = []
+    for name, module in model.named_modules():
+        if name.endswith("mlp.experts"):
+            module.register_forward_pre_hook(lambda m, args: seen.append(args[1:]))
+    scorer = PolicyScorer(model, replay_weights=True)
+    with torch.no_grad():
+        metrics = scorer.score(tmb).metrics
+    covered = tmb.labels != IGNORE_INDEX  # fill: each sample's last token and the padding
+    assert metrics["rows_replayed"] == int(covered.sum()) > 0
+    recorded_ids = tmb.fields["routed_experts"].long()
+    recorded_w = tmb.fields["routed_expert_weights"].double()
+    for layer, (ids, weights) in enumerate(seen):
+        assert torch.equal(ids[covered], recorded_ids[covered, layer])
+        assert torch.equal(weights[covered], recorded_w[covered, layer])
+        assert not torch.equal(weights[~covered], recorded_w[~covered, layer])
