@@ -1,5 +1,6 @@
 """torch.utils.data shell around the batches planner: dataset, batch sampler, collate_fn, state."""
 
+from rollfeed.loaders.build import StepDataLoader, build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import STEP_STRIDE, RolloutDataset
 from rollfeed.loaders.errors import (
@@ -13,6 +14,7 @@ from rollfeed.loaders.plan import PlanSpec, plan_step, rebuild_micro_batch
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import SamplerState
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
+from rollfeed.loaders.stream import stream_micro_batches
 from rollfeed.loaders.topology import Topology
 
 __all__ = [
@@ -25,12 +27,15 @@ __all__ = [
     "PlanSpec",
     "RolloutDataset",
     "SamplerState",
+    "StepDataLoader",
     "StepFileError",
     "StepTimeoutError",
     "Topology",
+    "build_dataloader",
     "plan_step",
     "read_step_file",
     "rebuild_micro_batch",
     "step_file_name",
+    "stream_micro_batches",
     "write_step_file",
 ]

@@ -110,6 +110,12 @@ class MicroBatchSampler(Sampler[list[int]]):
         if self._consumed and self._consumed == self._step_size:  # finished: resume at the next
             self._step, self._consumed, self._step_size = self._step + 1, 0, None
 
+    @property
+    def step(self) -> int:
+        """The step the next micro batch comes from (before waiting or skipping gaps)."""
+        self._normalize()
+        return self._step
+
     def _pass_step(self) -> int | None:
         """The step the next pass covers (waits for it in stream mode), or None: nothing left."""
         if self.stream:

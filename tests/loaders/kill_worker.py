@@ -1,0 +1,46 @@
+"""Fault test child: take 2 micro batches, save state, SIGKILL a worker, time the error.
+
+Run as ``python -m tests.loaders.kill_worker RUN_DIR OUT_JSON``. It runs apart from pytest since
+the DataLoader's SIGCHLD handler raises a worker's death asynchronously, wherever the main thread
+is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from rollfeed.loaders import RolloutDataset, Topology, build_dataloader
+from tests.loaders.common import SEQ_LEN
+
+
+def main(run: str, out: str) -> None:
+    ds = RolloutDataset.from_step_dir(os.path.join(run, "steps"))
+    topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
+    loader = build_dataloader(
+        ds, topo, seq_len=SEQ_LEN, root=os.path.join(run, "payload"), num_workers=2
+    )
+    it = iter(loader)
+    taken = [next(it).input_ids.tolist() for _ in range(2)]
+    state = loader.state_dict()
+    result = {"state": state, "taken": taken, "error": None}
+    t0 = time.monotonic()
+    try:
+        os.kill(it._workers[0].pid, signal.SIGKILL)  # workers hold prefetched tasks: mid-step
+        while True:
+            next(it)
+            result["after_kill"] = result.get("after_kill", 0) + 1
+    except (RuntimeError, ConnectionError) as err:
+        result.update(error=type(err).__name__, message=str(err), seconds=time.monotonic() - t0)
+    except StopIteration:
+        result.update(error="StopIteration")
+    with open(out, "w") as f:
+        json.dump(result, f)
+    os._exit(0)  # skip joining the broken loader's surviving worker
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

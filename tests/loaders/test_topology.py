@@ -1,0 +1,50 @@
+"""Topology: rank arithmetic, validation, and the mesh / process group constructors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from rollfeed.loaders import LoaderConfigError, Topology
+
+
+def test_from_rank_covers_grid_once_tp_innermost():
+    world, cp, sp, tp = 24, 2, 3, 2
+    seen = set()
+    for rank in range(world):
+        t = Topology.from_rank(rank, world, cp_size=cp, sp_size=sp, tp_size=tp)
+        assert t.dp_size == 2 and t.world_size == world
+        assert rank == ((t.dp_rank * cp + t.cp_rank) * sp + t.sp_rank) * tp + t.tp_rank
+        seen.add((t.dp_rank, t.cp_rank, t.sp_rank, t.tp_rank))
+    assert seen == set(itertools.product(range(2), range(cp), range(sp), range(tp)))
+    assert Topology.from_rank(5, 8, cp_size=2, tp_size=2) == Topology(
+        dp_rank=1, dp_size=2, cp_rank=0, cp_size=2, tp_rank=1, tp_size=2
+    )
+
+
+def test_rejects_bad_sizes_and_ranks():
+    with pytest.raises(LoaderConfigError, match="cp_rank"):
+        Topology(dp_rank=0, dp_size=1, cp_rank=2, cp_size=2)
+    with pytest.raises(LoaderConfigError, match="multiple"):
+        Topology.from_rank(0, 6, cp_size=4)
+    with pytest.raises(LoaderConfigError, match="not initialised"):
+        Topology.from_process_group(cp_size=2)
+
+
+class _Mesh:  # the DeviceMesh methods from_mesh uses
+    def __init__(self, names, shape, coord):
+        self.mesh_dim_names, self._shape, self._coord = names, shape, coord
+
+    def size(self, dim):
+        return self._shape[dim]
+
+    def get_local_rank(self, name):
+        return self._coord[self.mesh_dim_names.index(name)]
+
+
+def test_from_mesh():
+    t = Topology.from_mesh(_Mesh(("dp", "cp", "tp"), (3, 2, 2), (2, 1, 0)))
+    assert t == Topology(dp_rank=2, dp_size=3, cp_rank=1, cp_size=2, tp_rank=0, tp_size=2)
+    with pytest.raises(LoaderConfigError, match="'dp'"):
+        Topology.from_mesh(_Mesh(("pp", "dp"), (2, 2), (0, 0)))
