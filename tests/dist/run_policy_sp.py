@@ -10,15 +10,13 @@ checked against the independent per-sample reference.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
 
 from rollfeed.collate import prepare_batch, to_tensor_micro_batch
 from rollfeed.models.policy import PolicyScorer
 from rollfeed.models.ulysses import SequenceParallel
+from tests.dist.launch import exit_rank
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing, reference
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
@@ -116,8 +114,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Every check has passed here. Interpreter teardown after a backward that ran gloo collectives
-    # sometimes aborts ("terminate called without an active exception"); skip that teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_rank()

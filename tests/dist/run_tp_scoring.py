@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rollfeed.models import fused_support_logprobs, support_logprobs
+from tests.dist.launch import exit_rank
 from tests.models.reference import random_batch
 
 N, V, H, W = 47, 123, 16, 5
@@ -136,3 +137,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_rank()

@@ -7,14 +7,12 @@ SP group, every parameter gradient. Float64; tolerance 1e-10 absolute.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
 
 from rollfeed.models.packing_attention import packed_layout
 from rollfeed.models.ulysses import SequenceParallel, gather_sequence, heads_to_seq, seq_to_heads
+from tests.dist.launch import exit_rank
 from tests.models.tiny import tiny_qwen3
 
 TOL = 1e-10
@@ -116,8 +114,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Every check has passed here. Interpreter teardown after a backward that ran gloo collectives
-    # sometimes aborts ("terminate called without an active exception"); skip that teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_rank()
