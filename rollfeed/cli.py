@@ -6,12 +6,7 @@ import argparse
 import collections
 import os
 import sys
-import tempfile
-import time
 
-import numpy as np
-
-from rollfeed.payload import PayloadRoot, PayloadWriter, clip_segments, read_field, shift_segments
 from rollfeed.payload.scan import payload_files, scan_file
 
 
@@ -60,57 +55,23 @@ def verify(root: str) -> int:
     return 1 if bad else 0
 
 
-def demo(root: str | None) -> int:
-    """Write a step's side channels by handle, clip and pack the handles, read CP windows."""
-    with tempfile.TemporaryDirectory() as tmp:
-        root = root or os.path.join(tmp, "payload")
-        rng = np.random.default_rng(0)
-        t0 = time.perf_counter()
-        samples = []
-        for i in range(8):
-            prompt, completion = int(rng.integers(16, 64)), int(rng.integers(32, 256))
-            counts = rng.geometric(1 / 1.7, completion)
-            with PayloadWriter(root, group="step_000001", name=f"request_{i:03d}") as writer:
-                segs = writer.write(
-                    {
-                        "routed_experts": rng.integers(0, 64, (prompt + completion - 1, 4, 2)),
-                        "sampling_mask": (counts, rng.integers(0, 1024, counts.sum())),
-                    },
-                    pos={"routed_experts": 0, "sampling_mask": prompt},
-                )
-            samples.append((prompt + completion, segs))
-        written = time.perf_counter() - t0
-        # Pack the samples (truncated at 256 tokens) one after another into one micro batch.
-        packed, at = [], 0
-        for length, segs in samples:
-            keep = min(length, 256)
-            packed += shift_segments(clip_segments(segs, 0, keep), at)
-            at += keep
-        t0 = time.perf_counter()
-        payload = PayloadRoot(root)
-        half = at // 2
-        for cp_rank, window in enumerate([(0, half), (half, at)]):
-            experts = read_field(packed, "routed_experts", window, root=payload)
-            mask = read_field(packed, "sampling_mask", window, root=payload)
-            print(
-                f"cp rank {cp_rank}: routed_experts {tuple(experts.shape)} {experts.dtype}, "
-                f"sampling_mask {tuple(mask.shape)} {mask.dtype}, "
-                f"{int((mask >= 0).sum())} kept ids"
-            )
-        read = time.perf_counter() - t0
-        records = sum(len(s.model_dump_json()) for s in packed)
-        print(f"{len(samples)} requests, {at} packed tokens, ", end="")
-        print(f"{len(packed)} segment records ({records} B of JSON)")
-        print(f"write {written * 1e3:.1f} ms, read both windows {read * 1e3:.1f} ms")
-        inspect(root)
-        return verify(root)
+def demo(workdir: str | None, *, prompts: int, samples: int, max_tokens: int) -> int:
+    """Tiny MoE -> vLLM rollouts captured by handle -> 2 DP x 2 CP/SP trainer ranks -> report."""
+    from rollfeed.demo.run import run_demo
+
+    return run_demo(workdir, prompts=prompts, samples=samples, max_tokens=max_tokens)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m rollfeed")
     sub = ap.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="write, clip, pack and read back a step of payload")
-    d.add_argument("--root", default=None, help="payload root (default: a temporary directory)")
+    d = sub.add_parser(
+        "demo", help="vLLM rollouts captured by handle, scored by torchrun ranks (needs vLLM)"
+    )
+    d.add_argument("--workdir", default=None, help="default: ~/.cache/rollfeed/demo")
+    d.add_argument("--prompts", type=int, default=16)
+    d.add_argument("--samples", type=int, default=4, help="completions per prompt")
+    d.add_argument("--max-tokens", type=int, default=48)
     for name, help_text in (
         ("inspect", "summarise a payload root"),
         ("verify", "check a payload root"),
@@ -118,7 +79,9 @@ def main(argv: list[str]) -> int:
         sub.add_parser(name, help=help_text).add_argument("root")
     args = ap.parse_args(argv)
     if args.command == "demo":
-        return demo(args.root)
+        return demo(
+            args.workdir, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens
+        )
     if not os.path.isdir(args.root):
         print(f"{args.root}: not a directory", file=sys.stderr)
         return 2

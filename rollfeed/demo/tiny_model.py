@@ -3,7 +3,8 @@
 Nothing is downloaded: the tokenizer is a byte-level BPE trained with ``tokenizers`` on synthetic
 text, the model a ``Qwen3MoeConfig`` with random weights. Sizes respect vLLM's CPU attention
 (head_dim 32 is one of its supported head sizes). Router weights are widened from their near-zero
-init so top-k expert choices are clear (replaying other experts changes the output visibly).
+init so top-k expert choices are clear (replaying other experts changes the output visibly), and
+the LM head so next-token distributions are peaked (``LOGIT_SCALE``).
 
 ``build_tiny_moe(path)`` writes ``config.json``, the safetensors weights and the tokenizer files
 into ``path`` once (a stamp file marks a finished build) and returns ``path``.
@@ -23,7 +24,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
+# Random weights give a near-uniform next-token distribution (entropy ~ log V); a wider LM head
+# makes it peaked like a trained model's, so top-p kept sets vary from 1 id to dozens.
+LOGIT_SCALE = 48.0
 VOCAB = 1024
 TOKENIZER_VOCAB = 1000  # < VOCAB: the model has spare (never produced by the tokenizer) rows
 SPECIAL = ("<|pad|>", "<|bos|>", "<|eos|>")
@@ -83,8 +87,10 @@ def train_tokenizer() -> Any:
     )
 
 
-def tiny_moe_model(seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """The tiny ``Qwen3MoeForCausalLM`` in float32, eval mode, widened router weights."""
+def tiny_moe_model(
+    seed: int = 0, *, logit_scale: float = LOGIT_SCALE, **overrides: Any
+) -> torch.nn.Module:
+    """The tiny ``Qwen3MoeForCausalLM`` in float32, eval mode, widened router and LM head."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
@@ -93,6 +99,7 @@ def tiny_moe_model(seed: int = 0, **overrides: Any) -> torch.nn.Module:
         for name, param in model.named_parameters():
             if name.endswith("gate.weight"):
                 param.normal_(0.0, 1.0)
+        model.lm_head.weight.mul_(logit_scale)
     return model.float().eval()
 
 

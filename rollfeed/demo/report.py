@@ -1,0 +1,154 @@
+"""Demo report: trainer-vs-sampler logprob mismatch with and without support replay, kept sets,
+payload size and loader wait, as text and as a PNG.
+
+Per loss-bearing token ``y`` sampled from the sampler's distribution ``q`` (normalised over the
+kept set ``S``), with trainer logprob ``log p(y)``: ``Δ = log p(y) − log q(y)``. The KL estimate is
+``k3 = mean(exp(Δ) − 1 − Δ)`` of KL(q ‖ p) (unbiased, never negative; J. Schulman, "Approximating
+KL divergence", 2020). Scoring over the full vocabulary gives ``Δ = log P_p(S)`` up to noise, the
+bias support replay removes; ``full − replay`` is exactly that ``log P_p(S)`` (same logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Mismatch:
+    """``mean_abs``, ``max_abs`` of Δ and the k3 KL estimate over ``tokens`` tokens."""
+
+    tokens: int
+    mean_abs: float
+    max_abs: float
+    kl_k3: float
+
+    @classmethod
+    def of(cls, delta: np.ndarray) -> Mismatch:
+        if delta.size == 0:
+            return cls(tokens=0, mean_abs=0.0, max_abs=0.0, kl_k3=0.0)
+        return cls(
+            tokens=int(delta.size),
+            mean_abs=float(np.abs(delta).mean()),
+            max_abs=float(np.abs(delta).max()),
+            kl_k3=float(np.mean(np.expm1(delta) - delta)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoReport:
+    """The demo's numbers (see module doc); arrays are per scored token, all ranks."""
+
+    replay: Mismatch
+    full: Mismatch
+    mean_log_kept_mass: float
+    kept: np.ndarray
+    delta_replay: np.ndarray
+    delta_full: np.ndarray
+    bytes_per_token: float
+    loader_wait_ms: float
+    score_ms: float
+    micro_batches: int
+    ranks: int
+    cp: int
+
+
+def summarize(rollouts: dict, trainer: dict) -> DemoReport:
+    """Numbers from ``rollouts.json`` and ``trainer.json`` (both written by the demo stages)."""
+    ranks = trainer["ranks"]
+    col = lambda key: np.concatenate([np.asarray(r[key], np.float64) for r in ranks])  # noqa: E731
+    sampler, replay, full = col("sampler"), col("replay"), col("full")
+    micro = sum(r["micro_batches"] for r in ranks)
+    return DemoReport(
+        replay=Mismatch.of(replay - sampler),
+        full=Mismatch.of(full - sampler),
+        mean_log_kept_mass=float(np.mean(full - replay)) if full.size else 0.0,
+        kept=col("kept").astype(np.int64),
+        delta_replay=replay - sampler,
+        delta_full=full - sampler,
+        bytes_per_token=rollouts["payload_bytes"] / max(rollouts["completion_tokens"], 1),
+        loader_wait_ms=1e3 * sum(r["loader_wait_s"] for r in ranks) / max(micro, 1),
+        score_ms=1e3 * sum(r["score_s"] for r in ranks) / max(micro, 1),
+        micro_batches=micro,
+        ranks=len(ranks),
+        cp=trainer["cp"],
+    )
+
+
+def kept_histogram(kept: np.ndarray) -> list[tuple[str, int]]:
+    """Counts of kept-set sizes in bins 1, 2, 3, 4-7, 8-15, 16+."""
+    bins = [(1, 1), (2, 2), (3, 3), (4, 7), (8, 15), (16, None)]
+    out = []
+    for lo, hi in bins:
+        n = int(((kept >= lo) & (kept <= (hi if hi is not None else kept.max(initial=lo)))).sum())
+        out.append((str(lo) if lo == hi else f"{lo}-{hi}" if hi else f"{lo}+", n))
+    return out
+
+
+def format_report(rollouts: dict, report: DemoReport) -> str:
+    s, m = rollouts["settings"], rollouts["capture_metrics"]
+    sec = rollouts["seconds"]
+    n = report.kept.size
+    dp = report.ranks // max(report.cp, 1)
+    lines = [
+        f"rollouts   {rollouts['samples']} completions, {rollouts['completion_tokens']} completion "
+        f"tokens (top_k {s['top_k']}, top_p {s['top_p']}, temperature {s['temperature']}); "
+        f"engine start {sec['engine_start']:.1f} s, generate {sec['generate']:.1f} s",
+        f"capture    {m['kept_ids']} kept ids, {m['rows_bound']} bound rows, "
+        f"{m['rows_not_member']} sampled-outside rows, {m['rows_repaired']} repaired; routed "
+        f"experts {rollouts['routed_experts']}",
+        f"payload    {rollouts['payload_bytes']:,} B = {report.bytes_per_token:.1f} B per "
+        f"completion token; the step file (token arrays and segment records) "
+        f"{rollouts['step_file_bytes']:,} B",
+        f"trainer    {report.ranks} ranks ({dp} DP x {report.cp} CP/SP, gloo), "
+        f"{report.micro_batches} micro batches in all; loader wait "
+        f"{report.loader_wait_ms:.1f} ms, scoring {report.score_ms:.1f} ms per micro batch",
+        "",
+        f"trainer vs sampler logprobs over {report.replay.tokens} tokens  "
+        f"{'mean |Δ|':>10} {'max |Δ|':>10} {'KL (k3)':>10}",
+    ]
+    for name, mm in (("support replay", report.replay), ("full vocabulary", report.full)):
+        lines.append(f"  {name:<46} {mm.mean_abs:10.2e} {mm.max_abs:10.2e} {mm.kl_k3:10.2e}")
+    lines.append(
+        f"  full vocabulary sits at log P(kept set): mean {report.mean_log_kept_mass:.4f} "
+        f"(mean Δ {float(report.delta_full.mean()) if n else 0.0:.4f})"
+    )
+    lines.append("")
+    hist = "  ".join(f"{label}: {count}" for label, count in kept_histogram(report.kept))
+    singletons = float((report.kept == 1).mean()) if n else 0.0
+    lines.append(
+        f"kept-set size  mean {report.kept.mean() if n else 0:.2f}, singletons "
+        f"{100 * singletons:.1f}%   [{hist}]"
+    )
+    return "\n".join(lines)
+
+
+def write_plot(report: DemoReport, path: Path) -> Path:
+    """A three-panel PNG: |Δ| histograms, kept-set sizes, full-vocabulary Δ against set size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    tiny = 1e-12  # |Δ| can be exactly 0; keep it on the log axis
+    for name, delta in (("support replay", report.delta_replay), ("full vocab", report.delta_full)):
+        axes[0].hist(np.log10(np.abs(delta) + tiny), bins=60, alpha=0.7, label=name)
+    axes[0].set(xlabel="log10 |trainer − sampler logprob|  (exact 0 at −12)", ylabel="tokens")
+    axes[0].set_title("Logprob mismatch per token")
+    axes[0].legend()
+    sizes = np.bincount(report.kept) if report.kept.size else np.zeros(1, int)
+    axes[1].bar(np.arange(sizes.size), sizes)
+    axes[1].set(xlabel="kept-set size |S|", ylabel="tokens", yscale="log")
+    axes[1].set_title(f"Kept sets ({100 * float((report.kept == 1).mean()):.0f}% singletons)")
+    axes[2].scatter(report.kept, report.delta_full, s=4, alpha=0.4, label="full vocab")
+    axes[2].scatter(report.kept, report.delta_replay, s=4, alpha=0.4, label="support replay")
+    axes[2].set(xlabel="kept-set size |S|", ylabel="Δ = trainer − sampler logprob")
+    axes[2].set_title("Full vocabulary is off by log P(S)")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

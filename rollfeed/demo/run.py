@@ -1,0 +1,92 @@
+"""``python -m rollfeed demo``: the whole pipeline on one CPU machine, in four stages.
+
+1. build the tiny Qwen3-MoE and its tokenizer into the cache (once);
+2. rollouts: vLLM samples, the capture writes kept sets by handle and a step file
+   (:mod:`rollfeed.demo.rollouts`, its own process);
+3. trainer: ``torchrun`` starts 2 DP x 2 CP/SP gloo ranks that load the step with
+   ``build_dataloader`` and score it with the ``PolicyScorer`` (:mod:`rollfeed.demo.trainer`);
+4. report: text and a PNG (:mod:`rollfeed.demo.report`).
+
+Without vLLM it says how to install it and returns 2: the demo never fakes rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RANKS, CP = 4, 2
+
+
+def _stage(number: int, text: str) -> float:
+    print(f"[{number}/4] {text}", flush=True)
+    return time.perf_counter()
+
+
+def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        sys.stdout.write(proc.stdout[-8000:])
+        raise SystemExit(f"{what} failed with exit code {proc.returncode} (output above)")
+
+
+def run_demo(
+    workdir: str | os.PathLike[str] | None, *, prompts: int, samples: int, max_tokens: int
+) -> int:
+    from rollfeed.payload.vllm_capture import import_vllm
+
+    try:
+        import_vllm()
+    except ImportError as err:
+        print(f"rollfeed demo: {err}", file=sys.stderr)
+        print("(`make demo` builds a virtualenv with the extra installed)", file=sys.stderr)
+        return 2
+    from rollfeed.demo.report import format_report, summarize, write_plot
+    from rollfeed.demo.tiny_model import build_tiny_moe, default_cache_dir
+
+    work = Path(workdir) if workdir is not None else default_cache_dir() / "demo"
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("rollouts.json", "trainer.json", "demo.png"):
+        (work / name).unlink(missing_ok=True)
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    t0 = _stage(1, "building the tiny Qwen3-MoE (random weights, local tokenizer)")
+    model_dir = build_tiny_moe()
+    print(f"      {model_dir} ({time.perf_counter() - t0:.1f} s)")
+
+    t0 = _stage(2, f"rollouts with vLLM on CPU: {prompts} prompts x {samples} completions")
+    cmd = [sys.executable, "-m", "rollfeed.demo.rollouts", "--model-dir", str(model_dir)]
+    cmd += ["--workdir", str(work), "--prompts", str(prompts)]
+    cmd += ["--samples-per-prompt", str(samples), "--max-tokens", str(max_tokens)]
+    # Streams to the terminal: vLLM's own progress bar shows generation.
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"rollouts failed with exit code {proc.returncode}")
+    print(f"      payload root {work / 'payload'} ({time.perf_counter() - t0:.1f} s)")
+
+    t0 = _stage(3, f"trainer: torchrun {RANKS} ranks ({RANKS // CP} DP x {CP} CP/SP, gloo)")
+    tenv = dict(env, OMP_NUM_THREADS="1")
+    if sys.platform.startswith("linux"):
+        tenv.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
+    cmd += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
+    _run(cmd, tenv, "the trainer ranks")
+    print(f"      ({time.perf_counter() - t0:.1f} s)")
+
+    _stage(4, "report")
+    rollouts = json.loads((work / "rollouts.json").read_text())
+    report = summarize(rollouts, json.loads((work / "trainer.json").read_text()))
+    print(format_report(rollouts, report))
+    plot = write_plot(report, work / "demo.png")
+    print(f"plot       {plot}")
+    print(f"inspect    python -m rollfeed inspect {work / 'payload'}")
+    return 0

