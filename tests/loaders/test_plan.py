@@ -97,3 +97,17 @@ def test_shuffle_is_seeded_same_on_every_rank_and_covers_once():
     assert rank_batches(0, 0) == rank_batches(0, 0)
     assert rank_batches(0, 0) != rank_batches(1, 0)
     assert rank_batches(0, 0, step=0) != rank_batches(0, 0, step=1)  # new order per step
+
+
+def test_share_as_one_storage_keeps_values_in_one_buffer(data):
+    from rollfeed.loaders.collator import share_as_one_storage
+
+    root, samples = data
+    ref, _ = reference(samples, dp_size=2, cp_size=2, cp_layout="zigzag", root=root)
+    tmb = ref[1, 0][0]
+    assert tmb.fields  # by-handle fields present
+    shared = share_as_one_storage(tmb)
+    assert_bitwise(shared, tmb, "shared")
+    tensors = [shared.input_ids, shared.loss_mask, shared.cu_seqlens, *shared.fields.values()]
+    ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+    assert len(ptrs) == 1 and shared.input_ids.is_shared()

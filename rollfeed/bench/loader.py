@@ -1,0 +1,133 @@
+"""``python -m rollfeed.bench loader``: how much payload decoding the trainer still waits for.
+
+One step of by-handle samples (routing ``[T, 48, 8]`` uint8 and CSR sampling masks with their
+logprobs, one payload file per request) is planned into 16,384-token micro batches for one rank.
+A consumer that is busy ``--busy-ms`` per micro batch (simulated compute) drains the loader:
+
+- trainer-visible wait per micro batch (time blocked in ``next``), mean over all but the first,
+  with ``--workers`` worker processes against the same work done on the main thread
+  (``num_workers=0``, where the wait is the whole decode);
+- time to the first micro batch (workers, start included) against decoding the whole step up
+  front (``prepare_batch`` + ``to_tensor_micro_batch`` for every micro batch, the first usable
+  only when all are done).
+
+Both sides run in one process, interleaved, on the page cache; medians of ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.loaders import RolloutDataset, Topology, build_dataloader, write_step_file
+from rollfeed.payload import PayloadRoot, PayloadWriter
+
+SEQ_LEN = 16_384
+
+
+def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
+    out = []
+    for i, T in enumerate(rng.integers(1_024, 8_192, samples).tolist()):
+        P = T // 4  # prompt; the completion [P, T) carries the masks
+        counts = rng.geometric(1 / 4, T - P)
+        arrays = {
+            "routed_experts": rng.integers(0, 128, (T, 48, 8)).astype(np.uint8),
+            "sampling_mask": (counts, rng.integers(0, 151_936, counts.sum()).astype(np.int32)),
+            "sampling_mask_logprobs": (counts, -rng.random(counts.sum(), dtype=np.float32)),
+        }
+        with PayloadWriter(root, group="bench", name=f"req{i}") as w:
+            segs = w.write({"routed_experts": arrays["routed_experts"]}, 0)
+            segs += w.write({k: v for k, v in arrays.items() if k != "routed_experts"}, P)
+        out.append(
+            Sample(
+                rng.integers(0, 151_936, T),
+                np.arange(T) >= P,
+                rng.standard_normal(T).astype(np.float32),
+                -rng.random(T, dtype=np.float32),
+                payload=segs,
+            )
+        )
+    return out
+
+
+def _drain(loader, busy_s: float) -> tuple[float, list[float]]:
+    """(seconds to the first micro batch, wait in ``next`` for each later one)."""
+    t0 = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter() - t0
+    waits = []
+    while True:
+        time.sleep(busy_s)
+        t = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            return first, waits
+        waits.append(time.perf_counter() - t)
+
+
+def _up_front(samples: list[Sample], root: str) -> float:
+    t0 = time.perf_counter()
+    plan = prepare_batch(samples, seq_len=SEQ_LEN, dp_size=1)
+    proot = PayloadRoot(root)
+    for mb in plan[0]:
+        to_tensor_micro_batch(mb, root=proot)
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str]) -> None:
+    args = argparse.ArgumentParser(prog="python -m rollfeed.bench loader")
+    args.add_argument("--samples", type=int, default=48)
+    args.add_argument("--workers", type=int, default=2)
+    args.add_argument("--busy-ms", type=float, default=20.0)
+    args.add_argument("--repeats", type=int, default=3)
+    args.add_argument("--seed", type=int, default=0)
+    opts = args.parse_args(argv)
+    busy = opts.busy_ms / 1e3
+    with tempfile.TemporaryDirectory() as tmp:
+        root, steps = os.path.join(tmp, "payload"), os.path.join(tmp, "steps")
+        os.makedirs(steps)
+        samples = _step(root, np.random.default_rng(opts.seed), opts.samples)
+        write_step_file(steps, 0, samples)
+        topo = Topology(dp_rank=0, dp_size=1)
+        rows: dict[str, list] = {"workers": [], "main": [], "up_front": []}
+        for _ in range(opts.repeats):
+            for name, workers in (("workers", opts.workers), ("main", 0)):
+                # a fresh loader per run: time to first includes starting the workers
+                loader = build_dataloader(
+                    RolloutDataset.from_step_dir(steps),
+                    topo,
+                    seq_len=SEQ_LEN,
+                    root=root,
+                    num_workers=workers,
+                )
+                rows[name].append(_drain(loader, busy))
+                del loader
+            rows["up_front"].append(_up_front(samples, root))
+    micro = len(rows["main"][0][1]) + 1
+    wait = {
+        k: statistics.median(statistics.mean(w) for _, w in rows[k]) for k in ("workers", "main")
+    }
+    first = statistics.median(f for f, _ in rows["workers"])
+    whole = statistics.median(rows["up_front"])
+    tokens = sum(len(s) for s in samples)
+    print(
+        f"loader: {opts.samples} samples, {tokens} tokens, {micro} micro batches of <= {SEQ_LEN} "
+        f"tokens, routing [T, 48, 8] uint8 + CSR masks, busy {opts.busy_ms:.0f} ms per micro batch"
+    )
+    print(
+        f"  wait per micro batch after the first: num_workers={opts.workers} "
+        f"{wait['workers'] * 1e3:.2f} ms vs main thread {wait['main'] * 1e3:.2f} ms "
+        f"(ratio {wait['main'] / max(wait['workers'], 1e-9):.1f}x; goal <= 1 ms)"
+    )
+    print(
+        f"  time to first micro batch: {first * 1e3:.1f} ms (workers, start included) vs "
+        f"whole step decoded up front {whole * 1e3:.1f} ms (ratio {whole / first:.1f}x)"
+    )
