@@ -1,9 +1,11 @@
 """The reader: a trainer rank reads back only its window of a field.
 
 ``read_field(segments, field, window, root=...)`` turns the segments of one micro batch into one
-tensor over the window's positions. It checks every record before touching a byte, reads with at
-most two small reads per ragged segment (row index, then the window's values) and one per fixed
-segment, coalesced per file and issued concurrently (:class:`~rollfeed.payload.root.PayloadRoot`).
+tensor over the window's positions. It checks every record before touching a byte
+(:mod:`rollfeed.payload.checks`), then reads one range per fixed-width segment, one per ragged
+segment that spans its whole region (index and values together: the common case), and two small
+ones per clipped ragged segment (its index blocks, then the window's values), planned as NumPy
+columns, coalesced per file and issued concurrently (:class:`~rollfeed.payload.root.PayloadRoot`).
 
 Worked example (routing ids, rows ``[T, 2]``; a segment covers positions 2..5)::
 
