@@ -131,6 +131,8 @@ def build_dataloader(
     if num_workers:
         if multiprocessing_context is None and sys.platform.startswith("linux"):
             multiprocessing_context = "fork"
+        if multiprocessing_context == "fork":
+            sampler.warm()
         kw.update(
             persistent_workers=True,
             prefetch_factor=prefetch_factor,

@@ -116,6 +116,13 @@ class MicroBatchSampler(Sampler[list[int]]):
         self._normalize()
         return self._step
 
+    def warm(self) -> None:
+        """Plan the next step now if its data is there (no waiting): forked workers then inherit
+        the parsed step file instead of each parsing it again."""
+        self._normalize()
+        if self._step in self.dataset.steps_from(self._step)[:1]:
+            self.plan(self._step)
+
     def _pass_step(self) -> int | None:
         """The step the next pass covers (waits for it in stream mode), or None: nothing left."""
         if self.stream:
