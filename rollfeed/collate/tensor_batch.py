@@ -37,6 +37,8 @@ A dummy micro batch (a DP rank that came up short) has ``num_samples == 0``, all
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -80,3 +82,24 @@ class TensorMicroBatch:
     def is_dummy(self) -> bool:
         """True for the filler micro batch of a DP rank that came up short (no loss)."""
         return self.num_samples == 0
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor: the dataclass fields in declaration order, then ``fields`` in order."""
+        top = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return [t for t in top if isinstance(t, torch.Tensor)] + list(self.fields.values())
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TensorMicroBatch:
+        """A copy with ``fn`` applied to every tensor, in :meth:`tensors` order."""
+        top = {
+            f.name: fn(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **top, fields={k: fn(v) for k, v in self.fields.items()})
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TensorMicroBatch:
+        return self.apply(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> TensorMicroBatch:
+        """Page-locked copy; ``DataLoader(pin_memory=True)`` calls this for custom batch types."""
+        return self.apply(torch.Tensor.pin_memory)

@@ -1,0 +1,33 @@
+import numpy as np
+import torch
+
+from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
+
+
+def micro_batch():
+    sample = Sample(
+        np.arange(5),
+        np.array([0, 1, 1, 1, 1], bool),
+        np.ones(5, np.float32),
+        np.zeros(5, np.float32),
+        fields={"routed_experts": np.arange(10, dtype=np.uint8).reshape(5, 2)},
+    )
+    return to_tensor_micro_batch(prepare_batch([sample], seq_len=8, dp_size=1)[0][0])
+
+
+def test_apply_maps_every_tensor_in_order_and_keeps_the_rest():
+    mb = micro_batch()
+    seen = []
+    doubled = mb.apply(lambda t: seen.append(t) or t * 2)
+    assert len(seen) == len(mb.tensors()) and all(
+        a is b for a, b in zip(seen, mb.tensors(), strict=True)
+    )
+    assert torch.equal(doubled.input_ids, mb.input_ids * 2)
+    assert torch.equal(doubled.fields["routed_experts"], mb.fields["routed_experts"] * 2)
+    assert (doubled.seq_len, doubled.cp_layout) == (mb.seq_len, mb.cp_layout)
+
+
+def test_to_moves_every_tensor():
+    mb = micro_batch().to("meta")
+    assert all(t.device.type == "meta" for t in mb.tensors())
+    assert mb.fields["routed_experts"].dtype == torch.uint8
