@@ -41,9 +41,11 @@ def run_demo(
 
     try:
         import_vllm()
+        import matplotlib  # noqa: F401  (the report's plot; checked before minutes of work)
     except ImportError as err:
-        print(f"rollfeed demo: {err}", file=sys.stderr)
-        print("(`make demo` builds a virtualenv with the extra installed)", file=sys.stderr)
+        hint = "" if "vllm" in str(err).lower() else "pip install 'rollfeed[demo]' "
+        print(f"rollfeed demo: {hint}{err}", file=sys.stderr)
+        print("(`make demo` builds a virtualenv with the extras installed)", file=sys.stderr)
         return 2
     from rollfeed.demo.report import format_report, summarize, write_plot
     from rollfeed.demo.tiny_model import build_tiny_moe, default_cache_dir
