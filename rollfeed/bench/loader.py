@@ -4,9 +4,10 @@ One step of by-handle samples (routing ``[T, 48, 8]`` uint8 and CSR sampling mas
 logprobs, one payload file per request) is planned into 16,384-token micro batches for one rank.
 A consumer that is busy ``--busy-ms`` per micro batch (simulated compute) drains the loader:
 
-- trainer-visible wait per micro batch (time blocked in ``next``), mean over all but the first,
-  with ``--workers`` worker processes against the same work done on the main thread
-  (``num_workers=0``, where the wait is the whole decode);
+- trainer-visible wait per micro batch (time blocked in ``next``, and dropping the batch the
+  consumer is done with), mean over all but the first, with ``--workers`` worker processes and
+  the receive thread (the default), the same workers without it (``prefetch_thread=False``),
+  and the work done on the main thread (``num_workers=0``, where the wait is the whole decode);
 - time to the first micro batch (workers, start included) against decoding the whole step up
   front (``prepare_batch`` + ``to_tensor_micro_batch`` for every micro batch, the first usable
   only when all are done).
@@ -97,9 +98,14 @@ def main(argv: list[str]) -> None:
         samples = _step(root, np.random.default_rng(opts.seed), opts.samples)
         write_step_file(steps, 0, samples)
         topo = Topology(dp_rank=0, dp_size=1)
-        rows: dict[str, list] = {"workers": [], "main": [], "up_front": []}
+        rows: dict[str, list] = {"workers": [], "no_thread": [], "main": [], "up_front": []}
+        runs = (
+            ("workers", opts.workers, None),
+            ("no_thread", opts.workers, False),
+            ("main", 0, None),
+        )
         for _ in range(opts.repeats):
-            for name, workers in (("workers", opts.workers), ("main", 0)):
+            for name, workers, thread in runs:
                 # a fresh loader per run: time to first includes starting the workers
                 loader = build_dataloader(
                     RolloutDataset.from_step_dir(steps),
@@ -107,13 +113,15 @@ def main(argv: list[str]) -> None:
                     seq_len=SEQ_LEN,
                     root=root,
                     num_workers=workers,
+                    prefetch_thread=thread,
                 )
                 rows[name].append(_drain(loader, busy))
                 del loader
             rows["up_front"].append(_up_front(samples, root))
     micro = len(rows["main"][0][1]) + 1
     wait = {
-        k: statistics.median(statistics.mean(w) for _, w in rows[k]) for k in ("workers", "main")
+        k: statistics.median(statistics.mean(w) for _, w in rows[k])
+        for k in ("workers", "no_thread", "main")
     }
     first = statistics.median(f for f, _ in rows["workers"])
     whole = statistics.median(rows["up_front"])
@@ -126,6 +134,11 @@ def main(argv: list[str]) -> None:
         f"  wait per micro batch after the first: num_workers={opts.workers} "
         f"{wait['workers'] * 1e3:.2f} ms vs main thread {wait['main'] * 1e3:.2f} ms "
         f"(ratio {wait['main'] / max(wait['workers'], 1e-9):.1f}x; goal <= 1 ms)"
+    )
+    print(
+        f"  receive thread: num_workers={opts.workers} {wait['workers'] * 1e3:.2f} ms vs without "
+        f"it {wait['no_thread'] * 1e3:.2f} ms "
+        f"(ratio {wait['no_thread'] / max(wait['workers'], 1e-9):.1f}x)"
     )
     print(
         f"  time to first micro batch: {first * 1e3:.1f} ms (workers, start included) vs "

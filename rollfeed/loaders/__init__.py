@@ -11,6 +11,7 @@ from rollfeed.loaders.errors import (
     StepTimeoutError,
 )
 from rollfeed.loaders.plan import PlanSpec, plan_step, rebuild_micro_batch
+from rollfeed.loaders.prefetch import PrefetchDataLoader, PrefetchIterator, PrefetchStepDataLoader
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import SamplerState
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
@@ -25,6 +26,9 @@ __all__ = [
     "MicroBatchCollator",
     "MicroBatchSampler",
     "PlanSpec",
+    "PrefetchDataLoader",
+    "PrefetchIterator",
+    "PrefetchStepDataLoader",
     "RolloutDataset",
     "SamplerState",
     "StepDataLoader",

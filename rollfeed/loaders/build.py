@@ -6,6 +6,8 @@ Defaults chosen for a trainer rank:
   payload files and parsed step files survive from step to step), ``fork`` on Linux (cheap start,
   the dataset is shared copy-on-write), one torch thread per worker (the trainer owns the cores).
 - ``pin_memory`` only when CUDA is available (pinning needs it).
+- ``num_workers > 0``: a receive thread (:mod:`rollfeed.loaders.prefetch`) takes each batch from
+  the workers while the trainer computes, so ``next`` is a queue get.
 - ``stateful=True``: torchdata's ``StatefulDataLoader`` (:class:`StepDataLoader`), whose
   ``state_dict()`` holds the sampler state as of the micro batches handed out (not prefetched),
   so a resume repeats and loses nothing.
@@ -28,34 +30,17 @@ from typing import Any, Literal
 
 import torch
 from torch.utils.data import DataLoader
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from rollfeed.collate.balance import DEFAULT_QUADRATIC
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.prefetch import PrefetchDataLoader, PrefetchStepDataLoader
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import Reshard
+from rollfeed.loaders.step_loader import StepDataLoader
 from rollfeed.loaders.topology import Topology
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadRoot
-
-
-class StepDataLoader(StatefulDataLoader):
-    """``StatefulDataLoader`` that resumes a state saved at the end of a pass at the next step.
-
-    Loading a finished state, ``StatefulDataLoader`` with workers primes a prefetch from the
-    restored sampler (drawing the whole next step) and then discards it for a fresh pass, which
-    would skip that step. A finished state has nothing to restore but the sampler's position, so
-    it is loaded into the sampler directly.
-    """
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict.get("_iterator_finished"):
-            super().load_state_dict(state_dict)
-            return
-        main = state_dict.get("_snapshot", {}).get("_main_snapshot", state_dict)
-        self.batch_sampler.load_state_dict(main["_index_sampler_state"])
-        super().load_state_dict({})
 
 
 def init_worker(worker_id: int, *, threads: int) -> None:
@@ -89,11 +74,16 @@ def build_dataloader(
     worker_threads: int = 1,
     multiprocessing_context: str | None = None,
     timeout_s: float = 0,
+    prefetch_thread: bool | None = None,
+    prefetch_depth: int = 2,
 ) -> DataLoader:
     """A loader yielding this rank's ``TensorMicroBatch``es, one pass per training step.
 
     ``timeout_s``: per-batch wait on workers (0 = none; a dead worker is detected regardless).
-    ``multiprocessing_context``: default ``"fork"`` on Linux. Other options: see the pieces.
+    ``multiprocessing_context``: default ``"fork"`` on Linux.
+    ``prefetch_thread``: receive (and pin) micro batches on a thread, ``prefetch_depth`` ahead
+    (:mod:`rollfeed.loaders.prefetch`); ``None``: on when ``num_workers > 0``.
+    Other options: see the pieces.
     """
     if num_workers < 0:
         raise LoaderConfigError(f"num_workers must be >= 0, got {num_workers}")
@@ -121,11 +111,14 @@ def build_dataloader(
     collator = MicroBatchCollator(
         topology, root=root, width=width, whole_fields=whole_fields, **plan_kw
     )
+    if prefetch_thread is None:
+        prefetch_thread = num_workers > 0
+    pin = torch.cuda.is_available()
     kw: dict[str, Any] = dict(
         batch_sampler=sampler,
         collate_fn=collator,
         num_workers=num_workers,
-        pin_memory=torch.cuda.is_available(),
+        pin_memory=pin and not prefetch_thread,  # the receive thread pins instead
         timeout=timeout_s,
     )
     if num_workers:
@@ -139,4 +132,7 @@ def build_dataloader(
             worker_init_fn=functools.partial(init_worker, threads=worker_threads),
             multiprocessing_context=multiprocessing_context,
         )
+    if prefetch_thread:
+        cls = PrefetchStepDataLoader if stateful else PrefetchDataLoader
+        return cls(dataset, depth=prefetch_depth, pin=pin, **kw)
     return StepDataLoader(dataset, **kw) if stateful else DataLoader(dataset, **kw)
