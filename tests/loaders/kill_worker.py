@@ -1,6 +1,7 @@
 """Fault test child: take 2 micro batches, save state, SIGKILL a worker, time the error.
 
-Run as ``python -m tests.loaders.kill_worker RUN_DIR OUT_JSON``. It runs apart from pytest since
+Run as ``python -m tests.loaders.kill_worker RUN_DIR OUT_JSON [thread|plain]`` (with or without the
+receive thread). It runs apart from pytest since
 the DataLoader's SIGCHLD handler raises a worker's death asynchronously, wherever the main thread
 is.
 """
@@ -17,11 +18,16 @@ from rollfeed.loaders import RolloutDataset, Topology, build_dataloader
 from tests.loaders.common import SEQ_LEN
 
 
-def main(run: str, out: str) -> None:
+def main(run: str, out: str, mode: str = "thread") -> None:
     ds = RolloutDataset.from_step_dir(os.path.join(run, "steps"))
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
     loader = build_dataloader(
-        ds, topo, seq_len=SEQ_LEN, root=os.path.join(run, "payload"), num_workers=2
+        ds,
+        topo,
+        seq_len=SEQ_LEN,
+        root=os.path.join(run, "payload"),
+        num_workers=2,
+        prefetch_thread=mode == "thread",
     )
     it = iter(loader)
     taken = [next(it).input_ids.tolist() for _ in range(2)]
@@ -29,11 +35,12 @@ def main(run: str, out: str) -> None:
     result = {"state": state, "taken": taken, "error": None}
     t0 = time.monotonic()
     try:
-        os.kill(it._workers[0].pid, signal.SIGKILL)  # workers hold prefetched tasks: mid-step
+        # workers hold prefetched tasks: mid-step
+        os.kill(loader._iterator._workers[0].pid, signal.SIGKILL)
         while True:
             next(it)
             result["after_kill"] = result.get("after_kill", 0) + 1
-    except (RuntimeError, ConnectionError) as err:
+    except (RuntimeError, ConnectionError, EOFError) as err:  # EOF: died mid-handover
         result.update(error=type(err).__name__, message=str(err), seconds=time.monotonic() - t0)
     except StopIteration:
         result.update(error="StopIteration")
@@ -43,4 +50,4 @@ def main(run: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -50,15 +50,21 @@ def test_sampler_resume_step_dir(step_dir):
     check_resume(lambda: MicroBatchSampler(ds, topo, seq_len=SEQ_LEN, cp_layout="zigzag"), passes=3)
 
 
+@pytest.mark.parametrize("prefetch_thread", [False, True])
 @pytest.mark.parametrize("finish_passes", [True, False])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes):
+def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes, prefetch_thread):
     ds = RolloutDataset.from_step_dir(step_dir / "steps")
     topo = Topology(dp_rank=1, dp_size=2, cp_rank=0, cp_size=2)
 
     def make():
         return build_dataloader(
-            ds, topo, seq_len=SEQ_LEN, root=step_dir / "payload", num_workers=num_workers
+            ds,
+            topo,
+            seq_len=SEQ_LEN,
+            root=step_dir / "payload",
+            num_workers=num_workers,
+            prefetch_thread=prefetch_thread,
         )
 
     cuts = check_resume(make, passes=3, key=tmb_key, finish_passes=finish_passes)
