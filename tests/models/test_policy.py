@@ -170,7 +170,9 @@ def test_activation_checkpointing_replays_in_the_recomputed_forward() -> None:
     for checkpoint in (False, True):
         model = tiny_qwen3_moe(seed=12)
         if checkpoint:
-            model.activation_checkpointing_enable({"use_reentrant": False})
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         model.train()  # HF checkpoints only in training mode; the tiny configs have no dropout
         scorer = PolicyScorer(model)
         (scorer.score(tmb).logprobs * w[0]).sum().backward()
