@@ -39,5 +39,7 @@ def llm(model_dir, capture_config):
         enforce_eager=True,  # ~20 s less start-up than compiling, on 2 cores
     )
     yield engine
+    # Stop the engine processes now, so their shutdown logs come before pytest's summary.
+    engine.llm_engine.engine_core.shutdown()
     del engine
     gc.collect()
