@@ -18,7 +18,6 @@ process and keeps them open across micro batches of that worker.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -94,23 +93,17 @@ def share_as_one_storage(tmb: TensorMicroBatch) -> TensorMicroBatch:
 
         input_ids [N] int64 at bytes [0, 8N), labels at [round64(8N), ...), ...
     """
-    tensors = {f.name: getattr(tmb, f.name) for f in dataclasses.fields(tmb)}
-    tensors = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-    items = [*tensors.items(), *(("fields", k, v) for k, v in tmb.fields.items())]
-    sizes = [(t[-1].numel() * t[-1].element_size()) for t in items]
-    offsets, total = [], 0
+    sizes = [t.numel() * t.element_size() for t in tmb.tensors()]
+    offsets = [0]
     for n in sizes:
-        offsets.append(total)
-        total += -(-n // _ALIGN) * _ALIGN
-    buf = torch.empty(max(total, 1), dtype=torch.uint8).share_memory_()
-    views = []
-    for item, at, n in zip(items, offsets, sizes, strict=True):
-        t = item[-1]
+        offsets.append(offsets[-1] + -(-n // _ALIGN) * _ALIGN)
+    buf = torch.empty(max(offsets[-1], 1), dtype=torch.uint8).share_memory_()
+    slots = iter(zip(offsets, sizes, strict=False))
+
+    def place(t: torch.Tensor) -> torch.Tensor:  # apply() visits tensors in tensors() order
+        at, n = next(slots)
         view = buf[at : at + n].view(t.dtype).view(t.shape)
         view.copy_(t)
-        views.append(view)
-    top = {k: v for (k, _), v in zip(items[: len(tensors)], views, strict=False)}
-    fields = {
-        item[1]: v for item, v in zip(items[len(tensors) :], views[len(tensors) :], strict=True)
-    }
-    return dataclasses.replace(tmb, **top, fields=fields)
+        return view
+
+    return tmb.apply(place)
