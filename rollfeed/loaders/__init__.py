@@ -15,6 +15,7 @@ from rollfeed.loaders.prefetch import PrefetchDataLoader, PrefetchIterator, Pref
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import SamplerState
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
+from rollfeed.loaders.step_index import StepIndex, build_step_index, read_step_index
 from rollfeed.loaders.stream import stream_micro_batches
 from rollfeed.loaders.topology import Topology
 
@@ -33,11 +34,14 @@ __all__ = [
     "SamplerState",
     "StepDataLoader",
     "StepFileError",
+    "StepIndex",
     "StepTimeoutError",
     "Topology",
     "build_dataloader",
+    "build_step_index",
     "plan_step",
     "read_step_file",
+    "read_step_index",
     "rebuild_micro_batch",
     "step_file_name",
     "stream_micro_batches",

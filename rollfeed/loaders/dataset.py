@@ -7,28 +7,46 @@ Sources:
 - ``RolloutDataset.from_step_dir(directory)``: step files (:mod:`rollfeed.loaders.step_files`);
   training step ``k`` is file ``k``. An index encodes ``(step, line)`` as
   ``step * STEP_STRIDE + line``, so a worker resolves indices of steps that appeared after it was
-  started: it parses that step's file on first use and keeps the last ``cache_steps`` steps.
+  started. A step file with an index (:mod:`rollfeed.loaders.step_index`, written by
+  ``write_step_file``): ``lengths(step)`` reads only the index, and ``dataset[i]`` seeks to and
+  parses only sample ``i``'s line. Without one, policy ``missing_index``: ``"parse"`` (default)
+  parses the whole step file on first use of the step in each process, as a loader without
+  indexes would, logs a warning once per step and counts it in ``metrics()["unindexed_steps"]``;
+  ``"error"`` raises :class:`StepFileError`. Each process keeps the last ``cache_steps`` steps
+  (index or parsed samples, and the open step file); indexed samples are not kept, as each is
+  used once per pass.
 
 ``lengths(step)`` gives token counts without building micro batches, so the sampler plans from
-lengths only; for a step directory it parses the step file once in the calling process.
+lengths only.
 
 Example: steps 3 and 4 of two and one samples -> ``step_indices(4) == [4 * 2**32 + 0]``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from typing import BinaryIO, Literal
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.errors import LoaderConfigError, StepFileError
 from rollfeed.loaders.step_files import list_steps, read_step_file, step_file_name, wait_for_step
+from rollfeed.loaders.step_index import (
+    StepIndex,
+    index_path,
+    read_indexed_sample,
+    read_step_index,
+)
 
+logger = logging.getLogger(__name__)
 STEP_STRIDE = 1 << 32
+MissingIndex = Literal["parse", "error"]
+MISSING_INDEX: tuple[MissingIndex, ...] = ("parse", "error")
 
 
 class RolloutDataset(Dataset[Sample]):
@@ -39,20 +57,37 @@ class RolloutDataset(Dataset[Sample]):
         self._lengths = np.fromiter((len(s) for s in samples), np.int64, len(samples))
         self.directory: str | None = None
         self.cache_steps = 0
-        self._cache: OrderedDict[int, list[Sample]] = OrderedDict()
+        self.missing_index: MissingIndex = "parse"
+        self._reset()
+
+    def _reset(self) -> None:
+        """Per-process state: cached steps, open step files, counters."""
+        self._cache: OrderedDict[int, StepIndex | list[Sample]] = OrderedDict()
+        self._files: dict[int, BinaryIO] = {}
+        self._pid = os.getpid()
+        self._counts: Counter[str] = Counter()
 
     @classmethod
     def from_step_dir(
-        cls, directory: str | os.PathLike[str], *, cache_steps: int = 2
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        cache_steps: int = 2,
+        missing_index: MissingIndex = "parse",
     ) -> RolloutDataset:
         if not os.path.isdir(directory):
             raise LoaderConfigError(f"step directory {os.fspath(directory)!r} does not exist")
         if cache_steps < 1:
             raise LoaderConfigError(f"cache_steps must be >= 1, got {cache_steps}")
+        if missing_index not in MISSING_INDEX:
+            raise LoaderConfigError(
+                f"missing_index must be one of {MISSING_INDEX}, got {missing_index!r}"
+            )
         self = cls([])
         self._samples = None
         self.directory = os.path.abspath(directory)
         self.cache_steps = cache_steps
+        self.missing_index = missing_index
         return self
 
     @property
@@ -61,13 +96,25 @@ class RolloutDataset(Dataset[Sample]):
         return self.directory is not None
 
     def __getstate__(self) -> dict:
-        state = {k: getattr(self, k) for k in ("_samples", "_lengths", "directory", "cache_steps")}
-        return state  # parsed steps stay behind: a worker parses what it needs
+        keys = ("_samples", "_lengths", "directory", "cache_steps", "missing_index")
+        return {k: getattr(self, k) for k in keys}  # cached steps and files stay behind
 
     def __setstate__(self, state: dict) -> None:
         for k, v in state.items():
             setattr(self, k, v)
-        self._cache = OrderedDict()
+        self._reset()
+
+    def metrics(self) -> dict[str, int]:
+        """This process's counters: ``indexed_steps`` and ``unindexed_steps`` (steps loaded with
+        and without an index; the latter parsed whole) and ``lines_parsed`` (step file lines)."""
+        self._own_process()
+        return {k: self._counts[k] for k in ("indexed_steps", "unindexed_steps", "lines_parsed")}
+
+    def _own_process(self) -> None:
+        """A forked worker keeps the inherited cache (indexes, parsed steps: copy-on-write) but
+        opens its own step files and starts its own counts."""
+        if self._pid != os.getpid():
+            self._pid, self._files, self._counts = os.getpid(), {}, Counter()
 
     def __len__(self) -> int:
         """In-memory: the list's length. Step directory: samples of the steps cached here."""
@@ -79,19 +126,52 @@ class RolloutDataset(Dataset[Sample]):
         if self._samples is not None:
             return self._samples[index]
         step, line = divmod(int(index), STEP_STRIDE)
-        return self._step(step)[line]
+        entry = self._step(step)
+        if not isinstance(entry, StepIndex):
+            return entry[line]
+        f = self._files.get(step)
+        if f is None:
+            f = self._files[step] = open(self._path(step), "rb", buffering=0)  # noqa: SIM115
+        self._counts["lines_parsed"] += 1
+        return read_indexed_sample(f.fileno(), entry, line, file=f.name)
 
-    def _step(self, step: int) -> list[Sample]:
-        samples = self._cache.get(step)
-        if samples is None:
-            assert self.directory is not None
-            samples = read_step_file(os.path.join(self.directory, step_file_name(step)))
-            self._cache[step] = samples
-            while len(self._cache) > self.cache_steps:
-                self._cache.popitem(last=False)
-        else:
+    def _path(self, step: int) -> str:
+        assert self.directory is not None
+        return os.path.join(self.directory, step_file_name(step))
+
+    def _step(self, step: int) -> StepIndex | list[Sample]:
+        """Step ``step``'s index, or its parsed samples when it has none (``missing_index``)."""
+        self._own_process()
+        entry = self._cache.get(step)
+        if entry is not None:
             self._cache.move_to_end(step)
-        return samples
+            return entry
+        path = self._path(step)
+        entry = read_step_index(path)
+        if entry is not None:
+            self._counts["indexed_steps"] += 1
+        elif self.missing_index == "error":
+            raise StepFileError(
+                f"step file has no index {index_path(path).name} and missing_index='error'; "
+                "write it with build_step_index, or pass missing_index='parse'",
+                file=path,
+            )
+        else:
+            logger.warning(
+                "step file %s has no index; parsing it whole (missing_index='parse'); "
+                "build_step_index writes one",
+                path,
+            )
+            entry = read_step_file(path)
+            self._counts["unindexed_steps"] += 1
+            self._counts["lines_parsed"] += len(entry)
+        self._cache[step] = entry
+        while len(self._cache) > self.cache_steps:
+            old, _ = self._cache.popitem(last=False)
+            f = self._files.pop(old, None)
+            if f is not None:
+                f.close()
+        return entry
 
     def steps_from(self, step: int) -> list[int]:
         """Steps from ``step`` on: in-memory ``[step]``; directory: the step files >= step."""
@@ -119,4 +199,7 @@ class RolloutDataset(Dataset[Sample]):
         """``[n]`` int64 token count of each sample of ``step``, aligned with ``step_indices``."""
         if self._samples is not None:
             return self._lengths
-        return np.fromiter((len(s) for s in self._step(step)), np.int64)
+        entry = self._step(step)
+        if isinstance(entry, StepIndex):
+            return entry.lengths
+        return np.fromiter((len(s) for s in entry), np.int64, len(entry))

@@ -118,7 +118,8 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def warm(self) -> None:
         """Plan the next step now if its data is there (no waiting): forked workers then inherit
-        the parsed step file instead of each parsing it again."""
+        its index (or, for a step file without one, its parsed samples) instead of each reading
+        it again."""
         self._normalize()
         if self._step in self.dataset.steps_from(self._step)[:1]:
             self.plan(self._step)

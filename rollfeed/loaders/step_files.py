@@ -5,8 +5,9 @@ write ``.step_000042.jsonl.tmp`` and ``os.replace`` it: names that do not match 
 ignored, so a half-written temporary file is never read.
 
 Each line is a :class:`~rollfeed.collate.Sample` record (``Sample.to_json``); blank lines are
-skipped. A line that does not parse raises :class:`StepFileError` naming the file and the 1-based
-line number.
+skipped. Beside each step file :func:`write_step_file` puts its index, ``step_000042.index.json``
+(token counts and line offsets, :mod:`rollfeed.loaders.step_index`). A line that does not parse
+raises :class:`StepFileError` naming the file and the 1-based line number.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
+
 from rollfeed.collate import Sample
-from rollfeed.collate.errors import CollateError
 from rollfeed.loaders.errors import StepFileError, StepTimeoutError
-from rollfeed.payload import PayloadError
+from rollfeed.loaders.step_index import StepIndex, parse_sample, write_step_index
 
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^step_(\d+)\.jsonl$")
@@ -46,22 +48,15 @@ def list_steps(directory: str | os.PathLike[str]) -> list[int]:
 
 
 def read_step_file(path: str | os.PathLike[str]) -> list[Sample]:
-    """The samples of one step file, in line order (see module doc for errors)."""
+    """The samples of one step file, in line order, parsing every line (see module doc for errors).
+
+    Ignores the step index: this is the whole-file read that the index spares planners and workers.
+    """
     samples = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                samples.append(Sample.from_json(line))
-            except (ValueError, TypeError, KeyError) as err:
-                # json, pydantic (segments) and collate errors are all ValueError subclasses
-                kind = type(err).__name__
-                if not isinstance(err, CollateError | PayloadError):
-                    kind = f"malformed sample record ({kind})"
-                raise StepFileError(
-                    f"{kind}: {err}; fix or remove the line", file=os.fspath(path), line=number
-                ) from err
+            if line.strip():
+                samples.append(parse_sample(line, file=os.fspath(path), line_number=number))
     return samples
 
 
@@ -89,10 +84,28 @@ def wait_for_step(
 def write_step_file(
     directory: str | os.PathLike[str], step: int, samples: list[Sample] | tuple[Sample, ...]
 ) -> Path:
-    """Write step ``step`` atomically (temporary name, then ``os.replace``); returns its path."""
+    """Write step ``step`` and its index atomically; returns the step file's path.
+
+    Both go to temporary names; the index is moved into place first, then the step file, so a
+    reader that sees the step file sees its index (:mod:`rollfeed.loaders.step_index`).
+    """
     path = Path(directory) / step_file_name(step)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(s.to_json() + "\n" for s in samples)
+    lengths, sizes = [], []
+    with open(tmp, "wb") as f:
+        for s in samples:
+            line = (s.to_json() + "\n").encode("utf-8")
+            f.write(line)
+            lengths.append(len(s))
+            sizes.append(len(line))
+    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+    index = StepIndex(
+        file_bytes=int(ends[-1]) if len(ends) else 0,
+        lengths=np.asarray(lengths, dtype=np.int64),
+        offsets=ends - np.asarray(sizes, dtype=np.int64),
+        sizes=np.asarray(sizes, dtype=np.int64),
+        lines=np.arange(1, len(sizes) + 1, dtype=np.int64),
+    )
+    write_step_index(path, index)
     os.replace(tmp, path)
     return path
