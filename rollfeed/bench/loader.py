@@ -18,15 +18,26 @@ Both sides run in one process, interleaved, on the page cache; medians of ``--re
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import os
 import statistics
 import tempfile
 import time
 
 import numpy as np
+from torch.utils.data import DataLoader
 
 from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
-from rollfeed.loaders import RolloutDataset, Topology, build_dataloader, write_step_file
+from rollfeed.loaders import (
+    RolloutDataset,
+    Topology,
+    build_dataloader,
+    read_step_file,
+    step_file_name,
+    write_step_file,
+)
+from rollfeed.loaders.step_index import index_path
 from rollfeed.payload import PayloadRoot, PayloadWriter
 
 SEQ_LEN = 16_384
@@ -57,9 +68,11 @@ def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
     return out
 
 
-def _drain(loader, busy_s: float) -> tuple[float, list[float]]:
-    """(seconds to the first micro batch, wait in ``next`` for each later one)."""
+def _drain(make, busy_s: float) -> tuple[DataLoader, float, list[float]]:
+    """(the loader ``make()`` built, seconds from calling it to the first micro batch, wait in
+    ``next`` for each later one). Building is timed: it reads the first step's lengths."""
     t0 = time.perf_counter()
+    loader = make()
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t0
@@ -70,7 +83,7 @@ def _drain(loader, busy_s: float) -> tuple[float, list[float]]:
         try:
             next(it)
         except StopIteration:
-            return first, waits
+            return loader, first, waits
         waits.append(time.perf_counter() - t)
 
 
@@ -85,12 +98,20 @@ def _next_step_first(loader) -> float:
     return first
 
 
-def _up_front(samples: list[Sample], root: str) -> float:
+def _up_front(path: str, root: str) -> float:
     t0 = time.perf_counter()
+    samples = read_step_file(path)
     plan = prepare_batch(samples, seq_len=SEQ_LEN, dp_size=1)
     proot = PayloadRoot(root)
     for mb in plan[0]:
         to_tensor_micro_batch(mb, root=proot)
+    return time.perf_counter() - t0
+
+
+def _lengths(steps: str) -> float:
+    """Seconds for a fresh dataset's ``lengths(0)`` (what planning a step reads)."""
+    t0 = time.perf_counter()
+    RolloutDataset.from_step_dir(steps).lengths(0)
     return time.perf_counter() - t0
 
 
@@ -103,43 +124,53 @@ def main(argv: list[str]) -> None:
     args.add_argument("--seed", type=int, default=0)
     opts = args.parse_args(argv)
     busy = opts.busy_ms / 1e3
+    logging.getLogger("rollfeed.loaders.dataset").setLevel(logging.ERROR)  # fallback warnings
     with tempfile.TemporaryDirectory() as tmp:
         root, steps = os.path.join(tmp, "payload"), os.path.join(tmp, "steps")
+        bare = os.path.join(tmp, "steps_without_index")
         os.makedirs(steps)
+        os.makedirs(bare)
         samples = _step(root, np.random.default_rng(opts.seed), opts.samples)
-        write_step_file(steps, 0, samples)
-        write_step_file(steps, 1, samples)  # a second step, for the warm time to first
+        for step in (0, 1):  # a second step, for the warm time to first
+            index_path(write_step_file(bare, step, samples)).unlink()
+            write_step_file(steps, step, samples)
         topo = Topology(dp_rank=0, dp_size=1)
-        rows: dict[str, list] = {"workers": [], "no_thread": [], "main": [], "up_front": []}
-        warm: list[float] = []
+        rows: dict[str, list] = {k: [] for k in ("workers", "no_thread", "main", "bare")}
+        warm: dict[str, list[float]] = {"workers": [], "bare": []}
+        times: dict[str, list[float]] = {"up_front": [], "index": [], "parse": []}
         runs = (
-            ("workers", opts.workers, None),
-            ("no_thread", opts.workers, False),
-            ("main", 0, None),
+            ("workers", steps, opts.workers, None),
+            ("no_thread", steps, opts.workers, False),
+            ("main", steps, 0, None),
+            ("bare", bare, opts.workers, None),
         )
         for _ in range(opts.repeats):
-            for name, workers, thread in runs:
-                # a fresh loader per run: time to first includes starting the workers
-                loader = build_dataloader(
-                    RolloutDataset.from_step_dir(steps),
+            for name, directory, workers, thread in runs:
+                # a fresh loader per run: time to first includes building it, starting the workers
+                make = functools.partial(
+                    build_dataloader,
+                    RolloutDataset.from_step_dir(directory),
                     topo,
                     seq_len=SEQ_LEN,
                     root=root,
                     num_workers=workers,
                     prefetch_thread=thread,
                 )
-                rows[name].append(_drain(loader, busy))
-                if name == "workers":
-                    warm.append(_next_step_first(loader))
+                loader, first, waits = _drain(make, busy)
+                rows[name].append((first, waits))
+                if name in warm:
+                    warm[name].append(_next_step_first(loader))
                 del loader
-            rows["up_front"].append(_up_front(samples, root))
+            times["up_front"].append(_up_front(os.path.join(steps, step_file_name(0)), root))
+            times["index"].append(_lengths(steps))
+            times["parse"].append(_lengths(bare))
     micro = len(rows["main"][0][1]) + 1
     wait = {
         k: statistics.median(statistics.mean(w) for _, w in rows[k])
         for k in ("workers", "no_thread", "main")
     }
     first = statistics.median(f for f, _ in rows["workers"])
-    whole = statistics.median(rows["up_front"])
+    whole = statistics.median(times["up_front"])
     tokens = sum(len(s) for s in samples)
     print(
         f"loader: {opts.samples} samples, {tokens} tokens, {micro} micro batches of <= {SEQ_LEN} "
@@ -156,11 +187,25 @@ def main(argv: list[str]) -> None:
         f"(ratio {wait['no_thread'] / max(wait['workers'], 1e-9):.1f}x)"
     )
     print(
-        f"  time to first micro batch: {first * 1e3:.1f} ms (workers, start included) vs "
-        f"whole step decoded up front {whole * 1e3:.1f} ms (ratio {whole / first:.1f}x)"
+        f"  time to first micro batch: {first * 1e3:.1f} ms (workers, build and start included) vs "
+        f"whole step read, parsed and decoded up front {whole * 1e3:.1f} ms "
+        f"(ratio {whole / first:.1f}x)"
     )
-    nxt = statistics.median(warm)
+    nxt = statistics.median(warm["workers"])
     print(
         f"  time to first micro batch of the next step (workers running): {nxt * 1e3:.1f} ms vs "
-        f"whole step decoded up front {whole * 1e3:.1f} ms (ratio {whole / nxt:.1f}x)"
+        f"whole step read, parsed and decoded up front {whole * 1e3:.1f} ms "
+        f"(ratio {whole / nxt:.1f}x)"
+    )
+    bare_first = statistics.median(f for f, _ in rows["bare"])
+    bare_nxt = statistics.median(warm["bare"])
+    print(
+        f"  step index: time to first micro batch {first * 1e3:.1f} ms vs without index "
+        f"{bare_first * 1e3:.1f} ms (ratio {bare_first / first:.1f}x); next step "
+        f"{nxt * 1e3:.1f} ms vs {bare_nxt * 1e3:.1f} ms (ratio {bare_nxt / nxt:.1f}x)"
+    )
+    index, parse = statistics.median(times["index"]), statistics.median(times["parse"])
+    print(
+        f"  lengths for planning: from the index {index * 1e3:.2f} ms vs parsing the step file "
+        f"{parse * 1e3:.1f} ms (ratio {parse / index:.0f}x)"
     )
