@@ -18,8 +18,18 @@ from rollfeed.loaders import RolloutDataset, Topology, build_dataloader
 from tests.loaders.common import SEQ_LEN
 
 
+class SlowDataset(RolloutDataset):
+    """Samples that take a while to load, as real-size ones do: the workers are still busy with
+    this step when one is killed (tiny indexed samples load so fast that the whole step would be
+    prefetched before the kill)."""
+
+    def __getitem__(self, index: int):
+        time.sleep(0.05)
+        return super().__getitem__(index)
+
+
 def main(run: str, out: str, mode: str = "thread") -> None:
-    ds = RolloutDataset.from_step_dir(os.path.join(run, "steps"))
+    ds = SlowDataset.from_step_dir(os.path.join(run, "steps"))
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
     loader = build_dataloader(
         ds,
