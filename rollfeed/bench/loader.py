@@ -24,6 +24,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -123,6 +124,8 @@ def main(argv: list[str]) -> None:
     args.add_argument("--repeats", type=int, default=3)
     args.add_argument("--seed", type=int, default=0)
     opts = args.parse_args(argv)
+    # torchdata 0.11 calls a torch API that torch 2.13 deprecates, once per loader.
+    warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
     busy = opts.busy_ms / 1e3
     logging.getLogger("rollfeed.loaders.dataset").setLevel(logging.ERROR)  # fallback warnings
     with tempfile.TemporaryDirectory() as tmp:
