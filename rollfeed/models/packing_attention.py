@@ -1,15 +1,18 @@
 """Attention over packed micro batches, optionally under Ulysses sequence parallelism.
 
 A packed row holds several samples back to back. A token may attend only to earlier tokens of its
-own sample, so the mask is block-diagonal causal. It is built from each token's *canonical index*
-(its position in the whole pre-split row) and *segment id* (which sample it belongs to), so it is
-right for any order in which the tokens reach attention (rank order under SP, zigzag included).
+own sample (block-diagonal causal attention). Rather than a dense ``[S, S]`` mask (256 MiB at
+S = 16,384, and it keeps SDPA off its fused kernels), attention puts the tokens in *canonical
+order* (their positions in the whole pre-split row), runs causal SDPA on each sample's slice and
+puts the result back in the order the tokens arrived in (rank order under SP, zigzag included).
+Samples of equal length share one batched SDPA call. Memory is ``O(S)`` outside SDPA; the fused
+CPU/GPU kernels never hold a sample's ``[L, L]`` scores either.
 
 Example, row = sample A (3 tokens) + sample B (2 tokens), canonical order::
 
-    segment  = [0, 0, 0, 1, 1]
-    allowed[i, j] = segment[i] == segment[j] and j <= i
-    row 3 (B's first token) attends only to itself.
+    lengths = [3, 2]                  bounds = (0, 3, 5)
+    out[0:3] = sdpa(q[0:3], k[0:3], v[0:3], is_causal=True)
+    out[3:5] = sdpa(q[3:5], k[3:5], v[3:5], is_causal=True)   # token 3 attends only to itself
 
 The attention function plugs into transformers' registry under :data:`PACKED_ATTENTION`; the model
 forward receives the layout as the keyword argument ``packing=PackedLayout`` and hands it down to
@@ -42,14 +45,36 @@ class PackingError(ValueError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackedLayout:
-    """What attention needs to know about one packed row, in the order tokens reach attention.
+    """What attention needs to know about one packed row of ``S`` tokens.
 
-    ``allowed [S, S]`` bool: query i may attend key j. ``sp``: the sequence-parallel group (size 1
-    when the whole row is local). Build it once per forward with :func:`packed_layout`.
+    ``order [S]`` long: the canonical index of each token, in the order tokens reach attention.
+    ``inverse [S]`` long: the arriving token at each canonical index (``None`` when the tokens
+    arrive in canonical order). ``bounds``: sample boundaries in canonical order, strictly
+    increasing from 0 to ``S`` (empty samples dropped). ``groups``: ``(length, starts)`` per
+    distinct sample length, the samples one batched SDPA call covers. ``sp``: the
+    sequence-parallel group (size 1 when the whole row is local). Build it once per forward with
+    :func:`packed_layout`; attention then needs no host sync.
     """
 
-    allowed: torch.Tensor
+    order: torch.Tensor
+    inverse: torch.Tensor | None
+    bounds: tuple[int, ...]
+    groups: tuple[tuple[int, tuple[int, ...]], ...]
     sp: SequenceParallel
+
+    @property
+    def length(self) -> int:
+        return self.bounds[-1]
+
+    @property
+    def allowed(self) -> torch.Tensor:
+        """Dense ``[S, S]`` bool view, arrival order: query i may attend key j. For inspection and
+        reference checks only; attention never builds it (``S²`` bytes)."""
+        order = self.order
+        lengths = torch.tensor(self.bounds, device=order.device).diff()
+        samples = torch.arange(lengths.numel(), device=order.device)
+        segment = torch.repeat_interleave(samples, lengths)[order]
+        return (segment[:, None] == segment[None, :]) & (order[None, :] <= order[:, None])
 
 
 def segment_ids_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
@@ -61,6 +86,31 @@ def segment_ids_from_positions(position_ids: torch.Tensor) -> torch.Tensor:
     starts = position_ids == 0
     starts[:1] = True
     return torch.cumsum(starts.to(torch.long), 0) - 1
+
+
+def _sample_lengths(
+    local: torch.Tensor,
+    order: torch.Tensor,
+    inverse: torch.Tensor | None,
+    sp: SequenceParallel,
+    cu_seqlens: torch.Tensor | None,
+) -> list[int]:
+    """Lengths of the row's non-empty samples, canonical order."""
+    total = order.numel()
+    if cu_seqlens is not None:
+        bounds = cu_seqlens.to(device=order.device, dtype=torch.long)
+        if bounds[0] != 0 or bounds[-1] < total or (bounds.diff() < 0).any():
+            raise PackingError(
+                f"cu_seqlens must start at 0, be non-decreasing and reach the row length "
+                f"{total}; got {bounds.tolist()}"
+            )
+        # Samples past the row's end were truncated away: clip them to the row.
+        lengths = bounds.clamp(max=total).diff()
+    else:
+        positions = gather_rank_order(local, sp)
+        canonical = positions if inverse is None else positions[inverse]
+        lengths = torch.bincount(segment_ids_from_positions(canonical))
+    return [n for n in lengths.tolist() if n > 0]
 
 
 def packed_layout(
@@ -76,6 +126,9 @@ def packed_layout(
     shards, ``sp.rank * S/sp + arange``). ``cu_seqlens [B+1]``: sample boundaries of the whole row;
     without it, samples are read off the position ids (a reset to 0 opens a sample), which needs the
     tokens of each sample in canonical order, so give ``cu_seqlens`` for zigzag layouts.
+
+    Example: positions [0, 1, 2, 0, 1, 0, 1], sp 1 -> bounds (0, 3, 5, 7),
+    groups ((2, (3, 5)), (3, (0,))), inverse None.
     """
     sp = sp or SequenceParallel()
     local = position_ids.reshape(-1).to(torch.long)
@@ -86,20 +139,61 @@ def packed_layout(
             f"canonical_index has {canonical_index.numel()} entries for {local.numel()} tokens"
         )
     order = gather_rank_order(canonical_index.reshape(-1).to(torch.long), sp)
-    if cu_seqlens is not None:
-        bounds = cu_seqlens.to(device=order.device, dtype=torch.long)
-        if bounds[0] != 0 or bounds[-1] < order.numel() or (bounds.diff() < 0).any():
-            raise PackingError(
-                f"cu_seqlens must start at 0, be non-decreasing and reach the row length "
-                f"{order.numel()}; got {bounds.tolist()}"
-            )
-        segment = torch.searchsorted(bounds, order, right=True) - 1
-    else:
-        positions = gather_rank_order(local, sp)
-        canonical = torch.empty_like(positions).index_copy_(0, order, positions)
-        segment = segment_ids_from_positions(canonical)[order]
-    allowed = (segment[:, None] == segment[None, :]) & (order[None, :] <= order[:, None])
-    return PackedLayout(allowed=allowed, sp=sp)
+    ranks = torch.arange(order.numel(), device=order.device)
+    sorted_order, inverse = torch.sort(order)
+    if not torch.equal(sorted_order, ranks):
+        raise PackingError(
+            f"canonical_index must be a permutation of 0..{order.numel() - 1} across the "
+            "sequence-parallel group; got duplicates or gaps"
+        )
+    in_canonical_order = torch.equal(order, ranks)
+    lengths = _sample_lengths(local, order, None if in_canonical_order else inverse, sp, cu_seqlens)
+    bounds = [0]
+    by_length: dict[int, list[int]] = {}
+    for n in lengths:
+        by_length.setdefault(n, []).append(bounds[-1])
+        bounds.append(bounds[-1] + n)
+    return PackedLayout(
+        order=order,
+        inverse=None if in_canonical_order else inverse,
+        bounds=tuple(bounds),
+        groups=tuple((n, tuple(starts)) for n, starts in sorted(by_length.items())),
+        sp=sp,
+    )
+
+
+def _stack(x: torch.Tensor, starts: tuple[int, ...], length: int) -> torch.Tensor:
+    """``[B, H, S, d]`` -> ``[len(starts) * B, H, length, d]``: the samples at ``starts`` stacked
+    into the batch dim (a view for a single sample)."""
+    if len(starts) == 1:
+        return x[:, :, starts[0] : starts[0] + length]
+    return torch.cat([x[:, :, s : s + length] for s in starts], dim=0)
+
+
+def _block_causal(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layout: PackedLayout,
+    *,
+    scale: float | None,
+    dropout: float,
+) -> torch.Tensor:
+    """Causal attention within each sample. q ``[B, H, S, d]``, k/v ``[B, KV, S, d]``, canonical
+    order -> ``[B, H, S, d]``. One SDPA call per distinct sample length (a Python loop, a few tens
+    of microseconds per call); equal-length samples are stacked into the batch dim (a copy of
+    their q/k/v, ``O(S)``)."""
+    batch = query.shape[0]
+    gqa = query.shape[1] != key.shape[1]
+    pieces: dict[int, torch.Tensor] = {}
+    for length, starts in layout.groups:
+        q, k, v = (_stack(x, starts, length) for x in (query, key, value))
+        out = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
+        )
+        for start, part in zip(starts, out.split(batch, dim=0), strict=True):
+            pieces[start] = part
+    return torch.cat([pieces[s] for s in layout.bounds[:-1]], dim=2)
 
 
 def packed_attention_forward(
@@ -133,20 +227,23 @@ def packed_attention_forward(
     query = seq_to_heads(query, sp, seq_dim=2, head_dim=1)
     key = seq_to_heads(key, sp, seq_dim=2, head_dim=1)
     value = seq_to_heads(value, sp, seq_dim=2, head_dim=1)
-    if packing.allowed.shape[0] != query.shape[2]:
+    if packing.length != query.shape[2]:
         raise PackingError(
-            f"packing layout covers {packing.allowed.shape[0]} tokens, attention sees "
+            f"packing layout covers {packing.length} tokens, attention sees "
             f"{query.shape[2]}; build the layout from this forward's position ids"
         )
-    out = F.scaled_dot_product_attention(
+    if packing.inverse is not None:
+        query, key, value = (x.index_select(2, packing.inverse) for x in (query, key, value))
+    out = _block_causal(
         query,
         key,
         value,
-        attn_mask=packing.allowed,
-        dropout_p=dropout if module.training else 0.0,
+        packing,
         scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
+        dropout=dropout if module.training else 0.0,
     )
+    if packing.inverse is not None:
+        out = out.index_select(2, packing.order)
     out = heads_to_seq(out, sp, seq_dim=2, head_dim=1)
     return out.transpose(1, 2).contiguous(), None
 
