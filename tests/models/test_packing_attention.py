@@ -1,0 +1,194 @@
+"""Packed attention alone: parity with a float64 explicit-mask reference (values and gradients),
+the layout's contents, and no ``[S, S]`` tensor anywhere in a forward + backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rollfeed.models.packing_attention import (
+    PackingError,
+    packed_attention_forward,
+    packed_layout,
+)
+from tests.models.tiny import VOCAB, tiny_qwen3
+
+HEADS, KV_HEADS, DIM = 4, 2, 5
+# Odd sizes, two samples of equal length (one batched SDPA call), and a tail padding slot.
+LENGTHS = [1, 7, 13, 7, 1, 4]
+S = sum(LENGTHS)
+
+
+def _cu(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+
+
+def _reference(q, k, v, lengths: list[int]) -> torch.Tensor:
+    """Plain float64 attention with an explicit block-diagonal causal mask, canonical order.
+    q ``[1, H, S, d]``, k/v ``[1, KV, S, d]`` -> ``[1, S, H, d]``."""
+    n = sum(lengths)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    lo = 0
+    for length in lengths:
+        allowed[lo : lo + length, lo : lo + length] = torch.ones(length, length).tril().bool()
+        lo += length
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return (probs @ v).transpose(1, 2)
+
+
+def _qkv(seed: int, n: int = S, heads: int = HEADS, kv: int = KV_HEADS, dim: int = DIM):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(1, heads, n, dim), (1, kv, n, dim), (1, kv, n, dim)]
+    return [torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_() for s in shapes]
+
+
+def _zigzag(n: int, chunks: int) -> torch.Tensor:
+    """A permutation of 0..n-1 shaped like a zigzag CP layout: chunk pairs (0, c-1), (1, c-2).."""
+    parts = torch.arange(n).tensor_split(chunks)
+    return torch.cat([torch.cat([parts[i], parts[chunks - 1 - i]]) for i in range(chunks // 2)])
+
+
+# Samples are read off position ids only when they arrive in canonical order; otherwise cu_seqlens.
+@pytest.mark.parametrize(
+    ("arrival", "use_cu"),
+    [("canonical", False), ("canonical", True), ("zigzag", True), ("reversed", True)],
+)
+def test_matches_explicit_mask_reference_values_and_grads(arrival: str, use_cu: bool) -> None:
+    order = {
+        "canonical": torch.arange(S),
+        "zigzag": _zigzag(S, 4),
+        "reversed": torch.arange(S).flip(0),
+    }[arrival]
+    pos = torch.cat([torch.arange(n) for n in LENGTHS])
+    layout = packed_layout(
+        pos[order], canonical_index=order, cu_seqlens=_cu(LENGTHS) if use_cu else None
+    )
+    q, k, v = _qkv(1)
+    up = torch.randn(1, S, HEADS, DIM, generator=torch.Generator().manual_seed(2), dtype=q.dtype)
+
+    got, _ = packed_attention_forward(
+        torch.nn.Module().eval(),
+        q[:, :, order],
+        k[:, :, order],
+        v[:, :, order],
+        None,
+        packing=layout,
+    )
+    ref = _reference(q, k, v, LENGTHS)
+    torch.testing.assert_close(got, ref[:, order], atol=1e-12, rtol=0)
+    got_g = torch.autograd.grad((got * up[:, order]).sum(), (q, k, v))
+    ref_g = torch.autograd.grad((ref * up).sum(), (q, k, v))
+    for a, e, name in zip(got_g, ref_g, "qkv", strict=True):
+        torch.testing.assert_close(a, e, atol=1e-12, rtol=0, msg=name)
+
+
+def test_layout_groups_equal_lengths_and_drops_empty_samples() -> None:
+    layout = packed_layout(torch.tensor([0, 1, 2, 0, 1, 0, 1]))
+    assert layout.bounds == (0, 3, 5, 7)
+    assert layout.groups == ((2, (3, 5)), (3, (0,)))
+    assert layout.inverse is None
+    # An empty sample and a last sample running past the row's end (truncated) are clipped.
+    clipped = packed_layout(torch.arange(7), cu_seqlens=torch.tensor([0, 3, 3, 5, 9]))
+    assert clipped.bounds == (0, 3, 5, 7)
+    order = torch.tensor([2, 0, 1])
+    permuted = packed_layout(torch.tensor([2, 0, 1]), canonical_index=order)
+    assert permuted.inverse.tolist() == [1, 2, 0]
+    assert permuted.bounds == (0, 3)
+
+
+def test_canonical_index_that_is_not_a_permutation_is_refused() -> None:
+    with pytest.raises(PackingError, match=r"permutation of 0\.\.3"):
+        packed_layout(torch.arange(4), canonical_index=torch.tensor([0, 1, 1, 3]))
+    with pytest.raises(PackingError, match=r"permutation of 0\.\.3"):
+        packed_layout(torch.arange(4), canonical_index=torch.tensor([0, 1, 2, 7]))
+
+
+def test_layout_of_another_length_is_refused() -> None:
+    q, k, v = _qkv(3, n=6)
+    with pytest.raises(PackingError, match="covers 5 tokens, attention sees 6"):
+        packed_attention_forward(
+            torch.nn.Module(), q, k, v, None, packing=packed_layout(torch.arange(5))
+        )
+
+
+def test_dropout_applies_in_training_only() -> None:
+    q, k, v = _qkv(4)
+    layout = packed_layout(torch.cat([torch.arange(n) for n in LENGTHS]))
+    module = torch.nn.Module()
+    with torch.no_grad():
+        plain, _ = packed_attention_forward(module.eval(), q, k, v, None, packing=layout)
+        ignored, _ = packed_attention_forward(
+            module.eval(), q, k, v, None, packing=layout, dropout=0.5
+        )
+        dropped, _ = packed_attention_forward(
+            module.train(), q, k, v, None, packing=layout, dropout=0.5
+        )
+    assert torch.equal(plain, ignored)
+    assert not torch.allclose(plain, dropped)
+
+
+class _Largest(TorchDispatchMode):
+    """Records the largest tensor any op produces, and any tensor with two dims >= ``side``."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.side, self.largest, self.square = side, 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+                if sum(d >= self.side for d in t.shape) >= 2:
+                    self.square.append((str(func), tuple(t.shape)))
+        return out
+
+
+def test_spy_sees_the_dense_mask() -> None:
+    # The check below could not fail if the spy missed an [S, S] tensor: it does not.
+    layout = packed_layout(torch.arange(64) % 16)
+    with _Largest(64) as spy:
+        mask = layout.allowed
+    assert mask.shape == (64, 64)
+    assert spy.largest == 64 * 64 and spy.square
+
+
+@pytest.mark.parametrize("arrival", ["canonical", "zigzag"])
+def test_attention_never_allocates_s_by_s(arrival: str) -> None:
+    n, samples = 4096, 8
+    order = torch.arange(n) if arrival == "canonical" else _zigzag(n, 4)
+    lengths = [n // samples + 37, n // samples - 37] * (samples // 2)
+    pos = torch.cat([torch.arange(length) for length in lengths])
+    q, k, v = _qkv(5, n=n, heads=2, kv=1, dim=4)
+    with _Largest(n) as spy:
+        layout = packed_layout(pos[order], canonical_index=order, cu_seqlens=_cu(lengths))
+        out, _ = packed_attention_forward(
+            torch.nn.Module().eval(),
+            q[:, :, order],
+            k[:, :, order],
+            v[:, :, order],
+            None,
+            packing=layout,
+        )
+        out.sum().backward()
+    assert spy.square == []
+    assert spy.largest < n * n // 64
+
+
+def test_model_forward_and_backward_never_allocate_s_by_s() -> None:
+    n, samples = 512, 8
+    lengths = [n // samples] * samples
+    pos = torch.cat([torch.arange(length) for length in lengths])
+    ids = torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(6))
+    model = tiny_qwen3(seed=6, dtype=torch.float32)
+    with _Largest(n) as spy:
+        logits = model(
+            input_ids=ids[None], position_ids=pos[None], packing=packed_layout(pos)
+        ).logits
+        logits.logsumexp(-1).sum().backward()
+    assert spy.square == []
+    assert spy.largest < n * n // 2
