@@ -180,9 +180,10 @@ def _block_causal(
     dropout: float,
 ) -> torch.Tensor:
     """Causal attention within each sample. q ``[B, H, S, d]``, k/v ``[B, KV, S, d]``, canonical
-    order -> ``[B, H, S, d]``. One SDPA call per distinct sample length (a Python loop, a few tens
-    of microseconds per call); equal-length samples are stacked into the batch dim (a copy of
-    their q/k/v, ``O(S)``)."""
+    order -> ``[B, H, S, d]``. One SDPA call per distinct sample length, so at most
+    ``sqrt(2 S)`` calls (181 at S = 16,384; measured on CPU at ~0.4 ms per call forward +
+    backward, launch overhead included); equal-length samples are stacked into the batch dim (a
+    copy of their q/k/v, ``O(S)``)."""
     batch = query.shape[0]
     gqa = query.shape[1] != key.shape[1]
     pieces: dict[int, torch.Tensor] = {}
