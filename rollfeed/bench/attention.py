@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+from rollfeed.bench._process import peak_bytes, resident_bytes, run_variant
 from rollfeed.models.packing_attention import packed_attention_forward, packed_layout
 
 VARIANTS = ("dense", "packed")
-
-
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def _layout(variant: str, tokens: int, samples: int):
@@ -63,7 +57,7 @@ def _child(args: argparse.Namespace) -> None:
     _attend(args.child, *_layout(args.child, 64, 4), *tiny)
     del tiny
     q, k, v = _inputs(args, args.tokens)
-    base = _resident_bytes()
+    base = resident_bytes()
     start = time.perf_counter()
     layout, mask = _layout(args.child, args.tokens, args.samples)
     layout_s = time.perf_counter() - start
@@ -73,16 +67,15 @@ def _child(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         _attend(args.child, layout, mask, q, k, v)
         best = min(best, time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    peak = peak_bytes() - base
     print(json.dumps({"layout": layout_s, "attention": best, "peak": peak}))
 
 
 def _measure(variant: str, args: argparse.Namespace) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "rollfeed.bench.attention", "--child", variant]
+    argv = ["--child", variant]
     for flag in ("tokens", "samples", "heads", "kv_heads", "head_dim", "repeats"):
-        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return run_variant("rollfeed.bench.attention", argv)
 
 
 def main(argv: list[str]) -> None:

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
 
 import torch
 
+from rollfeed.bench._process import peak_bytes, resident_bytes, run_variant
 from rollfeed.models import fused_support_logprobs
 
 VARIANTS = ("full", "fused")
@@ -87,13 +86,6 @@ def _reference(variant: str, x: dict[str, torch.Tensor]) -> torch.Tensor:
     return label - cand.logsumexp(-1)
 
 
-def _resident_bytes() -> int:
-    """Current resident set (``/proc/self/statm``), not the high-water mark: input creation may have
-    had transients that the variants must not be credited with."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
 def _child(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     x = _inputs(args.rows, args.vocab, args.hidden, args.width)
@@ -106,25 +98,30 @@ def _child(args: argparse.Namespace) -> None:
     tiny["weight"].requires_grad_()
     _run(args.child, tiny, torch.ones(16))
     del tiny
-    base = _resident_bytes()
+    base = resident_bytes()
     best = float("inf")
     for _ in range(args.repeats):
         x["hidden"].grad = x["weight"].grad = None
         start = time.perf_counter()
         logp = _run(args.child, x, up)
         best = min(best, time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_bytes()
     extra = peak - base - x["weight"].numel() * 4
     err = (logp.double() - _reference(args.child, x)).abs().max().item()
     print(json.dumps({"seconds": best, "extra_bytes": extra, "max_abs_err": err}))
 
 
 def _measure(variant: str, args: argparse.Namespace, vocab: int) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "rollfeed.bench.scoring", "--child", variant]
-    cmd += ["--vocab", str(vocab), "--rows", str(args.rows), "--hidden", str(args.hidden)]
-    cmd += ["--width", str(args.width), "--repeats", str(args.repeats)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    argv = ["--child", variant, "--vocab", str(vocab), "--rows", str(args.rows)]
+    argv += [
+        "--hidden",
+        str(args.hidden),
+        "--width",
+        str(args.width),
+        "--repeats",
+        str(args.repeats),
+    ]
+    return run_variant("rollfeed.bench.scoring", argv)
 
 
 def main(argv: list[str]) -> None:
