@@ -21,8 +21,12 @@ _MAX_EXTENT = 1 << 62
 _MAX_ROW = 1 << 24  # elements in one fixed-width row
 
 
-def _check(seg: PayloadSegment, name: str, field: PayloadField) -> None:
-    """Refuse an inconsistent record before any I/O (every message names file, field, position)."""
+def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
+    """Raise the typed error saying what is wrong with a record :func:`plausible` refused.
+
+    Every message names file, field, offset and position. It checks the same rules as
+    :func:`plausible`, one by one (a test holds the two to the same verdict on random records).
+    """
 
     def fail(cls: type[PayloadError], msg: str) -> None:
         raise cls(msg, file=seg.file, field=name, offset=seg.offset, pos=seg.pos)
@@ -71,40 +75,48 @@ def _plausible_shape(shape: tuple[int, ...]) -> bool:
     return not shape or (min(shape) > 0 and math.prod(shape) < _MAX_ROW)
 
 
+def stored_kinds(field: PayloadField) -> frozenset[str]:
+    """The stored dtypes a field's segments may have."""
+    if field.ragged:
+        return frozenset([field.ragged_dtype.name])
+    return INTEGER_DTYPES if field.is_int else FLOAT_DTYPES
+
+
+def plausible(s: PayloadSegment, field: PayloadField, kinds: frozenset[str]) -> bool:
+    """Whether a record is consistent, as one short-circuiting expression: the reader asks this
+    of every record, so it costs a fraction of :func:`explain`, which only runs on a refusal."""
+    r = s.ragged
+    return (
+        s.dtype in kinds
+        and 0 <= s.rows < _MAX_EXTENT
+        and 0 <= s.offset < _MAX_EXTENT
+        and 0 <= s.pos < _MAX_EXTENT
+        and 0 <= s.first < _MAX_EXTENT
+        and (
+            (r is None and not field.ragged and _plausible_shape(s.shape))
+            or (
+                r is not None
+                and field.ragged
+                and not s.shape
+                and s.first + s.rows <= r.rows < _MAX_EXTENT
+                and 0 <= r.values < _MAX_EXTENT
+                and r.count_bytes in (1, 2, 4)
+                and 0 < r.block_rows < _MAX_EXTENT
+            )
+        )
+    )
+
+
 def field_segments(
     segments: Sequence[PayloadSegment], name: str, field: PayloadField
 ) -> list[PayloadSegment]:
+    """The segments of ``name``, checked and sorted by position; overlaps are refused."""
     mine = sorted((s for s in segments if s.field == name), key=_by_position)
-    # One cheap predicate per record; the detailed check only runs to explain a failure.
-    if field.ragged:
-        kinds = {field.ragged_dtype.name}
-    else:
-        kinds = INTEGER_DTYPES if field.is_int else FLOAT_DTYPES
+    kinds = stored_kinds(field)
     for s in mine:
-        r = s.ragged
-        if not (
-            s.dtype in kinds
-            and 0 <= s.rows < _MAX_EXTENT
-            and 0 <= s.offset < _MAX_EXTENT
-            and 0 <= s.pos < _MAX_EXTENT
-            and 0 <= s.first < _MAX_EXTENT
-            and (
-                (r is None and not field.ragged and _plausible_shape(s.shape))
-                or (
-                    r is not None
-                    and field.ragged
-                    and not s.shape
-                    and s.first + s.rows <= r.rows < _MAX_EXTENT
-                    and 0 <= r.values < _MAX_EXTENT
-                    and r.count_bytes in (1, 2, 4)
-                    and 0 < r.block_rows < _MAX_EXTENT
-                )
-            )
-        ):
-            _check(s, name, field)
-            raise PayloadSegmentError(
-                "inconsistent segment", file=s.file, field=name, offset=s.offset, pos=s.pos
-            )
+        if not plausible(s, field, kinds):
+            explain(s, name, field)
+            raise AssertionError(f"explain() accepted a record plausible() refused: {s}")
     real = [s for s in mine if s.rows]
     for a, b in itertools.pairwise(real):
         if b.pos < a.end:

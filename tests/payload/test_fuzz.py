@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rollfeed.payload import (
+    PAYLOAD_FIELDS,
     PayloadError,
     PayloadRoot,
     PayloadSegment,
@@ -17,7 +18,9 @@ from rollfeed.payload import (
     RaggedLayout,
     read_field,
 )
+from rollfeed.payload.checks import explain, plausible, stored_kinds
 from rollfeed.payload.layout import file_header
+from rollfeed.payload.segment import STORED_DTYPES
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -130,3 +133,68 @@ def test_concurrent_reader_never_sees_incomplete_bytes(tmp_path):
         seen, i = seen + 1, i + 1
     producer.join(30)
     assert producer.exitcode == 0 and seen == 60
+
+
+VALID = {
+    "routed_experts": dict(dtype="uint8", shape=(2, 8), ragged=None),
+    "routed_expert_weights": dict(dtype="float32", shape=(2, 8), ragged=None),
+    "sampling_mask": dict(
+        dtype="int32",
+        shape=(),
+        ragged=RaggedLayout(rows=10, values=20, count_bytes=1, block_rows=128),
+    ),
+    "sampling_mask_logprobs": dict(
+        dtype="float32",
+        shape=(),
+        ragged=RaggedLayout(rows=10, values=20, count_bytes=1, block_rows=128),
+    ),
+}
+
+
+@st.composite
+def near_valid(draw):
+    """A consistent record with at most one attribute (or layout entry) replaced."""
+    field = draw(st.sampled_from(sorted(VALID)))
+    seg = PayloadSegment(
+        field=field, file="f.rfp", offset=56, pos=3, rows=6, first=2, **VALID[field]
+    )
+    what = draw(
+        st.sampled_from(["none", "offset", "pos", "rows", "first", "dtype", "shape", "layout"])
+    )
+    small = st.integers(-3, 40) | st.just(1 << 62)
+    if what in ("offset", "pos", "rows", "first"):
+        seg = seg.model_copy(update={what: draw(small)})
+    elif what == "dtype":
+        seg = seg.model_copy(update={"dtype": draw(st.sampled_from(sorted(STORED_DTYPES)))})
+    elif what == "shape":
+        seg = seg.model_copy(
+            update={"shape": tuple(draw(st.lists(st.integers(-1, 4), max_size=2)))}
+        )
+    elif what == "layout":
+        if seg.ragged is None or draw(st.booleans()):
+            lay = RaggedLayout(rows=10, values=20, count_bytes=1, block_rows=128)
+            seg = seg.model_copy(update={"ragged": None if seg.ragged else lay})
+        else:
+            key = draw(st.sampled_from(["rows", "values", "count_bytes", "block_rows"]))
+            lay = seg.ragged.model_copy(update={key: draw(small)})
+            seg = seg.model_copy(update={"ragged": lay})
+    return seg
+
+
+@settings(max_examples=600, deadline=None)
+@given(seg=near_valid() | records())
+def test_the_fast_record_predicate_and_the_explaining_check_agree(seg):
+    """The reader's one-line predicate and the check that explains a refusal apply one rule set."""
+    field = PAYLOAD_FIELDS[seg.field]
+    try:
+        explain(seg, seg.field, field)
+        explained_ok = True
+    except PayloadError:
+        explained_ok = False
+    assert plausible(seg, field, stored_kinds(field)) == explained_ok
+
+
+def test_the_unmodified_near_valid_records_are_plausible():
+    for field, attrs in VALID.items():
+        seg = PayloadSegment(field=field, file="f.rfp", offset=56, pos=3, rows=6, first=2, **attrs)
+        assert plausible(seg, PAYLOAD_FIELDS[field], stored_kinds(PAYLOAD_FIELDS[field]))
