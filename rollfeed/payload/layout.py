@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -59,6 +60,7 @@ DTYPE_CODES = (
 )
 BLOCK_ROWS = 128
 _OFFSET = np.dtype("<u8")
+Rows = TypeVar("Rows", int, np.ndarray)
 
 
 def file_header() -> bytes:
@@ -127,11 +129,13 @@ def count_dtype(count_bytes: int) -> np.dtype:
     return np.dtype({1: "u1", 2: "<u2", 4: "<u4"}[count_bytes])
 
 
-def index_bytes(rows: int, count_bytes: int, block_rows: int) -> int:
+def index_bytes(rows: Rows, count_bytes: int, block_rows: int) -> Rows:
+    """Bytes of a region's row index; ``rows`` an int or an int64 array of regions."""
     return -(-rows // block_rows) * _OFFSET.itemsize + rows * count_bytes
 
 
-def values_start(rows: int, count_bytes: int, block_rows: int) -> int:
+def values_start(rows: Rows, count_bytes: int, block_rows: int) -> Rows:
+    """Offset of the values inside a region body (the index padded to 4 bytes)."""
     return -(-index_bytes(rows, count_bytes, block_rows) // 4) * 4
 
 
@@ -215,7 +219,7 @@ def index_table(
 ) -> IndexTable:
     per_block = _OFFSET.itemsize + block_rows * count_bytes
     k0, k1 = lo // block_rows, (hi - 1) // block_rows
-    region_index = -(-rows // block_rows) * _OFFSET.itemsize + rows * count_bytes
+    region_index = index_bytes(rows, count_bytes, block_rows)
     span_start = k0 * per_block
     span_len = np.minimum((k1 + 1) * per_block, region_index) - span_start
     block_base = np.concatenate([[0], np.cumsum(k1 - k0 + 1)])
@@ -245,12 +249,6 @@ class RowIndex:
     counts: np.ndarray
     starts: np.ndarray
     row_base: np.ndarray
-
-
-def values_starts(rows: np.ndarray, count_bytes: int, block_rows: int) -> np.ndarray:
-    """Vectorised :func:`values_start`."""
-    index = -(-rows // block_rows) * _OFFSET.itemsize + rows * count_bytes
-    return -(-index // 4) * 4
 
 
 def decode_index(t: IndexTable) -> RowIndex:

@@ -35,7 +35,7 @@ from rollfeed.payload.errors import (
     PayloadWidthError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
-from rollfeed.payload.layout import RowIndex, decode_index, index_table, values_starts
+from rollfeed.payload.layout import RowIndex, decode_index, index_table, values_start
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.segment import (
     PayloadSegment,
@@ -243,7 +243,7 @@ def _read_index(segs, cb, block, name, root) -> _Decoded:
     table = index_table(
         t.first, t.first + t.rows, lay_rows, lay_values, count_bytes=cb, block_rows=block
     )
-    values_at = values_starts(lay_rows, cb, block)
+    values_at = values_start(lay_rows, cb, block)
     whole = (t.first == 0) & (t.rows == lay_rows)
     body_len = np.where(whole, values_at + 4 * lay_values, 0)  # multiples of 4: values stay aligned
     body_at = np.where(whole, np.cumsum(body_len) - body_len, -1)
