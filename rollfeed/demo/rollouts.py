@@ -3,7 +3,8 @@
 Run as ``python -m rollfeed.demo.rollouts --model-dir M --workdir W`` (a process of its own, so the
 engine and its worker processes are gone before the trainer ranks start). Writes:
 
-- ``W/payload/step_000001/rollouts.rfp``: the side channels (kept sets, mask logprobs);
+- ``W/payload/step_000001/rollouts-<run id>.rfp``: the side channels (kept sets, mask logprobs),
+  under a writer name of this run's own, so no two runs ever claim one file;
 - ``W/steps/step_000001.jsonl``: one :class:`~rollfeed.collate.Sample` per completion, payload by
   handle (segment records only);
 - ``W/rollouts.json``: counters for the report.
@@ -71,7 +72,14 @@ def stand_in_advantages(completions: list[np.ndarray]) -> list[float]:
     return (rewards - rewards.mean()).tolist()
 
 
-def generate_rollouts(model_dir: Path, workdir: Path, settings: RolloutSettings) -> dict:
+def writer_name(run_id: str) -> str:
+    """The payload writer name of demo run ``run_id`` (its file is ``<group>/<name>.rfp``)."""
+    return f"rollouts-{run_id}"
+
+
+def generate_rollouts(
+    model_dir: Path, workdir: Path, settings: RolloutSettings, *, run_id: str
+) -> dict:
     """Sample, capture and write step ``STEP``; returns (and saves) the rollout counters."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -113,7 +121,8 @@ def generate_rollouts(model_dir: Path, workdir: Path, settings: RolloutSettings)
     samples: list[Sample] = []
     metrics: dict[str, int] = {}
     t0 = time.perf_counter()
-    with PayloadWriter(workdir / "payload", group=f"step_{STEP:06d}", name="rollouts") as writer:
+    group, name = f"step_{STEP:06d}", writer_name(run_id)
+    with PayloadWriter(workdir / "payload", group=group, name=name) as writer:
         for i, out in enumerate(tqdm(outs, desc="capture", unit="request")):
             captured = capture_request_output(writer, out, config)
             advantages = stand_in_advantages([c.token_ids[c.new_prompt_len :] for c in captured])
@@ -155,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m rollfeed.demo.rollouts")
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--run-id", required=True, help="names this run's payload writer")
     ap.add_argument("--prompts", type=int, default=defaults.prompts)
     ap.add_argument("--samples-per-prompt", type=int, default=defaults.samples_per_prompt)
     ap.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
@@ -164,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         samples_per_prompt=args.samples_per_prompt,
         max_tokens=args.max_tokens,
     )
-    generate_rollouts(args.model_dir, args.workdir, settings)
+    generate_rollouts(args.model_dir, args.workdir, settings, run_id=args.run_id)
 
 
 if __name__ == "__main__":

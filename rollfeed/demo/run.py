@@ -17,7 +17,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from rollfeed.demo.workdir import DemoRun, DemoWorkdirInUseError, claim_workdir
 
 RANKS, CP = 4, 2
 
@@ -47,11 +48,23 @@ def run_demo(
         print(f"rollfeed demo: {hint}{err}", file=sys.stderr)
         print("(`make demo` builds a virtualenv with the extras installed)", file=sys.stderr)
         return 2
-    from rollfeed.demo.report import format_report, summarize, write_plot
-    from rollfeed.demo.tiny_model import build_tiny_moe, default_cache_dir
+    from rollfeed.demo.tiny_model import default_cache_dir
 
-    work = Path(workdir) if workdir is not None else default_cache_dir() / "demo"
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        with claim_workdir(workdir, base=default_cache_dir() / "demo") as run:
+            return _run_stages(run, prompts=prompts, samples=samples, max_tokens=max_tokens)
+    except DemoWorkdirInUseError as err:
+        print(f"rollfeed demo: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_stages(run: DemoRun, *, prompts: int, samples: int, max_tokens: int) -> int:
+    from rollfeed.demo.report import format_report, summarize, write_plot
+    from rollfeed.demo.tiny_model import build_tiny_moe
+
+    work = run.workdir
+    kind = "a fresh directory for this run" if run.fresh else "locked for this run"
+    print(f"work directory {work} ({kind})", flush=True)
     for name in ("rollouts.json", "trainer.json", "demo.png"):
         (work / name).unlink(missing_ok=True)
     env = dict(os.environ)
@@ -66,7 +79,7 @@ def run_demo(
 
     t0 = _stage(2, f"rollouts with vLLM on CPU: {prompts} prompts x {samples} completions")
     cmd = [sys.executable, "-m", "rollfeed.demo.rollouts", "--model-dir", str(model_dir)]
-    cmd += ["--workdir", str(work), "--prompts", str(prompts)]
+    cmd += ["--workdir", str(work), "--run-id", run.run_id, "--prompts", str(prompts)]
     cmd += ["--samples-per-prompt", str(samples), "--max-tokens", str(max_tokens)]
     # Streams to the terminal: vLLM's own progress bar shows generation.
     proc = subprocess.run(cmd, env=env)

@@ -7,15 +7,20 @@ init so top-k expert choices are clear (replaying other experts changes the outp
 the LM head so next-token distributions are peaked (``LOGIT_SCALE``).
 
 ``build_tiny_moe(path)`` writes ``config.json``, the safetensors weights and the tokenizer files
-into ``path`` once (a stamp file marks a finished build) and returns ``path``.
+into ``path`` once (built aside and renamed into place; a stamp file marks a finished build) and
+returns ``path``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,7 @@ LOGIT_SCALE = 48.0
 VOCAB = 1024
 TOKENIZER_VOCAB = 1000  # < VOCAB: the model has spare (never produced by the tokenizer) rows
 SPECIAL = ("<|pad|>", "<|bos|>", "<|eos|>")
+_STAMP = "rollfeed-build.json"  # written last: a directory without it is not a finished build
 
 
 def moe_config_kwargs(**overrides: Any) -> dict[str, Any]:
@@ -109,18 +115,53 @@ def default_cache_dir() -> Path:
 
 
 def build_tiny_moe(path: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
-    """Build (once) and return the directory holding the tiny model and its tokenizer."""
+    """Build (once) and return the directory holding the tiny model and its tokenizer.
+
+    The build goes into a private temporary directory beside ``path`` that is renamed to ``path``
+    when complete, so a concurrent demo never sees (or loads) a half-written model: it either
+    finds the finished directory or builds its own and keeps whichever landed first.
+    """
     out = Path(path) if path is not None else default_cache_dir() / f"tiny-qwen3moe-v{VERSION}"
-    stamp = out / "rollfeed-build.json"
     want = {"version": VERSION, "seed": seed}
-    if stamp.exists() and json.loads(stamp.read_text()) == want:
+    if _is_built(out, want):
         return out
-    out.mkdir(parents=True, exist_ok=True)
-    train_tokenizer().save_pretrained(out)
-    tiny_moe_model(seed).save_pretrained(out)
-    stamp.write_text(json.dumps(want))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        train_tokenizer().save_pretrained(tmp)
+        tiny_moe_model(seed).save_pretrained(tmp)
+        (tmp / _STAMP).write_text(json.dumps(want))
+        _install(tmp, out, want)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was renamed into place
     logger.info("built the tiny MoE into %s", out)
     return out
+
+
+def _is_built(out: Path, want: dict) -> bool:
+    try:
+        return json.loads((out / _STAMP).read_text()) == want
+    except (OSError, ValueError):
+        return False
+
+
+def _install(tmp: Path, out: Path, want: dict) -> None:
+    """Rename the finished build ``tmp`` to ``out``; an unfinished or other build there is moved
+    aside first, a finished one that another process installed meanwhile is kept."""
+    for _ in range(3):
+        try:
+            os.rename(tmp, out)
+            return
+        except OSError as err:
+            if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                raise
+        if _is_built(out, want):
+            return
+        stale = Path(tempfile.mkdtemp(prefix=f".{out.name}.stale-", dir=out.parent))
+        with contextlib.suppress(FileNotFoundError):  # someone else moved it aside already
+            os.rename(out, stale / "old")
+        shutil.rmtree(stale, ignore_errors=True)
+    raise OSError(f"could not install the tiny model build at {out}: it keeps being replaced")
 
 
 @torch.no_grad()
