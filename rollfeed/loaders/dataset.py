@@ -127,6 +127,13 @@ class RolloutDataset(Dataset[Sample]):
             return self._samples[index]
         step, line = divmod(int(index), STEP_STRIDE)
         entry = self._step(step)
+        if not 0 <= line < len(entry):
+            raise StepFileError(
+                f"dataset index {index} asks for sample {line} of step {step}, which has "
+                f"{len(entry)}: the step file changed after the step was planned; a written step "
+                "file must not be replaced",
+                file=self._path(step),
+            )
         if not isinstance(entry, StepIndex):
             return entry[line]
         f = self._files.get(step)

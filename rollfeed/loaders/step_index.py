@@ -16,11 +16,20 @@ object; arrays have one entry per sample, in the step file's sample order::
 step file into place, so a reader that sees a step file sees its index. A step file that has none
 (written by another producer) gets one from :func:`build_step_index`.
 
-Checks (each failure a :class:`StepFileError` naming the file): reading the index, its shape and
-``file_bytes`` against the step file's size; reading a line, that it starts and ends on a line
-boundary and that its sample has the indexed token count. A file rewritten to the very same size
-with lines of other sizes fails the line checks; one with identical line sizes and token counts
-is not detected (that would need reading the whole file, which the index exists to avoid).
+Checks (each failure a :class:`StepFileError` naming the file, and the line where known):
+
+- reading the index (planning): a JSON object of this layout holding integers in ``[0, 2**62)``
+  only; ``file_bytes`` equals the step file's size; entries are in file order, at least one token
+  and one byte each, never overlapping; the bytes no entry covers are blank lines, as many as the
+  line numbers skip (an index that leaves samples out, empty arrays included, fails here). A file
+  without blank lines, as ``write_step_file`` writes it, is checked from the index and its size
+  alone; blank lines are read, only they;
+- reading a line (a worker): its bytes are exactly one line and its sample has the indexed token
+  count.
+
+A file rewritten to the very same size with lines of other sizes fails the line checks; one with
+identical line sizes and token counts is not detected (that would need reading the whole file,
+which the index exists to avoid).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from rollfeed.payload import PayloadError
 FORMAT = "rollfeed.step_index"
 VERSION = 1
 _ARRAYS = ("lengths", "offsets", "sizes", "lines")
+_MAX = 1 << 62  # bound on every index value, so that sums of two stay in int64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -66,8 +76,9 @@ def parse_sample(line: bytes | str, *, file: str, line_number: int) -> Sample:
     """One step file line as a :class:`Sample`; :class:`StepFileError` naming file and line."""
     try:
         return Sample.from_json(line)
-    except (ValueError, TypeError, KeyError) as err:
-        # json, pydantic (segments) and collate errors are all ValueError subclasses
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as err:
+        # collate and payload errors are ValueError subclasses; the others are what malformed
+        # input raises from Python or NumPy, named here with the place rather than escaping bare
         kind = type(err).__name__
         if not isinstance(err, CollateError | PayloadError):
             kind = f"malformed sample record ({kind})"
@@ -96,22 +107,47 @@ def read_step_index(step_path: str | os.PathLike[str]) -> StepIndex | None:
         return None
     where = os.fspath(ipath)
     try:
-        record = json.loads(text)
-        if record.get("format") != FORMAT or record.get("version") != VERSION:
-            raise ValueError(f"format/version {record.get('format')!r}/{record.get('version')!r}")
-        arrays = {k: np.asarray(record[k], dtype=np.int64).reshape(-1) for k in _ARRAYS}
-        index = StepIndex(file_bytes=int(record["file_bytes"]), **arrays)
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        index = _parse(text)
+    except (ValueError, RecursionError) as err:
         raise StepFileError(
             f"unreadable step index ({type(err).__name__}: {err}), expected {FORMAT} version "
             f"{VERSION}; rebuild it with build_step_index or delete it",
             file=where,
-        ) from err
+        ) from None
     _check(index, os.fspath(step_path), where)
     return index
 
 
+def _parse(text: bytes) -> StepIndex:
+    """The index record as a :class:`StepIndex`; ``ValueError`` for anything but JSON ints in
+    ``[0, 2**62)`` where the layout has them (no floats, booleans or wrapping huge ints)."""
+    if b"true" in text or b"false" in text:  # JSON booleans would pass as the ints 1 and 0
+        raise ValueError("a boolean where an integer belongs")
+    record = json.loads(text)
+    if not isinstance(record, dict):
+        raise ValueError(f"a JSON {type(record).__name__}, not an object")
+    if record.get("format") != FORMAT or record.get("version") != VERSION:
+        raise ValueError(f"format/version {record.get('format')!r}/{record.get('version')!r}")
+    file_bytes = record.get("file_bytes")
+    if type(file_bytes) is not int or not 0 <= file_bytes < _MAX:
+        raise ValueError(f"file_bytes {file_bytes!r} is not an integer in [0, 2**62)")
+    arrays = {}
+    for k in _ARRAYS:
+        values = record.get(k)
+        arr = np.asarray(values) if isinstance(values, list) else None
+        if arr is None or arr.ndim != 1 or (arr.size and arr.dtype.kind != "i"):
+            raise ValueError(f"{k!r} is not a list of integers")
+        arr = arr.astype(np.int64)
+        if arr.size and not (arr.min() >= 0 and arr.max() < _MAX):
+            raise ValueError(f"{k!r} holds a value outside [0, 2**62)")
+        arrays[k] = arr
+    return StepIndex(file_bytes=file_bytes, **arrays)
+
+
 def _check(index: StepIndex, step_file: str, where: str) -> None:
+    """The index against the step file: from the index and the file's size alone when the file
+    has no blank lines (what ``write_step_file`` writes); bytes between indexed lines are read
+    and must be blank lines, so an index that skips samples cannot pass."""
     size = os.stat(step_file).st_size
     if index.file_bytes != size:
         raise StepFileError(
@@ -119,30 +155,82 @@ def _check(index: StepIndex, step_file: str, where: str) -> None:
             "after its index was written; rebuild the index with build_step_index",
             file=step_file,
         )
-    n = {len(getattr(index, k)) for k in _ARRAYS}
-    ends = index.offsets + index.sizes
-    ok = (
-        len(n) == 1
-        and (index.lengths >= 0).all()
-        and (index.sizes >= 1).all()
-        and (index.offsets >= 0).all()
-        and (ends[:-1] <= index.offsets[1:]).all()
-        and (ends <= size).all()
-        and (index.lines >= 1).all()
-        and (np.diff(index.lines) >= 1).all()
-    )
+    ok = len({len(getattr(index, k)) for k in _ARRAYS}) == 1
+    if ok:  # every value is in [0, 2**62) (_parse), so these sums cannot wrap
+        ends = index.offsets + index.sizes
+        gaps = index.offsets - np.concatenate([[0], ends])[:-1]  # bytes before each line
+        blanks = np.diff(index.lines, prepend=0) - 1  # blank lines the index says lie there
+        ok = bool(
+            (index.lengths >= 1).all()
+            and (index.sizes >= 1).all()
+            and (blanks >= 0).all()
+            and (gaps >= blanks).all()
+            and (ends <= size).all()
+        )
     if not ok:
         raise StepFileError(
-            "step index is inconsistent (array lengths differ, or lines overlap or run past the "
-            f"file's {size} bytes); rebuild it with build_step_index",
+            "step index is inconsistent (array lengths differ, a sample of no tokens, or lines "
+            f"overlap, go backwards or run past the file's {size} bytes); rebuild it with "
+            "build_step_index",
             file=where,
         )
+    tail = size - (int(ends[-1]) if len(ends) else 0)
+    if tail or gaps.any():
+        _check_gaps(index, step_file, gaps, blanks, tail)
+
+
+def _check_gaps(index: StepIndex, step_file: str, gaps, blanks, tail: int) -> None:
+    """Bytes no entry covers must be blank lines, as many as the line numbers skip."""
+    last = int(index.lines[-1]) if len(index) else 0
+    spans = [
+        (int(o) - int(g), int(g), int(b), int(line) - int(b))
+        for o, g, b, line in zip(index.offsets, gaps, blanks, index.lines, strict=True)
+        if g
+    ]
+    if tail:
+        spans.append((index.file_bytes - tail, tail, None, last + 1))
+    fd = os.open(step_file, os.O_RDONLY)
+    try:
+        for start, length, want, line in spans:
+            newlines = _blank_newlines(fd, start, length)
+            if newlines is None or (want is not None and newlines != want):
+                what = (
+                    "are not blank lines"
+                    if newlines is None
+                    else f"hold {newlines} lines where the index says {want}"
+                )
+                raise StepFileError(
+                    f"step index leaves bytes [{start}, {start + length}) of the step file "
+                    f"unindexed and they {what}: the index has {len(index)} entries and does not "
+                    "cover the file's samples (it is stale or cut short); rebuild it with "
+                    "build_step_index",
+                    file=step_file,
+                    line=line,
+                )
+    finally:
+        os.close(fd)
+
+
+_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes: a line of these holds no sample
+
+
+def _blank_newlines(fd: int, start: int, length: int, chunk: int = 1 << 16) -> int | None:
+    """Newlines in bytes ``[start, start + length)`` of ``fd`` if they are all blank, else None.
+    Reads in chunks and stops at the first other byte."""
+    newlines = 0
+    while length > 0:
+        data = os.pread(fd, min(chunk, length), start)
+        if not data or data.translate(None, _BLANK):
+            return None
+        newlines += data.count(b"\n")
+        start, length = start + len(data), length - len(data)
+    return newlines
 
 
 def read_indexed_sample(fd: int, index: StepIndex, i: int, *, file: str) -> Sample:
     """Sample ``i`` of the step file open as ``fd``: reads and parses its line only.
 
-    Reads one byte before the line too, to check that the line starts on a line boundary.
+    Reads one byte before the line too, to check that the bytes are exactly one line.
     """
     offset, size = int(index.offsets[i]), int(index.sizes[i])
     line_number = int(index.lines[i])
@@ -153,6 +241,7 @@ def read_indexed_sample(fd: int, index: StepIndex, i: int, *, file: str) -> Samp
         len(data) == size + lead
         and (not lead or data[:1] == b"\n")
         and (data.endswith(b"\n") or end == index.file_bytes)
+        and data.find(b"\n", lead, lead + size - 1) < 0
     )
     if not aligned:
         raise StepFileError(
