@@ -32,8 +32,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rollfeed.collate.errors import BatchConfigError, SegmentRangeError, TurnGapError
-from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadSegment, shift_segments
+from rollfeed.collate.errors import (
+    BatchConfigError,
+    SampleLengthError,
+    SegmentRangeError,
+    TurnGapError,
+)
+from rollfeed.payload import (
+    PAYLOAD_FIELDS,
+    PayloadField,
+    PayloadSegment,
+    lookup_field,
+    shift_segments,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +83,10 @@ def assemble_turns(
         raise BatchConfigError(f"gap must be 'drop' or 'raise', got {gap!r}")
     metrics = {"turns": len(turns), "final_repeated": 0, "final_filled": 0, "gaps": 0}
     for k, turn in enumerate(turns):
+        if isinstance(turn.length, bool) or not isinstance(turn.length, int) or turn.length < 1:
+            raise SampleLengthError(f"turn {k} has length {turn.length!r}; a turn adds >= 1 token")
         for s in turn.segments:
+            lookup_field(s.field, fields)  # an unknown field is an UnknownFieldError naming it
             if s.pos < 0 or s.end > turn.length:
                 raise SegmentRangeError(
                     f"turn {k} segment rows [{s.pos}, {s.end}) lie outside its [0, {turn.length})",

@@ -17,6 +17,13 @@ Worked example (3 tokens, the last two sampled, a mask kept set of 2 and 1 ids):
     Sample([11, 12, 13], [0, 1, 1], [0.0, 0.5, 0.5], [0.0, -0.7, -0.1],
            fields={"sampling_mask": ([0, 2, 1], [12, 40, 13])})
 
+Validation on construction (typed :mod:`rollfeed.collate.errors` naming sample, field and
+position): lengths and dtypes; token ids >= 0; ``advantages`` and ``inference_logprobs`` finite and
+``temperatures`` finite and > 0 wherever ``loss_mask`` is 1 (elsewhere any value: those tokens
+bear no loss); no size a record claims exceeds the data it carries, checked before an array is
+made (an inline dtype is a stored dtype name, a shape holds exactly its data, a ragged row count
+is at most the values given); a field's fixed-width segments claim one row shape.
+
 JSON (``to_json``/``from_json``): per-token arrays as lists; a fixed field as
 ``{"dtype": "uint8", "shape": [T, L, K], "data": [flat]}``; a ragged field as
 ``{"counts": [...], "values": [...]}``; ``payload`` as a list of segment records.
@@ -25,26 +32,38 @@ JSON (``to_json``/``from_json``): per-token arrays as lists; a fixed field as
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from rollfeed.collate.errors import (
     DuplicateFieldError,
     SampleDtypeError,
     SampleLengthError,
+    SampleValueError,
     SegmentRangeError,
 )
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadSegment
+from rollfeed.payload.segment import STORED_DTYPES
 
 Ragged = tuple[np.ndarray, np.ndarray]
 FieldData = np.ndarray | Ragged
 
 
+def _array(name: str, value: Any, uid: str | None) -> np.ndarray:
+    """``np.asarray(value)``; nested lists of uneven or excessive depth are a typed error."""
+    try:
+        return np.asarray(value)
+    except ValueError as err:
+        raise SampleDtypeError(f"{name} is not an array: {err}", sample=uid, field=name) from None
+
+
 def _vector(name: str, value: Any, kinds: str, dtype: str, uid: str | None) -> np.ndarray:
-    arr = np.asarray(value)
+    arr = _array(name, value, uid)
     if arr.size == 0 and arr.dtype.kind == "f" and "i" in kinds:
         arr = arr.astype(np.int64)  # an empty JSON list parses as float64
     if arr.ndim != 1:
@@ -53,7 +72,46 @@ def _vector(name: str, value: Any, kinds: str, dtype: str, uid: str | None) -> n
         raise SampleDtypeError(
             f"{name} must have dtype kind in {kinds!r}, got {arr.dtype}", sample=uid, field=name
         )
+    want = np.dtype(dtype)
+    # e.g. uint64 ids >= 2**63 would wrap negative in int64
+    unsafe = want.kind == "i" and arr.dtype.kind in "iu" and not np.can_cast(arr.dtype, want)
+    if unsafe and not _fits(arr, want):
+        raise SampleValueError(
+            f"{name} holds integers outside {dtype}'s range", sample=uid, field=name
+        )
     return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _fits(arr: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether every integer of ``arr`` is representable in the integer ``dtype``."""
+    return not arr.size or (_holds(dtype, int(arr.min())) and _holds(dtype, int(arr.max())))
+
+
+def _finite_on_loss(sample: Sample) -> None:
+    """NaN/inf advantages or logprobs, or temperatures not finite and > 0, on loss-bearing
+    tokens (``loss_mask`` 1) are refused, naming the first such position; elsewhere allowed.
+
+    A finite sum means every value is finite (NaN and inf propagate), so the common case costs
+    one reduction per array; a sum that overflowed only takes the exact per-token check."""
+    for name in ("advantages", "inference_logprobs", "temperatures"):
+        values = getattr(sample, name)
+        if values is None:
+            continue
+        positive = name == "temperatures"
+        if math.isfinite(values.sum()) and (not positive or values.min() > 0):
+            continue
+        good = (values > 0) & (values < np.inf) if positive else np.isfinite(values)
+        bad = sample.loss_mask & ~good
+        if bad.any():
+            pos = int(np.argmax(bad))
+            raise SampleValueError(
+                f"{name}[{pos}] is {values[pos]} on a loss-bearing token; it must be "
+                f"{'finite and > 0' if positive else 'finite'} where loss_mask is 1 (fix the "
+                "value, or set loss_mask to 0 there)",
+                sample=sample.uid,
+                field=name,
+                pos=pos,
+            )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,11 +130,21 @@ class Sample:
 
     def __post_init__(self) -> None:
         uid, put = self.uid, object.__setattr__
+        if uid is not None and not isinstance(uid, str):
+            raise SampleDtypeError(f"uid must be a string or None, got {type(uid).__name__}")
         put(self, "token_ids", _vector("token_ids", self.token_ids, "iu", "int64", uid))
         T = len(self.token_ids)
         if T < 1:
             raise SampleLengthError("a sample needs at least one token", sample=uid)
-        mask = np.asarray(self.loss_mask)
+        if self.token_ids.min() < 0:
+            pos = int(np.argmax(self.token_ids < 0))
+            raise SampleValueError(
+                f"token id {int(self.token_ids[pos])} is negative",
+                sample=uid,
+                field="token_ids",
+                pos=pos,
+            )
+        mask = _array("loss_mask", self.loss_mask, uid)
         if mask.dtype.kind != "b":
             mask = _vector("loss_mask", mask, "iuf", "float64", uid)
             if not np.isin(mask, (0.0, 1.0)).all():
@@ -94,6 +162,7 @@ class Sample:
                     sample=uid,
                     field=name,
                 )
+        _finite_on_loss(self)
         put(self, "fields", {k: _field(k, v, T, uid) for k, v in (self.fields or {}).items()})
         segs = tuple(self.payload or ())
         for s in segs:
@@ -115,6 +184,7 @@ class Sample:
                     sample=uid,
                     field=s.field,
                 )
+        _check_row_shapes(segs, uid)
         put(self, "payload", segs)
 
     def __len__(self) -> int:
@@ -177,6 +247,10 @@ class Sample:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Sample:
+        """A sample from its JSON record; a malformed record is a :class:`CollateError` naming
+        the part, raised before anything of the size the record claims is allocated."""
+        if not isinstance(data, Mapping):
+            raise SampleDtypeError(f"a sample record is a JSON object, got {type(data).__name__}")
         uid = data.get("uid")
         extra = set(data) - {*_KEYS, "fields", "payload", "uid", "temperatures"}
         missing = [k for k in _KEYS if k not in data]
@@ -184,19 +258,27 @@ class Sample:
             raise SampleDtypeError(
                 f"sample record has unknown keys {sorted(extra)} / lacks {missing}", sample=uid
             )
-        fields = {}
-        for name, rec in (data.get("fields") or {}).items():
-            if "counts" in rec:
-                fields[name] = (np.asarray(rec["counts"]), np.asarray(rec["values"]))
-            else:
-                try:
-                    arr = np.asarray(rec["data"], dtype=rec["dtype"]).reshape(rec["shape"])
-                except (KeyError, TypeError, ValueError) as err:
-                    raise SampleDtypeError(
-                        f"malformed inline field record: {err}", sample=uid, field=name
-                    ) from None
-                fields[name] = arr
-        payload = [PayloadSegment.model_validate(s) for s in data.get("payload") or ()]
+        records = data.get("fields") or {}
+        if not isinstance(records, Mapping):
+            raise SampleDtypeError(
+                f"fields must be an object of field records, got {type(records).__name__}",
+                sample=uid,
+            )
+        fields = {name: _field_record(name, rec, uid) for name, rec in records.items()}
+        segments = data.get("payload") or []
+        if not isinstance(segments, list):
+            raise SampleDtypeError(
+                f"payload must be a list of segment records, got {type(segments).__name__}",
+                sample=uid,
+            )
+        payload = []
+        for k, rec in enumerate(segments):
+            try:
+                payload.append(PayloadSegment.model_validate(rec))
+            except ValidationError as err:
+                raise SampleDtypeError(
+                    f"payload[{k}] is not a segment record: {err}", sample=uid
+                ) from None
         return cls(
             *(data[k] for k in _KEYS),
             temperatures=data.get("temperatures"),
@@ -207,7 +289,14 @@ class Sample:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Sample:
-        return cls.from_dict(json.loads(text))
+        """:meth:`from_dict` of one JSON object; malformed text is a :class:`SampleDtypeError`."""
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError
+            raise SampleDtypeError(
+                f"not a JSON sample record ({type(err).__name__}: {err})"
+            ) from None
+        return cls.from_dict(data)
 
 
 _KEYS = ("token_ids", "loss_mask", "advantages", "inference_logprobs")
@@ -218,10 +307,73 @@ def _holds(dtype: np.dtype, value: int) -> bool:
     return info.min <= value <= info.max
 
 
+def _field_record(name: str, rec: Any, uid: str | None) -> FieldData:
+    """One inline field's JSON record as arrays. A fixed-width record's dtype must be a stored
+    dtype name and its shape must match its data, both checked before any array is made: the
+    arrays are never larger than the data the record carries."""
+    if isinstance(rec, Mapping) and set(rec) == {"counts", "values"}:
+        return _array(f"{name} counts", rec["counts"], uid), _array(name, rec["values"], uid)
+    if not isinstance(rec, Mapping) or set(rec) != {"dtype", "shape", "data"}:
+        raise SampleDtypeError(
+            "an inline field record is {counts, values} (ragged) or {dtype, shape, data} "
+            f"(fixed width), got {rec if not isinstance(rec, Mapping) else sorted(rec)!r:.80}",
+            sample=uid,
+            field=name,
+        )
+    dtype, shape, data = rec["dtype"], rec["shape"], rec["data"]
+    if not isinstance(dtype, str) or dtype not in STORED_DTYPES:
+        raise SampleDtypeError(
+            f"inline dtype {dtype!r:.40} is not one of {sorted(STORED_DTYPES)}",
+            sample=uid,
+            field=name,
+        )
+    if not (
+        isinstance(shape, list)
+        and shape
+        and all(type(d) is int and d >= 1 for d in shape)
+        and isinstance(data, list)
+        and math.prod(shape) == len(data)
+    ):
+        raise SampleLengthError(
+            f"inline shape {shape!r:.80} (every dimension an int >= 1) does not hold the "
+            f"{len(data) if isinstance(data, list) else 'non-list'} values of data",
+            sample=uid,
+            field=name,
+        )
+    arr, want = _array(name, data, uid), np.dtype(dtype)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in ("iu" if want.kind in "iu" else "iuf")):
+        raise SampleDtypeError(
+            f"inline data must be a flat list of {'integers' if want.kind in 'iu' else 'numbers'} "
+            f"for dtype {dtype}",
+            sample=uid,
+            field=name,
+        )
+    if want.kind in "iu" and not _fits(arr, want):
+        raise SampleValueError(
+            f"inline data holds integers outside {dtype}'s range", sample=uid, field=name
+        )
+    return arr.astype(want).reshape(shape)
+
+
+def _check_row_shapes(segs: tuple[PayloadSegment, ...], uid: str | None) -> None:
+    """A field's fixed-width segments in one sample claim one row shape: a zero-row placeholder
+    claiming a larger row than its field's rows would size the fill the collate path allocates."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for s in segs:
+        if s.ragged is None and shapes.setdefault(s.field, s.shape) != s.shape:
+            raise SampleDtypeError(
+                f"segment row shape {list(s.shape)} differs from the shape "
+                f"{list(shapes[s.field])} of another segment of this field in the sample",
+                sample=uid,
+                field=s.field,
+                pos=s.pos,
+            )
+
+
 def _field(name: str, data: Any, T: int, uid: str | None) -> FieldData:
     if isinstance(data, tuple | list) and len(data) == 2 and not isinstance(data[0], int | float):
         counts = _vector(f"{name} counts", data[0], "iu", "int64", uid)
-        values = np.asarray(data[1])
+        values = _array(name, data[1], uid)
         if values.size == 0 and values.dtype.kind == "f":
             values = values.astype(np.int64)  # an empty JSON list parses as float64
         if len(counts) != T:
@@ -231,7 +383,20 @@ def _field(name: str, data: Any, T: int, uid: str | None) -> FieldData:
         if (counts < 0).any():
             pos = int(np.argmax(counts < 0))
             raise SampleLengthError("negative row count", sample=uid, field=name, pos=pos)
-        if values.ndim != 1 or len(values) != int(counts.sum()):
+        if values.ndim != 1:
+            raise SampleLengthError(
+                f"ragged values must be 1-D, got shape {values.shape}", sample=uid, field=name
+            )
+        if counts.size and int(counts.max()) > len(values):  # else the sum below could wrap
+            pos = int(np.argmax(counts))
+            raise SampleLengthError(
+                f"a row claims {int(counts[pos])} values, more than the {len(values)} the field "
+                "carries; give each row's count of values",
+                sample=uid,
+                field=name,
+                pos=pos,
+            )
+        if len(values) != int(counts.sum()):
             raise SampleLengthError(
                 f"ragged field needs {int(counts.sum())} values (sum of counts), got "
                 f"shape {values.shape}",
@@ -254,11 +419,17 @@ def _field(name: str, data: Any, T: int, uid: str | None) -> FieldData:
                 field=name,
             )
         return counts, np.ascontiguousarray(values)
-    arr = np.asarray(data)
-    if arr.ndim < 1 or arr.shape[0] != T:
+    arr = _array(name, data, uid)
+    if arr.ndim < 1 or arr.shape[0] != T or 0 in arr.shape:
         raise SampleLengthError(
-            f"fixed-width field has shape {arr.shape}, needs [T={T}, ...]", sample=uid, field=name
+            f"fixed-width field has shape {arr.shape}, needs [T={T}, ...] with no empty dimension",
+            sample=uid,
+            field=name,
         )
-    if arr.dtype.kind not in "iuf":
-        raise SampleDtypeError(f"field of dtype {arr.dtype}", sample=uid, field=name)
+    if arr.dtype.name not in STORED_DTYPES:
+        raise SampleDtypeError(
+            f"field of dtype {arr.dtype}; use one of {sorted(STORED_DTYPES)}",
+            sample=uid,
+            field=name,
+        )
     return np.ascontiguousarray(arr)
