@@ -15,12 +15,18 @@ Support semantics (fixed here, for both paths):
   ``fallback_mask[n]``, which scores it over the full vocabulary (its support is then ignored);
 - a label outside its row's support raises :class:`SupportLabelError` (``missing_label="error"``)
   or makes that row a fallback row (``missing_label="full_vocab"``, counted in
-  ``metrics["rows_missing_label"]``).
+  ``metrics["rows_missing_label"]``);
+- a support id ``>= V`` or a scored row's label outside ``[0, V)`` raises
+  :class:`VocabularyRangeError`, ``V`` the *full* vocabulary also under TP (where such an id is
+  owned by no rank and would score nothing);
+- a scored row's temperature that is not finite and ``> 0`` raises :class:`TemperatureError`;
+  rows that are not scored may hold any temperature (they are computed with 1).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 import torch
@@ -36,6 +42,14 @@ class SupportInputError(ValueError):
 
 class SupportLabelError(SupportInputError):
     """A scored row's label is not a member of its recorded support."""
+
+
+class VocabularyRangeError(SupportInputError):
+    """A token id (input, label or support id) outside the model's vocabulary ``[0, V)``."""
+
+
+class TemperatureError(SupportInputError):
+    """A scored row's temperature is not finite and ``> 0`` (its scores would be inf or NaN)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,22 +90,22 @@ def plan_rows(
     rows: int,
     vocab_start: int,
     local_width: int,
+    vocab_size: int,
     temperature: float | torch.Tensor,
     dtype: torch.dtype,
     fallback_mask: torch.Tensor | None,
     missing_label: MissingLabel,
     compute_entropy: bool,
     entropy_requires_grad: bool,
-    whole_vocab: bool,
 ) -> RowPlan:
     """Check the inputs and decide per row: support, fallback or unscored.
 
-    ``whole_vocab``: this rank holds the whole vocabulary (no TP), so ids and labels are checked
-    against ``[0, local_width)``; under TP an id beyond the vocabulary is owned by no rank and
-    silently scores nothing.
+    ``vocab_size``: the full vocabulary ``V`` (under TP the sum of the shards' widths; see
+    :func:`rollfeed.models.tp.full_vocab_size`): support ids and scored rows' labels are checked
+    against ``[0, V)``, scored rows' temperatures against finite and ``> 0``.
 
-    Costs one host sync for the checks and one to list fallback rows (when any row can fall back:
-    ``fallback_mask`` given or ``missing_label="full_vocab"``).
+    Costs one host sync for all the checks together and one to list fallback rows (when any row
+    can fall back: ``fallback_mask`` given or ``missing_label="full_vocab"``).
 
     Example: ``support = [[5, 3, 5, -1], [-1, -1, -1, -1]]``, ``labels = [3, 0]`` →
     ``member = [[T, T, F, F], [F, F, F, F]]``, ``valid = [T, F]``, one duplicate id.
@@ -99,6 +113,7 @@ def plan_rows(
     _check(
         labels, support, rows, fallback_mask, missing_label, compute_entropy, entropy_requires_grad
     )
+    t = _temperatures(temperature, rows, dtype, support.device)
     ordered, perm = support.sort(dim=-1)
     repeat_sorted = torch.zeros_like(ordered, dtype=torch.bool)
     repeat_sorted[:, 1:] = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
@@ -106,24 +121,20 @@ def plan_rows(
     member = (support >= 0) & ~repeat
     has_support = member.any(-1)
     label_in = (member & (support == labels[:, None])).any(-1)
-    if whole_vocab:
-        scored = has_support if fallback_mask is None else has_support | fallback_mask
-        _check_range(labels, support, scored, local_width)
 
     fallback = torch.zeros_like(has_support) if fallback_mask is None else fallback_mask.clone()
     missing = has_support & ~fallback & ~label_in
-    if missing_label == "error":
-        if bool(missing.any()):
-            bad = missing.nonzero().squeeze(1)[:8].tolist()
-            raise SupportLabelError(
-                f"{int(missing.sum())} row(s) have a label outside their support, first rows "
-                f"{bad} (labels {labels[bad].tolist()}); fix the capture, or pass "
-                "missing_label='full_vocab' to score those rows over the full vocabulary"
-            )
-    else:
+    if missing_label == "full_vocab":
         fallback |= missing
     member = member & ~fallback[:, None]
     valid = has_support | fallback
+    bad_support = support >= vocab_size
+    bad_label = valid & ((labels < 0) | (labels >= vocab_size))
+    bad_missing = missing if missing_label == "error" else torch.zeros_like(missing)
+    bad_temperature = valid & ~(torch.isfinite(t) & (t > 0))
+    flags = torch.stack([x.any() for x in (bad_support, bad_label, bad_missing, bad_temperature)])
+    if any(flags.tolist()):  # the one host sync of the checks
+        _raise(labels, support, t, vocab_size, bad_support, bad_label, bad_missing, bad_temperature)
     label_owned = valid & (labels >= vocab_start) & (labels < vocab_start + local_width)
     local = member & (support >= vocab_start) & (support < vocab_start + local_width)
 
@@ -143,7 +154,9 @@ def plan_rows(
         valid=valid,
         label_owned=label_owned,
         fallback_rows=fallback.nonzero().squeeze(1) if can_fall_back else None,
-        temperature=_temperatures(temperature, rows, dtype, support.device),
+        # Unscored rows may hold any temperature (NaN on a prompt token): 1 keeps their
+        # (masked) values and gradients finite.
+        temperature=torch.where(valid, t, torch.ones_like(t)),
         metrics=metrics,
     )
 
@@ -187,28 +200,50 @@ def _check(
         raise SupportInputError("entropy_requires_grad=True needs compute_entropy=True")
 
 
-def _check_range(
-    labels: torch.Tensor, support: torch.Tensor, scored: torch.Tensor, vocab: int
+def _raise(
+    labels: torch.Tensor,
+    support: torch.Tensor,
+    t: torch.Tensor,
+    vocab: int,
+    bad_support: torch.Tensor,
+    bad_label: torch.Tensor,
+    bad_missing: torch.Tensor,
+    bad_temperature: torch.Tensor,
 ) -> None:
-    bad_support = support >= vocab
-    bad_label = scored & ((labels < 0) | (labels >= vocab))
-    if bool(bad_support.any() | bad_label.any()):
-        if bool(bad_support.any()):
-            n, k = (int(i) for i in bad_support.nonzero()[0])
-            raise SupportInputError(
-                f"support[{n}, {k}] = {int(support[n, k])} is not a token id of the vocabulary "
-                f"[0, {vocab}); pad with -1"
-            )
-        n = int(bad_label.nonzero()[0, 0])
-        raise SupportInputError(
-            f"labels[{n}] = {int(labels[n])} is outside [0, {vocab}) on a scored row; give the "
-            "row an empty support (all -1) if it should not be scored"
+    if bool(bad_support.any()):
+        n, k = (int(i) for i in bad_support.nonzero()[0])
+        raise VocabularyRangeError(
+            f"support[{n}, {k}] = {int(support[n, k])} is not a token id of the vocabulary "
+            f"[0, {vocab}); pad with -1, and score with the model the ids were sampled from"
         )
+    if bool(bad_label.any()):
+        n = int(bad_label.nonzero()[0, 0])
+        raise VocabularyRangeError(
+            f"labels[{n}] = {int(labels[n])} is outside the vocabulary [0, {vocab}) on a scored "
+            "row; give the row an empty support (all -1) if it should not be scored"
+        )
+    if bool(bad_missing.any()):
+        bad = bad_missing.nonzero().squeeze(1)[:8].tolist()
+        raise SupportLabelError(
+            f"{int(bad_missing.sum())} row(s) have a label outside their support, first rows "
+            f"{bad} (labels {labels[bad].tolist()}); fix the capture, or pass "
+            "missing_label='full_vocab' to score those rows over the full vocabulary"
+        )
+    bad = bad_temperature.nonzero().squeeze(1)[:8].tolist()
+    raise TemperatureError(
+        f"{int(bad_temperature.sum())} scored row(s) have a temperature that is not finite and "
+        f"> 0, first rows {bad} (temperatures {t[bad].tolist()}); record the sampler's "
+        "temperature for every sampled token"
+    )
 
 
 def _temperatures(
     temperature: float | torch.Tensor, rows: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
+    if not isinstance(temperature, torch.Tensor) and not (
+        math.isfinite(temperature) and temperature > 0
+    ):
+        raise TemperatureError(f"temperature must be > 0 and finite, got {temperature}")
     t = torch.as_tensor(temperature, dtype=dtype, device=device)
     if t.dim() == 0:
         t = t.expand(rows)
@@ -216,9 +251,6 @@ def _temperatures(
         raise SupportInputError(
             f"temperature must be a scalar or [N={rows}], got shape {tuple(t.shape)}"
         )
-    # A tensor temperature would need a host sync to check; the scalar case is the common one.
-    if not isinstance(temperature, torch.Tensor) and not temperature > 0:
-        raise SupportInputError(f"temperature must be > 0, got {temperature}")
     return t
 
 

@@ -18,7 +18,7 @@ import torch
 
 from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
 from rollfeed.models.support import SupportScores
-from rollfeed.models.tp import ProcessGroup, sum_grad_over_tp
+from rollfeed.models.tp import ProcessGroup, full_vocab_size, sum_grad_over_tp
 
 DEFAULT_CHUNK_SIZE = 2048
 
@@ -136,6 +136,7 @@ def fused_support_logprobs(
     missing_label: MissingLabel = "error",
     tp_group: ProcessGroup | None = None,
     vocab_start: int = 0,
+    vocab_size: int | None = None,
     reduce_hidden_grad: bool = True,
 ) -> SupportScores:
     """:func:`rollfeed.models.support_logprobs` of ``hidden @ weight.T`` without forming the logits.
@@ -144,7 +145,7 @@ def fused_support_logprobs(
         hidden: ``[N, H]`` final hidden states (after the last norm).
         weight: ``[V_local, H]`` LM-head weight, or this rank's vocabulary shard under TP.
         labels, support, temperature, compute_entropy, entropy_requires_grad, fallback_mask,
-            missing_label, tp_group, vocab_start: as in :func:`support_logprobs`.
+            missing_label, tp_group, vocab_start, vocab_size: as in :func:`support_logprobs`.
         chunk_size: candidate pairs projected at once (fallback rows: ``chunk_size · H`` logits at
             once); bounds the temporaries to about ``2 · chunk_size · H`` elements.
         reduce_hidden_grad: under TP, all-reduce the hidden-state gradient over ``tp_group`` in
@@ -167,19 +168,24 @@ def fused_support_logprobs(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     rows, width = hidden.shape[0], weight.shape[0]
     cdt = compute_dtype(hidden.dtype, weight.dtype)
+    if vocab_size is None:
+        # Under TP this costs one more 1-element all-reduce and host sync per call: no rank knows
+        # V from its shard, and an id >= V is owned by no rank (it would score nothing, silently).
+        # PolicyScorer finds V once, at construction, and passes it.
+        vocab_size = full_vocab_size(width, tp_group, hidden.device)
     plan = plan_rows(
         labels,
         support,
         rows=rows,
         vocab_start=vocab_start,
         local_width=width,
+        vocab_size=vocab_size,
         temperature=temperature,
         dtype=cdt,
         fallback_mask=fallback_mask,
         missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
-        whole_vocab=tp_group is None,
     )
     # The label is projected once per row: reuse its support column when it has one.
     label_hit = plan.local & (support == labels[:, None])

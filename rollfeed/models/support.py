@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
-from rollfeed.models.tp import ProcessGroup
+from rollfeed.models.tp import ProcessGroup, full_vocab_size
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,6 +51,7 @@ def support_logprobs(
     missing_label: MissingLabel = "error",
     tp_group: ProcessGroup | None = None,
     vocab_start: int = 0,
+    vocab_size: int | None = None,
 ) -> SupportScores:
     """Score ``labels`` under ``logits`` renormalised over each row's recorded support.
 
@@ -61,6 +62,7 @@ def support_logprobs(
         labels: ``[N]`` int, the sampled token of each row (global ids).
         support: ``[N, W]`` int32/int64 global token ids, ``-1`` padding; repeats count once.
         temperature: the sampler's temperature, a scalar or ``[N]``; logits are divided by it.
+            Must be finite and ``> 0`` on every scored row (:class:`TemperatureError`).
         compute_entropy: also return the support entropy ``H_S`` (a detached metric).
         entropy_requires_grad: let the entropy carry gradients (an entropy loss term).
         fallback_mask: ``[N]`` bool; rows scored over the full vocabulary (a named, counted policy,
@@ -69,6 +71,9 @@ def support_logprobs(
             not in their support; ``"full_vocab"`` scores those rows over the full vocabulary.
         tp_group: TP group when ``logits`` is vocab-parallel: one MAX and one SUM all-reduce.
         vocab_start: first global id of this rank's shard.
+        vocab_size: the full vocabulary ``V`` that support ids and scored labels must lie in
+            (:class:`VocabularyRangeError`); default ``V_local`` without TP, and under TP one
+            extra all-reduce of ``V_local`` per call (pass it to save that).
 
     Returns:
         :class:`SupportScores` (``logprobs [N]``, ``entropy [N]`` or None, ``valid_mask [N]``).
@@ -82,19 +87,24 @@ def support_logprobs(
         raise ValueError(f"logits must be [N, V_local], got shape {tuple(logits.shape)}")
     rows, width = logits.shape
     cdt = compute_dtype(logits.dtype)
+    if vocab_size is None:
+        # Under TP this costs one more 1-element all-reduce and host sync per call: no rank knows
+        # V from its shard, and an id >= V is owned by no rank (it would score nothing, silently).
+        # PolicyScorer finds V once, at construction, and passes it.
+        vocab_size = full_vocab_size(width, tp_group, logits.device)
     plan = plan_rows(
         labels,
         support,
         rows=rows,
         vocab_start=vocab_start,
         local_width=width,
+        vocab_size=vocab_size,
         temperature=temperature,
         dtype=cdt,
         fallback_mask=fallback_mask,
         missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
-        whole_vocab=tp_group is None,
     )
     t = plan.temperature
     index = (support.long() - vocab_start).clamp(0, width - 1)

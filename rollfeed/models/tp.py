@@ -13,7 +13,9 @@ the TP group per call:
   through shard r's local term. The gradient a rank sees for its logits is therefore the TP=1
   gradient restricted to its shard, and the backward needs no collective.
 
-Both call ``torch.distributed.all_reduce`` through the module attribute, so a test can wrap it to
+:func:`full_vocab_size` finds ``V`` (one collective), which no rank knows from its shard alone.
+
+All call ``torch.distributed.all_reduce`` through the module attribute, so a test can wrap it to
 count collectives.
 """
 
@@ -31,6 +33,23 @@ def all_reduce_max(x: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tens
     if tp_group is not None:
         dist.all_reduce(out, op=dist.ReduceOp.MAX, group=tp_group)
     return out
+
+
+def full_vocab_size(
+    local_width: int, tp_group: ProcessGroup | None, device: torch.device | str = "cpu"
+) -> int:
+    """The full vocabulary ``V``: ``local_width`` without TP, the sum of the shards' widths under
+    TP (the shards ``[vocab_start, vocab_start + V_local)`` tile ``[0, V)``).
+
+    Under TP this is one 1-element all-reduce and one host sync; call it once (the scorer does, at
+    construction) and pass the result on rather than per step. ``device``: where the collective's
+    tensor lives (the backend's device, e.g. the LM head's).
+    """
+    if tp_group is None:
+        return local_width
+    total = torch.tensor([local_width], dtype=torch.int64, device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=tp_group)
+    return int(total.item())
 
 
 def all_reduce_sum_local_grad(local: torch.Tensor, tp_group: ProcessGroup | None) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from rollfeed.models import fused_support_logprobs, support_logprobs
+from rollfeed.models import VocabularyRangeError, fused_support_logprobs, support_logprobs
 from tests.dist.launch import exit_rank
 from tests.models.reference import random_batch
 
@@ -57,6 +57,7 @@ def main() -> None:
         "entropy_requires_grad": True,
         "fallback_mask": fallback,
         "missing_label": "full_vocab",
+        "vocab_size": V,
     }
     up = torch.randn(2, N, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
 
@@ -91,8 +92,18 @@ def main() -> None:
             missing_label="full_vocab",
         )
     )
-    assert fwd == [("MAX", (N,)), ("SUM", (2, N))], fwd
+    # Without vocab_size, the shards' widths are summed first to check ids against V.
+    assert fwd == [("SUM", (1,)), ("MAX", (N,)), ("SUM", (2, N))], fwd
     assert no_entropy.entropy is None
+    # An id >= V is owned by no shard: refused on every rank instead of scoring nothing.
+    beyond = b["support"].clone()
+    beyond[7, 0] = V
+    try:
+        support_logprobs(local, b["labels"], beyond, tp_group=group, vocab_start=v0, **kw)
+    except VocabularyRangeError as err:
+        assert f"support[7, 0] = {V}" in str(err), err
+    else:
+        raise AssertionError("an id outside the vocabulary was scored")
 
     # Fused path on hidden states and the weight shard.
     h_ref, w_ref = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
