@@ -33,6 +33,11 @@ fields at ``1 .. S``), for models that shard inside the forward. Fixed-width fie
 
 A dummy micro batch (a DP rank that came up short) has ``num_samples == 0``, all-padding tokens,
 ``loss_mask`` all False and ``fields == {}``: no payload is read for it.
+
+``checks`` holds what the collator found on the CPU while building it (largest and smallest token
+id, the first invalid temperature of a scored row: :mod:`rollfeed.collate.token_checks`), as plain
+Python values that every copy below keeps, so a scorer checks them without a device sync. ``None``
+for a micro batch built by hand: the scorer then relies on its own checks of the tensors.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from rollfeed.collate.token_checks import TokenChecks
 
 IGNORE_INDEX = -100
 
@@ -55,6 +62,7 @@ class TensorMicroBatch:
     seq_lens: ``[num_samples]`` int32, real tokens per sample of the whole row.
     cu_seqlens: ``[num_slots + 1]`` int32, slot boundaries of the whole row (0 .. seq_len).
     fields: field name -> tensor over the field's window (see module doc).
+    checks: plain-Python facts recorded on the CPU (see module doc), or None.
     """
 
     input_ids: torch.Tensor
@@ -73,6 +81,7 @@ class TensorMicroBatch:
     cp_layout: str
     fields: dict[str, torch.Tensor] = field(default_factory=dict)
     fields_whole: bool = False
+    checks: TokenChecks | None = None
 
     @property
     def num_samples(self) -> int:

@@ -28,6 +28,7 @@ from rollfeed.collate.cp import field_ranges, ranges_index, rank_ranges
 from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
+from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadRoot, read_field
 from rollfeed.payload.errors import PayloadWidthError
 
@@ -138,6 +139,8 @@ def to_tensor_micro_batch(
     ``root``: payload root for by-handle fields (not needed when every field is inline).
     ``width``: static ragged width (default: the micro batch's widest row).
     ``whole_fields``: read every field over the whole row (models that shard inside the forward).
+    The result's ``checks`` records its largest and smallest token id and the first invalid
+    temperature of a scored row (:mod:`rollfeed.collate.token_checks`).
     """
     mb, S = micro_batch, micro_batch.length
     ranges = rank_ranges(mb.cu_seqlens, cp_rank, cp_size, cp_layout)
@@ -145,12 +148,14 @@ def to_tensor_micro_batch(
     ids = np.zeros(S, np.int64)
     labels = np.full(S, IGNORE_INDEX, np.int64)
     mask = np.zeros(S, bool)
+    has_label = np.zeros(S, bool)
     adv, logp = np.zeros(S, np.float32), np.zeros(S, np.float32)
     temp = np.ones(S, np.float32)
     for s, a in zip(mb.samples, mb.starts, strict=True):
         T = len(s)
         ids[a : a + T] = s.token_ids
         labels[a : a + T - 1] = s.token_ids[1:]
+        has_label[a : a + T - 1] = True
         mask[a : a + T - 1] = s.loss_mask[1:]
         adv[a : a + T - 1] = s.advantages[1:]
         logp[a : a + T - 1] = s.inference_logprobs[1:]
@@ -175,6 +180,17 @@ def to_tensor_micro_batch(
         )
         if t is not None:
             out[name] = t
+    checks = token_checks(
+        mb,
+        idx,
+        input_ids=ids,
+        labels=labels,
+        has_label=has_label,
+        loss_mask=mask,
+        temperatures=temp,
+        support=out.get(SUPPORT_FIELD),
+        support_whole=whole_fields,
+    )
     return TensorMicroBatch(
         input_ids=torch.from_numpy(ids[idx]),
         position_ids=torch.from_numpy(pos[idx]),
@@ -192,4 +208,5 @@ def to_tensor_micro_batch(
         cp_layout=cp_layout,
         fields=out,
         fields_whole=whole_fields,
+        checks=checks,
     )
