@@ -1,11 +1,17 @@
 """rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP)."""
 
-from rollfeed.models.candidates import SupportInputError, SupportLabelError
+from rollfeed.models.candidates import (
+    SupportInputError,
+    SupportLabelError,
+    TemperatureError,
+    VocabularyRangeError,
+)
 from rollfeed.models.fused import fused_support_logprobs
 from rollfeed.models.packing_attention import (
     PACKED_ATTENTION,
     PackedLayout,
     PackingError,
+    UnpackableAttentionError,
     packed_layout,
     register_packed_attention,
 )
@@ -33,7 +39,10 @@ __all__ = [
     "SupportInputError",
     "SupportLabelError",
     "SupportScores",
+    "TemperatureError",
     "UlyssesShapeError",
+    "UnpackableAttentionError",
+    "VocabularyRangeError",
     "fused_support_logprobs",
     "gather_sequence",
     "heads_to_seq",

@@ -43,6 +43,27 @@ class PackingError(ValueError):
     """Packing metadata (positions, cu_seqlens, canonical indices) not describing the row."""
 
 
+class UnpackableAttentionError(PackingError):
+    """Layers whose attention packed scoring cannot reproduce exactly (the row's samples would
+    leak into each other, or a feature would be dropped). ``findings``: ``(layer, feature)``
+    pairs, every one that was detected."""
+
+    def __init__(self, model: str, findings: list[tuple[str, str]]) -> None:
+        self.model, self.findings = model, tuple(findings)
+        by_layer: dict[str, list[str]] = {}
+        for layer, feature in findings:
+            by_layer.setdefault(layer, []).append(feature)
+        listed = "; ".join(f"{layer}: {', '.join(f)}" for layer, f in by_layer.items())
+        super().__init__(
+            f"packed scoring cannot run {model} exactly: {listed}. Packed attention supports "
+            "causal full attention (GQA, rope from position_ids, sliding windows no shorter "
+            "than any sample); score such a model with one sample per row instead"
+        )
+
+    def __reduce__(self):  # keep the findings through pickling
+        return (type(self), (self.model, list(self.findings)))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackedLayout:
     """What attention needs to know about one packed row of ``S`` tokens.
@@ -213,10 +234,20 @@ def packed_attention_forward(
     ``[B, S/sp, H, d]``. ``attention_mask`` from transformers is ignored: ``packing`` replaces it.
     """
     del attention_mask
-    if kwargs.get("sliding_window") is not None:
-        raise PackingError(
-            f"packed attention implements full causal attention only; this layer asks for a "
-            f"sliding window of {kwargs['sliding_window']} (use a model config without one)"
+    window = kwargs.get("sliding_window")
+    longest = max((length for length, _ in packing.groups), default=0)
+    if window is not None and window < longest:
+        # A query sees keys with q - k < window; a sample no longer than the window never reaches
+        # its edge, so full causal attention is exact. Shorter windows are not implemented yet.
+        raise UnpackableAttentionError(
+            type(module).__name__,
+            [
+                (
+                    f"layer {getattr(module, 'layer_idx', '?')}",
+                    f"a sliding window of {window} tokens, shorter than a sample of {longest} "
+                    "tokens in this row",
+                )
+            ],
         )
     sp = packing.sp
     heads, kv_heads = query.shape[1], key.shape[1]

@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from rollfeed.models.candidates import MissingLabel
+from rollfeed.models.candidates import MissingLabel, TemperatureError, VocabularyRangeError
 from rollfeed.models.fused import DEFAULT_CHUNK_SIZE, fused_support_logprobs
 from rollfeed.models.packing_attention import packed_layout, register_packed_attention
+from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.support import SupportScores, support_logprobs
-from rollfeed.models.tp import ProcessGroup
+from rollfeed.models.tp import ProcessGroup, full_vocab_size
 from rollfeed.models.ulysses import SequenceParallel, gather_rank_order, gather_sequence
 
 if TYPE_CHECKING:
@@ -62,6 +63,12 @@ class PolicyScorer:
     ``[vocab_start, vocab_start + V_local)`` (the body is not split here). ``replay_weights``:
     replay recorded routing weights too, when the micro batch carries them. Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`).
+
+    Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
+    feature, a model whose attention packing cannot reproduce exactly (linear attention, sinks,
+    chunked attention, ...: :mod:`rollfeed.models.packing_support`). ``vocab_size`` is the full
+    vocabulary, found once here (under TP: one all-reduce of the shards' widths over
+    ``tp_group``, so every TP rank constructs its scorer at the same point).
     """
 
     def __init__(
@@ -85,6 +92,9 @@ class PolicyScorer:
         self.missing_label: MissingLabel = missing_label
         self.tp_group = tp_group
         self.vocab_start = vocab_start
+        check_packable(model)
+        weight = model.get_output_embeddings().weight
+        self.vocab_size = full_vocab_size(weight.shape[0], tp_group, weight.device)
         model.set_attn_implementation(register_packed_attention())
         self.replay = (
             RouterReplay(model, replay_weights=replay_weights) if find_routers(model) else None
@@ -148,6 +158,7 @@ class PolicyScorer:
             missing_label=self.missing_label,
             tp_group=self.tp_group,
             vocab_start=self.vocab_start,
+            vocab_size=self.vocab_size,
         )
         metrics.update(scores.metrics)
         return self._gather(scores, canonical_index, metrics)
@@ -161,8 +172,15 @@ class PolicyScorer:
         ``fields["routed_experts"]`` (and ``routed_expert_weights``). ``fallback_unsupported``:
         score loss-bearing rows that have no recorded support over the full vocabulary (counted in
         ``rows_fallback``) instead of leaving them invalid.
+
+        Before the forward, the values the collator recorded on the CPU (``micro_batch.checks``)
+        are compared with this scorer's vocabulary: a token id outside ``[0, V)`` raises
+        :class:`~rollfeed.models.VocabularyRangeError`, an invalid temperature on a scored row
+        :class:`~rollfeed.models.TemperatureError`, both naming the place. Plain Python values:
+        no device sync.
         """
         mb = micro_batch
+        self._check_recorded(mb)
         if mb.fields_whole:
             raise ValueError(
                 "score() needs fields over this rank's windows; build the TensorMicroBatch with "
@@ -197,6 +215,25 @@ class PolicyScorer:
             fallback_mask=fallback,
         )
 
+    def _check_recorded(self, mb: TensorMicroBatch) -> None:
+        checks = mb.checks
+        if checks is None:  # built by hand: the scorer's checks of the tensors still apply
+            return
+        vocab = self.vocab_size
+        for found in (checks.max_id, checks.min_id):
+            if found is not None and not 0 <= found.value < vocab:
+                raise VocabularyRangeError(
+                    f"token id {found.value} in {found} is outside the vocabulary [0, {vocab}) "
+                    f"of {type(self.model).__name__}; score with the model (and tokenizer) the "
+                    "rollout was sampled with"
+                )
+        bad = checks.bad_temperature
+        if bad is not None:
+            raise TemperatureError(
+                f"temperature {bad.value} in {bad} is not finite and > 0 on a scored row; record "
+                "the sampler's temperature for every sampled token"
+            )
+
     def score_logits(
         self, logits: torch.Tensor, labels: torch.Tensor, support: torch.Tensor, **options: object
     ) -> SupportScores:
@@ -206,6 +243,7 @@ class PolicyScorer:
         options.setdefault("missing_label", self.missing_label)
         options.setdefault("tp_group", self.tp_group)
         options.setdefault("vocab_start", self.vocab_start)
+        options.setdefault("vocab_size", self.vocab_size)
         return support_logprobs(logits, labels, support, **options)  # type: ignore[arg-type]
 
     def _gather(
