@@ -79,7 +79,8 @@ def _vector(name: str, value: Any, kinds: str, dtype: str, uid: str | None) -> n
         raise SampleValueError(
             f"{name} holds integers outside {dtype}'s range", sample=uid, field=name
         )
-    return np.ascontiguousarray(arr, dtype=dtype)
+    with np.errstate(over="ignore"):  # a float beyond float32 becomes inf: _finite_on_loss
+        return np.ascontiguousarray(arr, dtype=dtype)
 
 
 def _fits(arr: np.ndarray, dtype: np.dtype) -> bool:
@@ -258,14 +259,14 @@ class Sample:
             raise SampleDtypeError(
                 f"sample record has unknown keys {sorted(extra)} / lacks {missing}", sample=uid
             )
-        records = data.get("fields") or {}
+        records = {} if data.get("fields") is None else data["fields"]
         if not isinstance(records, Mapping):
             raise SampleDtypeError(
                 f"fields must be an object of field records, got {type(records).__name__}",
                 sample=uid,
             )
         fields = {name: _field_record(name, rec, uid) for name, rec in records.items()}
-        segments = data.get("payload") or []
+        segments = [] if data.get("payload") is None else data["payload"]
         if not isinstance(segments, list):
             raise SampleDtypeError(
                 f"payload must be a list of segment records, got {type(segments).__name__}",
