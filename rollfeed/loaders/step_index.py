@@ -179,14 +179,19 @@ def _check(index: StepIndex, step_file: str, where: str) -> None:
         _check_gaps(index, step_file, gaps, blanks, tail)
 
 
-def _check_gaps(index: StepIndex, step_file: str, gaps, blanks, tail: int) -> None:
-    """Bytes no entry covers must be blank lines, as many as the line numbers skip."""
+def _check_gaps(
+    index: StepIndex, step_file: str, gaps: np.ndarray, blanks: np.ndarray, tail: int
+) -> None:
+    """Bytes no entry covers must be blank lines, as many as the line numbers skip.
+
+    ``gaps [n]``: bytes before each entry's line; ``blanks [n]``: lines the index skips there;
+    ``tail``: bytes after the last entry (any number of blank lines)."""
     last = int(index.lines[-1]) if len(index) else 0
-    spans = [
-        (int(o) - int(g), int(g), int(b), int(line) - int(b))
-        for o, g, b, line in zip(index.offsets, gaps, blanks, index.lines, strict=True)
-        if g
-    ]
+    at = np.flatnonzero(gaps)
+    starts, lines = index.offsets[at] - gaps[at], index.lines[at] - blanks[at]
+    spans: list[tuple[int, int, int | None, int]] = list(
+        zip(starts.tolist(), gaps[at].tolist(), blanks[at].tolist(), lines.tolist(), strict=True)
+    )
     if tail:
         spans.append((index.file_bytes - tail, tail, None, last + 1))
     fd = os.open(step_file, os.O_RDONLY)
