@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+from contextlib import contextmanager
 from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
@@ -13,22 +14,24 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rollfeed import models
 from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
-from rollfeed.collate.token_checks import Located
 from rollfeed.loaders.collator import share_as_one_storage
-from rollfeed.models import (
-    PolicyScorer,
-    TemperatureError,
-    UnpackableAttentionError,
-    VocabularyRangeError,
-    fused_support_logprobs,
-    support_logprobs,
-)
+from rollfeed.models import PolicyScorer, fused_support_logprobs, support_logprobs
 from rollfeed.models import tp as tp_module
 from tests.dist.policy_cases import make_samples, reference
 from tests.models.tiny import VOCAB, tiny_mixtral, tiny_qwen3, tiny_qwen3_moe
 
 TOL = 1e-10
+
+
+@contextmanager
+def refused(error: str, match: str | None = None):
+    """``pytest.raises`` for the typed error ``rollfeed.models.<error>`` (a ValueError), looked up
+    after the call, so code that accepts the input fails with "DID NOT RAISE"."""
+    with pytest.raises(ValueError, match=match) as caught:
+        yield caught
+    assert isinstance(caught.value, getattr(models, error)), repr(caught.value)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +84,8 @@ def _roundtrip_shared(tmb):
 
 
 def test_collator_records_largest_id_and_invalid_temperature_as_plain_values_that_survive_copies():
+    from rollfeed.collate.token_checks import Located
+
     mb = _micro_batch(_samples())
     a, b = _start(mb, "a"), _start(mb, "b")
     checks = to_tensor_micro_batch(mb).checks
@@ -112,7 +117,7 @@ def test_collator_records_largest_id_and_invalid_temperature_as_plain_values_tha
 def test_scorer_refuses_non_positive_temperature_recorded_by_the_collator() -> None:
     mb = _micro_batch(_samples(temperature=0.0))
     scorer = PolicyScorer(tiny_qwen3())
-    with pytest.raises(TemperatureError, match=rf"row position {_start(mb, 'b')} \(sample b"):
+    with refused("TemperatureError", match=rf"row position {_start(mb, 'b')} \(sample b"):
         scorer.score(to_tensor_micro_batch(mb))
 
 
@@ -121,16 +126,18 @@ def test_scorer_refuses_id_outside_the_vocabulary_under_tp_recorded_by_the_colla
 ) -> None:
     mb = _micro_batch(_samples(support_id=VOCAB + 2, temperature=1.0))
     scorer = PolicyScorer(tiny_qwen3(), tp_group=tp_group, vocab_start=0)
-    assert scorer.vocab_size == VOCAB
-    with pytest.raises(
-        VocabularyRangeError,
+    with refused(
+        "VocabularyRangeError",
         match=rf"token id {VOCAB + 2} in sampling_mask at row position {_start(mb, 'a')} "
         rf"\(sample a, token 1\) is outside the vocabulary \[0, {VOCAB}\)",
     ):
         scorer.score(to_tensor_micro_batch(mb))
+    assert scorer.vocab_size == VOCAB  # the shards' widths summed over the TP group
 
 
 def test_scorer_checks_the_recorded_values_not_the_tensors(tp_group, monkeypatch) -> None:
+    from rollfeed.collate.token_checks import Located
+
     tmb = to_tensor_micro_batch(_micro_batch(_samples(temperature=1.0)))
     scorer = PolicyScorer(tiny_qwen3(), tp_group=tp_group)
     calls = []
@@ -141,9 +148,7 @@ def test_scorer_checks_the_recorded_values_not_the_tensors(tp_group, monkeypatch
     # any forward or collective.
     claimed = Located(value=VOCAB, tensor="labels", pos=5, sample="b", token=2)
     lying = dataclasses.replace(tmb, checks=dataclasses.replace(tmb.checks, max_id=claimed))
-    with pytest.raises(
-        VocabularyRangeError, match=rf"token id {VOCAB} in labels at row position 5"
-    ):
+    with refused("VocabularyRangeError", match=rf"token id {VOCAB} in labels at row position 5"):
         scorer.score(lying)
     assert forwards == [] and calls == []
 
@@ -163,7 +168,7 @@ def test_support_logprobs_refuses_nan_temperature_naming_rows(fused: bool) -> No
 
     for bad in (float("nan"), 0.0, -1.0, float("inf")):
         t = torch.tensor([1.0, 0.5, bad, 1.0, 1.0], dtype=torch.float64)
-        with pytest.raises(TemperatureError, match=r"first rows \[2\]"):
+        with refused("TemperatureError", match=r"first rows \[2\]"):
             score(t)
     # Row 4 is not scored: its temperature may be anything, and scores and gradients stay finite.
     out = score(torch.tensor([1.0, 0.5, 0.7, 1.0, float("nan")], dtype=torch.float64))
@@ -183,11 +188,11 @@ def test_support_logprobs_refuses_id_outside_the_vocabulary_under_tp(tp_group, m
         return counted(tensor, *args, **kwargs)
 
     monkeypatch.setattr(tp_module.dist, "all_reduce", counting)
-    with pytest.raises(VocabularyRangeError, match=rf"support\[1, 0\] = {VOCAB + 5}"):
+    with refused("VocabularyRangeError", match=rf"support\[1, 0\] = {VOCAB + 5}"):
         support_logprobs(logits, labels, support, tp_group=tp_group)
     assert calls == [(1,)]  # the shards' widths, summed to V
     calls.clear()
-    with pytest.raises(VocabularyRangeError, match=rf"labels\[1\] = {VOCAB + 5}"):
+    with refused("VocabularyRangeError", match=rf"labels\[1\] = {VOCAB + 5}"):
         support_logprobs(logits, labels, support.clamp(max=3), tp_group=tp_group, vocab_size=VOCAB)
     assert calls == []  # V given: no extra collective before the checks
 
@@ -232,7 +237,7 @@ _GATED_DELTANET = dict(
 )
 def test_scorer_refuses_gated_deltanet_layers(names) -> None:
     model = _tiny(*names, **_GATED_DELTANET)
-    with pytest.raises(UnpackableAttentionError) as caught:
+    with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
     err = caught.value
     assert [layer for layer, _ in err.findings] == ["layer 0 (model.layers.0)"] * 2
@@ -249,7 +254,7 @@ def test_scorer_refuses_attention_sinks() -> None:
         num_experts_per_tok=2,
         layer_types=["full_attention", "full_attention"],
     )
-    with pytest.raises(UnpackableAttentionError) as caught:
+    with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
     findings = caught.value.findings
     assert [layer for layer, _ in findings] == [
@@ -270,7 +275,7 @@ def test_scorer_refuses_chunked_attention_and_cache_position_scaling() -> None:
         attention_chunk_size=4,
         no_rope_layers=[1, 0],
     )
-    with pytest.raises(UnpackableAttentionError) as caught:
+    with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
     (layer0, chunked), (layer1, scaling) = caught.value.findings
     assert layer0 == "layer 0 (model.layers.0)" and "chunked attention" in chunked
@@ -299,5 +304,5 @@ def test_sliding_window_no_shorter_than_any_sample_is_exact_and_a_shorter_one_is
     assert torch.equal(out.valid_mask, ref_valid)
     torch.testing.assert_close(out.logprobs, ref_lp, atol=TOL, rtol=0)
     short = PolicyScorer(tiny_qwen3(seed=3, sliding_window=max(LENGTHS) - 1, **window))
-    with pytest.raises(UnpackableAttentionError, match="layer 0: a sliding window of 11 tokens"):
+    with refused("UnpackableAttentionError", match="layer 0: a sliding window of 11 tokens"):
         short.score(tmb)
