@@ -9,6 +9,7 @@ from rollfeed.collate.errors import (
     OverlongError,
     SampleDtypeError,
     SampleLengthError,
+    SampleValueError,
     SegmentRangeError,
     TurnGapError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "Sample",
     "SampleDtypeError",
     "SampleLengthError",
+    "SampleValueError",
     "SegmentRangeError",
     "TensorMicroBatch",
     "Turn",
