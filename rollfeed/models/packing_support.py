@@ -69,8 +69,20 @@ def _layer_type_feature(layer_type: str, config: object) -> str:
     return f"layer type {layer_type!r}"
 
 
+# Wrappers a trainer puts around a layer (activation checkpointing, FSDP1, torch.compile).
+_WRAPPED = ("_checkpoint_wrapped_module", "_fsdp_wrapped_module", "_orig_mod")
+
+
+def _unwrap(layer: nn.Module) -> nn.Module:
+    inner = next(
+        (getattr(layer, a) for a in _WRAPPED if isinstance(getattr(layer, a, None), nn.Module)),
+        None,
+    )
+    return layer if inner is None else _unwrap(inner)
+
+
 def _mixer_features(layer: nn.Module) -> list[str]:
-    children = dict(layer.named_children())
+    children = dict(_unwrap(layer).named_children())
     found = [
         f"token mixer {attr} is a {type(child).__name__}, whose state runs across sample boundaries"
         for attr, child in children.items()

@@ -285,7 +285,13 @@ def test_scorer_refuses_chunked_attention_and_cache_position_scaling() -> None:
 
 @pytest.mark.parametrize("build", [tiny_qwen3, tiny_qwen3_moe, tiny_mixtral])
 def test_scorer_accepts_full_causal_attention_models(build) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     assert PolicyScorer(build()).vocab_size == VOCAB
+    wrapped = build()  # a trainer's activation-checkpointing wrapper around each layer
+    for i, layer in enumerate(wrapped.model.layers):
+        wrapped.model.layers[i] = checkpoint_wrapper(layer)
+    assert PolicyScorer(wrapped).vocab_size == VOCAB
 
 
 LENGTHS = [9, 4, 12, 6]
