@@ -1,0 +1,89 @@
+"""Adversarial attack families on payload records, files, writers, readers and step lines.
+
+Each family runs in its own child process under ``RLIMIT_AS`` (1 GiB) and a wall-clock bound, each
+case under a per-case alarm (:mod:`tests.payload.adversary`); the families run two at a time. The
+writer's own arrays are the oracle: a read either raises a typed ``rollfeed`` error or returns
+exactly the rows the writer was given. ``pytest -s -k adversarial`` prints the counts per family.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.payload.adversary import FAILURES, format_summary, run_family
+
+FAMILIES = ("records", "bytes", "truncation", "kill", "races", "steps", "memory")
+# Fewer cases than this means an attack family silently stopped attacking.
+MIN_CASES = {
+    "records": 2000,
+    "bytes": 3000,
+    "truncation": 4000,
+    "kill": 40,
+    "races": 500,
+    "steps": 400,
+    "memory": 60,
+}
+
+
+@pytest.fixture(scope="module")
+def summaries(tmp_path_factory):
+    def one(family):
+        return run_family(family, tmp_path_factory.mktemp(f"adversary_{family}"))
+
+    with ThreadPoolExecutor(2) as pool:
+        out = dict(zip(FAMILIES, pool.map(one, FAMILIES), strict=True))
+    for s in out.values():
+        print(format_summary(s))
+    return out
+
+
+def _holds(s: dict, family: str) -> None:
+    print(format_summary(s))
+    failures = {k: s[k] for k in FAILURES if s[k]}
+    assert not failures, format_summary(s)
+    assert s["tried"] >= MIN_CASES[family], format_summary(s)
+    assert s["correct"] + s["refused"] == s["tried"]
+
+
+def test_mutated_records_never_read_wrong_data(summaries):
+    """Every field of real records (and their JSON) at boundary values, odd types, paths out of
+    the root, symlinks, a FIFO: typed refusal or the writer's exact rows, never canary bytes."""
+    _holds(summaries["records"], "records")
+
+
+def test_flipped_file_bytes_give_typed_errors_or_exact_data(summaries):
+    """Boundary values in every header field and CSR block, random bit flips: typed errors, or
+    the writer's rows (structure bytes) / the file's own new values (value bytes)."""
+    _holds(summaries["bytes"], "bytes")
+
+
+def test_truncation_at_every_byte_is_a_typed_error(summaries):
+    """A file cut at every byte: reads are exact or typed; verify and inspect flag each cut that
+    is not a region boundary, naming the file."""
+    _holds(summaries["truncation"], "truncation")
+
+
+def test_killed_writer_never_hands_out_an_unreadable_record(summaries):
+    """A writer SIGKILLed at random points: each record it handed out reads back exactly (a typed
+    error counts as wrong here); verify passes or names the incomplete file only."""
+    s = summaries["kill"]
+    _holds(s, "kill")
+    assert s["refused"] == 0
+
+
+def test_prune_and_rewrite_never_reads_old_bytes(summaries):
+    """Prune and rewrite under the same writer name while a long-lived PayloadRoot reads, threads
+    over a small descriptor cache, symlinks swapped in and out of the root."""
+    _holds(summaries["races"], "races")
+
+
+def test_crafted_step_lines_are_typed_errors(summaries):
+    """Lists for objects, deep nesting, huge ints, NaN on loss tokens, crafted inline fields,
+    records and step indexes: typed errors naming the line; accepted lines keep their values."""
+    _holds(summaries["steps"], "steps")
+
+
+def test_memory_claims_never_allocate_beyond_the_bound(summaries):
+    """Records and headers claiming huge shapes, rows or values over a file of a few KiB: typed
+    refusals within the allocation bound, never MemoryError."""
+    _holds(summaries["memory"], "memory")
