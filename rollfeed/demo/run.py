@@ -7,6 +7,10 @@
    ``build_dataloader`` and score it with the ``PolicyScorer`` (:mod:`rollfeed.demo.trainer`);
 4. report: text and a PNG (:mod:`rollfeed.demo.report`).
 
+Each run works in a directory of its own, printed first: a fresh one under
+``~/.cache/rollfeed/demo`` or the ``--workdir`` it is given, locked while it runs
+(:mod:`rollfeed.demo.workdir`), so two demos on one machine never share files.
+
 Without vLLM it says how to install it and returns 2: the demo never fakes rollouts.
 """
 
