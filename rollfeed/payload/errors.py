@@ -83,3 +83,18 @@ class PayloadDtypeError(PayloadError):
 
 class PayloadWidthError(PayloadError):
     """A ragged row is wider than the caller's fixed ``width``."""
+
+
+class PayloadRegionError(PayloadError):
+    """A record disagrees with the region header it points into (field, kind, dtype, shape, rows,
+    ragged layout), or the bytes where that header should be are not one."""
+
+
+class PayloadStaleFileError(PayloadError):
+    """A record's file id differs from the file now under its name, even after reopening it: the
+    file was replaced (e.g. pruned and written again) after the record was made."""
+
+
+class PayloadIOError(PayloadError):
+    """The operating system failed a read or write of a payload file (disk full, I/O error); the
+    message names the file, the offset and the OS error."""

@@ -1,14 +1,21 @@
 """Byte layouts of payload files.
 
-A payload file is a 16-byte file header followed by regions, each a 40-byte region header and a
-body. Readers go straight to a body through the segment record (``offset`` is the body's byte
-offset); the region headers make a file self-describing for ``verify`` and ``inspect``.
+A payload file is a file header followed by regions, each a region header and a body. Readers go
+straight to a body through the segment record (``offset`` is the body's byte offset) and check the
+region header right before it, read in the same batch, against the record; the region headers also
+make a file self-describing for ``verify`` and ``inspect``.
 
-File header ``<8sHHI``: magic ``b"RFPAYLD\\0"``, format version, flags (0), reserved (0).
+Format version 2 (written; version 1 stays readable):
 
-Region header ``<4sBBBBIQQQ4x``: magic ``b"RGN1"``, kind (0 fixed, 1 ragged), count bytes,
-dtype code, field name length, block rows, rows, values, body bytes; then the field name (UTF-8),
-then the body.
+- file header ``<8sHHIQ`` (24 bytes): magic ``b"RFPAYLD\\0"``, version 2, flags (0), reserved (0),
+  file id (random, ``1 <= id < 2**63``; every region header and every record repeats it, so a
+  reader holding a descriptor of a replaced file notices from the bytes it reads anyway);
+- region header ``<4sBBBBIQQQQB3x4I`` (64 bytes): magic ``b"RGN2"``, kind (0 fixed, 1 ragged),
+  count bytes, dtype code, field name length, block rows, rows, values, body bytes, file id, row
+  ndim (at most 4), row dims (u32, unused ones 0); then the field name (UTF-8), then the body.
+
+Version 1: file header ``<8sHHI`` (16 bytes, no id); region header ``<4sBBBBIQQQ4x`` (40 bytes,
+magic ``b"RGN1"``, no file id, no row shape), then the name, then the body.
 
 Fixed-width body: C-contiguous ``[rows, *shape]`` at the stored dtype (little endian).
 
@@ -32,19 +39,24 @@ Worked example (B = 2, counts [2, 0, 1], values [7, 9, 4])::
 
 from __future__ import annotations
 
+import secrets
 import struct
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadIndexError, PayloadInputError
+from rollfeed.payload.errors import PayloadHeaderError, PayloadIndexError, PayloadInputError
 
 MAGIC = b"RFPAYLD\0"
-VERSION = 1
-FILE_HEADER = struct.Struct("<8sHHI")
-REGION_MAGIC = b"RGN1"
-REGION_HEADER = struct.Struct("<4sBBBBIQQQ4x")
+VERSION = 2
+FILE_HEADER = struct.Struct("<8sHHIQ")
+FILE_HEADER_V1 = struct.Struct("<8sHHI")
+REGION_MAGIC = b"RGN2"
+REGION_MAGIC_V1 = b"RGN1"
+REGION_HEADER = struct.Struct("<4sBBBBIQQQQB3x4I")
+REGION_HEADER_V1 = struct.Struct("<4sBBBBIQQQ4x")
+MAX_NDIM = 4  # row dims a version-2 region header holds
 KIND_FIXED, KIND_RAGGED = 0, 1
 DTYPE_CODES = (
     "uint8",
@@ -62,13 +74,95 @@ BLOCK_ROWS = 128
 _OFFSET = np.dtype("<u8")
 Rows = TypeVar("Rows", int, np.ndarray)
 
+# The region headers as NumPy records, for checking many of them at once (see checks.py).
+REGION_RECORD = np.dtype(
+    [
+        ("magic", "S4"),
+        ("kind", "u1"),
+        ("count_bytes", "u1"),
+        ("dtype", "u1"),
+        ("name_len", "u1"),
+        ("block_rows", "<u4"),
+        ("rows", "<u8"),
+        ("values", "<u8"),
+        ("body_bytes", "<u8"),
+        ("file_id", "<u8"),
+        ("ndim", "u1"),
+        ("pad", "V3"),
+        ("dims", "<u4", (MAX_NDIM,)),
+    ]
+)
+REGION_RECORD_V1 = np.dtype(
+    [
+        ("magic", "S4"),
+        ("kind", "u1"),
+        ("count_bytes", "u1"),
+        ("dtype", "u1"),
+        ("name_len", "u1"),
+        ("block_rows", "<u4"),
+        ("rows", "<u8"),
+        ("values", "<u8"),
+        ("body_bytes", "<u8"),
+        ("pad", "V4"),
+    ]
+)
+assert REGION_RECORD.itemsize == REGION_HEADER.size
+assert REGION_RECORD_V1.itemsize == REGION_HEADER_V1.size
 
-def file_header() -> bytes:
-    return FILE_HEADER.pack(MAGIC, VERSION, 0, 0)
+
+def new_file_id() -> int:
+    """A random file id in ``[1, 2**63)`` (fits a signed int64 column; 0 means "no id")."""
+    return secrets.randbits(63) or 1
+
+
+def file_header(file_id: int) -> bytes:
+    """The version-2 file header of a file with id ``file_id``."""
+    return FILE_HEADER.pack(MAGIC, VERSION, 0, 0, file_id)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileHeader:
+    """A parsed file header: ``size`` bytes long; ``file_id`` is ``None`` in version 1."""
+
+    version: int
+    file_id: int | None
+    size: int
+
+
+def parse_file_header(raw: bytes) -> FileHeader:
+    """Parse the first bytes of a file (pass up to ``FILE_HEADER.size`` of them; fewer when the
+    file is shorter). Raises :class:`PayloadHeaderError` (no place: the caller adds the file)
+    for a bad magic, an unknown version or a header cut short."""
+    if len(raw) < FILE_HEADER_V1.size or raw[:8] != MAGIC:
+        raise PayloadHeaderError("not a payload file (bad magic)", offset=0)
+    version = FILE_HEADER_V1.unpack_from(raw)[1]
+    if version == 1:
+        return FileHeader(version=1, file_id=None, size=FILE_HEADER_V1.size)
+    if version != VERSION:
+        raise PayloadHeaderError(
+            f"payload format version {version}; this reader reads versions 1 and {VERSION}",
+            offset=0,
+        )
+    if len(raw) < FILE_HEADER.size:
+        raise PayloadHeaderError(
+            f"file header cut short: {len(raw)} of {FILE_HEADER.size} bytes", offset=0
+        )
+    file_id = FILE_HEADER.unpack_from(raw)[4]
+    if not 0 < file_id < 1 << 63:
+        raise PayloadHeaderError(f"file id {file_id} is outside [1, 2**63)", offset=0)
+    return FileHeader(version=VERSION, file_id=file_id, size=FILE_HEADER.size)
+
+
+def region_struct(version: int) -> struct.Struct:
+    """The fixed part of a region header in format ``version`` (the field name follows it)."""
+    return REGION_HEADER if version == VERSION else REGION_HEADER_V1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegionHeader:
+    """One region header. ``file_id`` and ``shape`` (a fixed-width row's dims; ``()`` for ragged
+    regions) are ``None`` in version 1, which does not record them."""
+
     field: str
     kind: int
     count_bytes: int
@@ -77,14 +171,20 @@ class RegionHeader:
     rows: int
     values: int
     body_bytes: int
+    file_id: int | None = None
+    shape: tuple[int, ...] | None = None
+    version: int = VERSION
 
     @property
     def size(self) -> int:
         """Bytes from the region's start to its body."""
-        return REGION_HEADER.size + len(self.field.encode())
+        return region_struct(self.version).size + len(self.field.encode())
 
     def pack(self) -> bytes:
+        """The version-2 bytes of this header (writers only write version 2)."""
+        assert self.version == VERSION and self.file_id is not None and self.shape is not None
         name = self.field.encode()
+        dims = [*self.shape, *[0] * (MAX_NDIM - len(self.shape))]
         return (
             REGION_HEADER.pack(
                 REGION_MAGIC,
@@ -96,15 +196,23 @@ class RegionHeader:
                 self.rows,
                 self.values,
                 self.body_bytes,
+                self.file_id,
+                len(self.shape),
+                *dims,
             )
             + name
         )
 
     @classmethod
-    def unpack(cls, raw: bytes, name: bytes) -> RegionHeader | None:
-        """The header from its fixed part and its name, or ``None`` when it is not well formed."""
-        magic, kind, cb, code, name_len, block, rows, values, body = REGION_HEADER.unpack(raw)
-        if magic != REGION_MAGIC or kind not in (0, 1) or code >= len(DTYPE_CODES):
+    def unpack(cls, raw: bytes, name: bytes, version: int = VERSION) -> RegionHeader | None:
+        """The header from its fixed part (``region_struct(version).size`` bytes) and its name,
+        or ``None`` when it is not well formed. The name length is byte 7 of the fixed part."""
+        st = region_struct(version)
+        if len(raw) != st.size:
+            return None
+        magic, kind, cb, code, name_len, block, rows, values, body, *rest = st.unpack(raw)
+        want = REGION_MAGIC if version == VERSION else REGION_MAGIC_V1
+        if magic != want or kind not in (0, 1) or code >= len(DTYPE_CODES):
             return None
         if len(name) != name_len:
             return None
@@ -112,16 +220,24 @@ class RegionHeader:
             field = name.decode()
         except UnicodeDecodeError:
             return None
-        dtype = DTYPE_CODES[code]
+        file_id = shape = None
+        if version == VERSION:
+            file_id, ndim, *dims = rest
+            if ndim > MAX_NDIM or any(dims[ndim:]) or (kind == KIND_RAGGED and ndim):
+                return None
+            shape = tuple(dims[:ndim])
         return cls(
             field=field,
             kind=kind,
             count_bytes=cb,
-            dtype=dtype,
+            dtype=DTYPE_CODES[code],
             block_rows=block,
             rows=rows,
             values=values,
             body_bytes=body,
+            file_id=file_id,
+            shape=shape,
+            version=version,
         )
 
 

@@ -1,65 +1,120 @@
-"""The payload root: resolves handles safely and reads byte ranges from payload files.
+"""The payload root: opens payload files safely and reads byte ranges from them.
 
 A :class:`PayloadRoot` is a small picklable value (a path and a few settings). Open files and the
 thread pool live in a per-process cache that is created lazily and dropped after ``fork``, so the
 object can be handed to DataLoader workers and never carries file descriptors across processes.
 
-:meth:`PayloadRoot.read_into` takes a batch of byte ranges as arrays (file, offset, length,
-destination offset), coalesces ranges that touch within a file into one ``os.preadv`` with several
-destination buffers, and issues the files concurrently on a thread pool when there is enough to
-read. Planning stays in NumPy so a 64-file window costs little more than its system calls.
+Every open goes through :func:`~rollfeed.payload.safe_open.open_beneath`: a handle cannot leave the
+root through a symlink (not even one swapped in mid-read), and a FIFO or directory is refused at
+once instead of blocking ``open``.
+
+The descriptor cache is shared by threads. A read *leases* the files it needs (:class:`Lease`):
+each lease holds a reference on a cache entry, and an entry evicted meanwhile (beyond
+``max_open``, by :meth:`PayloadRoot.close`, or replaced by a reopen) leaves the cache at once but
+closes its descriptor only when the last lease lets go. No read ever uses a closed (or reused)
+descriptor, and open descriptors stay at most ``max_open`` plus the files of reads in flight.
+
+:meth:`Lease.read` takes a batch of byte ranges as arrays (file, offset, length, destination),
+coalesces ranges that touch within a file into one ``os.preadv`` with several destination buffers,
+and issues the files concurrently on a thread pool when there is enough to read. Planning stays in
+NumPy so a 64-file window costs little more than its system calls.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from rollfeed.payload.errors import (
-    PayloadHeaderError,
+    PayloadError,
+    PayloadIOError,
     PayloadMissingFileError,
     PayloadPathError,
+    PayloadStaleFileError,
     PayloadTruncatedError,
 )
-from rollfeed.payload.layout import FILE_HEADER, MAGIC, VERSION
+from rollfeed.payload.layout import FILE_HEADER, parse_file_header
+from rollfeed.payload.safe_open import _DIR_FLAGS, _open_component, handle_parts, open_beneath
 
 log = logging.getLogger(__name__)
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+T = TypeVar("T")
+
+
+class _Entry:
+    """One open payload file: descriptor, size (refreshed on demand), and its file header."""
+
+    __slots__ = ("cached", "columns", "fd", "refs", "rel")
+
+    def __init__(self, rel: str, fd: int, size: int, version: int, file_id: int, header_size: int):
+        self.rel, self.fd, self.refs, self.cached = rel, fd, 0, True
+        self.columns = (size, version, file_id, header_size)  # as Lease columns want them
+
+    @property
+    def size(self) -> int:
+        return self.columns[0]
+
+    def grow(self, size: int) -> None:
+        if size > self.columns[0]:
+            self.columns = (size, *self.columns[1:])
 
 
 class _ProcessState:
-    """Open files and the pool of one process; never pickled."""
+    """Open files and the pool of one process; never pickled. ``lock`` guards ``files``, every
+    entry's ``refs``/``cached`` and ``pool``."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.files: dict[str, tuple[int, int]] = {}  # rel -> (fd, size), oldest first
+        self.files: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
         self.pool: ThreadPoolExecutor | None = None
 
+    def drop(self, entry: _Entry) -> None:
+        """Take ``entry`` out of the cache; its fd closes when no lease holds it. Holds lock."""
+        if not entry.cached:
+            return
+        entry.cached = False
+        if self.files.get(entry.rel) is entry:
+            del self.files[entry.rel]
+        if entry.refs == 0:
+            os.close(entry.fd)
+
+    def release(self, entries: Sequence[_Entry]) -> None:
+        with self.lock:
+            for e in entries:
+                e.refs -= 1
+                if e.refs == 0 and not e.cached:
+                    os.close(e.fd)
+
     def close(self) -> None:
-        for fd, _ in self.files.values():
-            os.close(fd)
-        self.files.clear()
-        if self.pool is not None:
-            self.pool.shutdown(wait=False)
-            self.pool = None
+        with self.lock:
+            for entry in list(self.files.values()):
+                self.drop(entry)
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
 
 class PayloadRoot:
     """A directory of payload files, and how to read them.
 
-    ``retries`` / ``backoff_s``: a missing file or a short read reopens the file and retries with
-    exponential backoff (shared filesystems can lag), then raises naming file, offset and sizes.
+    ``retries`` / ``backoff_s``: a missing file, or a file shorter than a record needs, is reopened
+    and retried with exponential backoff (shared filesystems can lag), then raises naming file,
+    offset and the file's real size. A file replaced under its name (its file id differs from the
+    record's) is reopened once, then raises :class:`PayloadStaleFileError`.
+    ``max_open``: descriptors kept open between reads (least recently used ones close first).
     ``threads``: reads of different files run concurrently once a read touches at least
     ``parallel_min_bytes``. From the page cache on 2 cores, a 6 MiB window over 64 files took
     0.7 ms inline and 1.1-2.6 ms on 2-4 threads, so the default only goes parallel for large
@@ -76,6 +131,8 @@ class PayloadRoot:
         threads: int = 4,
         parallel_min_bytes: int = 64 << 20,
     ) -> None:
+        if max_open < 1 or retries < 0:
+            raise ValueError(f"PayloadRoot needs max_open >= 1 and retries >= 0, got {max_open}")
         self.path = os.path.abspath(os.fspath(path))
         self.max_open, self.retries, self.backoff_s = max_open, retries, backoff_s
         self.threads, self.parallel_min_bytes = threads, parallel_min_bytes
@@ -100,168 +157,298 @@ class PayloadRoot:
             state.close()
 
     def close(self) -> None:
-        """Close this process's open files (they reopen lazily on the next read)."""
+        """Close this process's cached files (reads in flight keep theirs until they finish;
+        files reopen lazily on the next read)."""
         if self._state is not None and self._state.pid == os.getpid():
             self._state.close()
-        self._state = None
 
     def _proc(self) -> _ProcessState:
-        if self._state is None or self._state.pid != os.getpid():
-            self._state = _ProcessState()  # after fork: the parent's fds are not ours to use
-        return self._state
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            state = self._state = _ProcessState()  # after fork: the parent's fds are not ours
+        return state
 
     def resolve(self, rel: str) -> str:
-        """Absolute path of handle ``rel``; refuses anything that leaves the root."""
-        parts = Path(rel).parts
-        if not rel or os.path.isabs(rel) or ".." in parts or "\\" in rel:
-            raise PayloadPathError(
-                f"payload handle must be a relative path inside the root {self.path}", file=rel
-            )
+        """Absolute path of handle ``rel``, refusing anything that leaves the root as it is now.
+
+        For callers that need a path; reads never use it (a path checked now can be swapped
+        later), they open with :func:`~rollfeed.payload.safe_open.open_beneath`.
+        """
+        handle_parts(self.path, rel)
         full = os.path.join(self.path, rel)
-        real_root = os.path.realpath(self.path)
-        if not os.path.realpath(full).startswith(real_root + os.sep):
+        if not os.path.realpath(full).startswith(os.path.realpath(self.path) + os.sep):
             raise PayloadPathError(
                 f"payload handle resolves outside the root {self.path} (symlink?)", file=rel
             )
         return full
 
-    def _open(self, rel: str, proc: _ProcessState | None = None) -> tuple[int, int]:
-        """(fd, size at open) of ``rel``, opened once per process and cached."""
-        proc = proc or self._proc()
-        hit = proc.files.get(rel)
-        if hit is not None:
-            return hit
-        full = self.resolve(rel)
+    def _open(self, rel: str) -> _Entry:
+        """A fresh, uncached entry for ``rel``, after the bounded retry for a missing file."""
         for attempt in range(self.retries + 1):
             try:
-                fd = os.open(full, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = open_beneath(self.path, rel)
                 break
-            except FileNotFoundError:
+            except PayloadMissingFileError as err:
                 if attempt == self.retries:
                     raise PayloadMissingFileError(
-                        f"payload file not found under {self.path} after {self.retries} retries",
-                        file=rel,
+                        f"{err.message} (after {self.retries} retries)", file=rel
                     ) from None
                 time.sleep(self.backoff_s * 2**attempt)
         try:
             size = os.fstat(fd).st_size
-            head = os.pread(fd, FILE_HEADER.size, 0)
-            if len(head) < FILE_HEADER.size or FILE_HEADER.unpack(head)[0] != MAGIC:
-                raise PayloadHeaderError("not a payload file (bad magic)", file=rel, offset=0)
-            version = FILE_HEADER.unpack(head)[1]
-            if version != VERSION:
-                raise PayloadHeaderError(
-                    f"payload format version {version}; this reader reads {VERSION}",
-                    file=rel,
-                    offset=0,
-                )
-        except BaseException:
+            head = parse_file_header(os.pread(fd, FILE_HEADER.size, 0))
+        except PayloadError as err:
             os.close(fd)
-            raise
-        with proc.lock:
-            proc.files[rel] = (fd, size)
-        return fd, size
+            raise err.with_place(file=rel) from None
+        except OSError as err:
+            os.close(fd)
+            raise PayloadIOError(f"reading the file header: {err}", file=rel, offset=0) from None
+        return _Entry(rel, fd, size, head.version, head.file_id or 0, head.size)
 
-    def _fds(self, files: Sequence[str], proc: _ProcessState) -> list[int]:
-        """Open ``files`` and close the oldest others beyond ``max_open``. Only the calling
-        thread evicts, before any read of this batch starts, so no read sees a closed fd."""
-        fds = [self._open(rel, proc)[0] for rel in files]
-        if len(proc.files) > self.max_open:
-            keep = set(files)
-            with proc.lock:
-                for rel in [r for r in proc.files if r not in keep][
-                    : len(proc.files) - self.max_open
-                ]:
-                    os.close(proc.files.pop(rel)[0])
-        return fds
-
-    def _forget(self, rel: str) -> None:
+    def _acquire(self, files: Sequence[str]) -> list[_Entry]:
+        """Entries for ``files`` (opened when not cached), each with one more reference."""
         proc = self._proc()
         with proc.lock:
-            hit = proc.files.pop(rel, None)
-        if hit is not None:
-            os.close(hit[0])
+            held = [proc.files.get(rel) for rel in files]
+            # Recency only matters once evictions come near: below that, skip the bookkeeping.
+            recent = len(proc.files) + len(files) > self.max_open
+            for entry in held:
+                if entry is not None:
+                    entry.refs += 1
+                    if recent:
+                        proc.files.move_to_end(entry.rel)
+        try:
+            for i, rel in enumerate(files):
+                if held[i] is not None:
+                    continue
+                fresh = self._open(rel)  # outside the lock: opening may wait (missing-file retry)
+                with proc.lock:
+                    entry = proc.files.get(rel)
+                    if entry is None:  # else another thread opened it meanwhile: use theirs
+                        entry = proc.files[rel] = fresh
+                    else:
+                        os.close(fresh.fd)
+                    entry.refs += 1
+                    held[i] = entry
+            if len(proc.files) > self.max_open:
+                with proc.lock:
+                    while len(proc.files) > self.max_open:
+                        proc.drop(next(iter(proc.files.values())))
+        except BaseException:
+            proc.release([e for e in held if e is not None])
+            raise
+        return held  # type: ignore[return-value]
 
-    def read_into(
+    def _replace(self, old: _Entry) -> _Entry:
+        """A newly opened entry for ``old.rel`` in place of ``old`` (which the caller releases)."""
+        fresh = self._open(old.rel)
+        proc = self._proc()
+        with proc.lock:
+            proc.drop(old)
+            current = proc.files.get(old.rel)
+            if current is None:
+                current = proc.files[old.rel] = fresh
+            else:  # another thread reopened it meanwhile: use theirs
+                os.close(fresh.fd)
+            current.refs += 1
+        return current
+
+    def lease(self, files: Sequence[str]) -> Lease:
+        """Hold ``files`` open for one read (a context manager)."""
+        return Lease(self, files)
+
+    def run(self, files: Sequence[str], attempt: Callable[[Lease], T]) -> T:
+        """``attempt(lease)`` over ``files``, retried under this root's policy.
+
+        A :class:`PayloadTruncatedError` (a file shorter than a record needs; a short read)
+        reopens the file after a backoff, up to ``retries`` times. A
+        :class:`PayloadStaleFileError` (the file under the name is not the record's file)
+        reopens it once. Other errors, and these once the policy is spent, propagate.
+        """
+        with self.lease(files) as lease:
+            reopened_stale: set[int] = set()
+            tries = 0
+            while True:
+                try:
+                    return attempt(lease)
+                except PayloadStaleFileError as err:
+                    i = lease.index(err.file)
+                    if i is None or i in reopened_stale:
+                        raise
+                    reopened_stale.add(i)
+                    lease.reopen(i)
+                except PayloadTruncatedError as err:
+                    i = lease.index(err.file)
+                    if i is None:
+                        raise
+                    if tries == self.retries:
+                        if tries:
+                            raise type(err)(
+                                f"{err.message}; still so after {tries} retries",
+                                file=err.file,
+                                field=err.field,
+                                offset=err.offset,
+                                pos=err.pos,
+                            ) from None
+                        raise
+                    time.sleep(self.backoff_s * 2**tries)
+                    tries += 1
+                    lease.reopen(i)
+
+    def prune(self, group: str) -> None:
+        """Delete a whole group (e.g. one training step's payload directory).
+
+        The group must be a directory beneath the root, reached without following any symlink;
+        a missing group is :class:`PayloadMissingFileError`, a symlink or a non-directory
+        :class:`PayloadPathError`.
+        """
+        parts = handle_parts(self.path, group)
+        try:
+            parent = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as err:
+            raise PayloadMissingFileError(f"payload root {self.path}: {err}", file=group) from None
+        try:
+            for part in parts[:-1]:
+                nfd = _open_component(part, _DIR_FLAGS, parent, self.path, group)
+                os.close(parent)
+                parent = nfd
+            try:
+                mode = os.lstat(parts[-1], dir_fd=parent).st_mode
+            except FileNotFoundError:
+                raise PayloadMissingFileError(
+                    f"payload group not found under {self.path}; nothing to prune", file=group
+                ) from None
+            if not stat.S_ISDIR(mode):
+                raise PayloadPathError(
+                    f"payload group under {self.path} is not a directory (a symlink or a file); "
+                    "prune only deletes group directories",
+                    file=group,
+                )
+            try:
+                shutil.rmtree(parts[-1], dir_fd=parent)
+            except OSError as err:
+                raise PayloadIOError(f"pruning the group: {err}", file=group) from None
+        finally:
+            os.close(parent)
+        self.close()
+
+
+class Lease:
+    """Files held open for one read. Columns ``[F]`` over ``files``: ``size`` (bytes, as of open
+    or the last :meth:`refresh`), ``version``, ``file_id`` (0 in version 1) and ``header_size``.
+    """
+
+    def __init__(self, root: PayloadRoot, files: Sequence[str]) -> None:
+        self.root, self.files = root, files
+        self.entries = root._acquire(files)
+        self._columns()
+
+    def _columns(self) -> None:
+        cols = np.array([e.columns for e in self.entries], np.int64).reshape(-1, 4).T.copy()
+        self.size, self.version, self.file_id, self.header_size = cols
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        entries, self.entries = self.entries, []
+        self.root._proc().release(entries)
+
+    def index(self, rel: str | None) -> int | None:
+        """Position of ``rel`` in ``files`` (``None`` when this lease does not hold it)."""
+        return self.files.index(rel) if rel in self.files else None
+
+    def refresh(self, idx: np.ndarray) -> None:
+        """Re-read the sizes of files ``idx`` (one ``fstat`` each: a file may have grown)."""
+        for i in np.unique(idx).tolist():
+            entry = self.entries[i]
+            try:
+                entry.grow(os.fstat(entry.fd).st_size)
+            except OSError as err:
+                raise PayloadIOError(f"fstat: {err}", file=entry.rel) from None
+            self.size[i] = entry.size
+
+    def reopen(self, i: int) -> None:
+        """Drop the cached descriptor of file ``i`` and open the name again."""
+        old = self.entries[i]
+        self.entries[i] = self.root._replace(old)
+        self.root._proc().release([old])
+        self._columns()
+
+    def read(
         self,
-        files: Sequence[str],
         file_idx: np.ndarray,
         offsets: np.ndarray,
         lengths: np.ndarray,
-        dest: np.ndarray,
+        dests: Sequence[np.ndarray],
+        dest_idx: np.ndarray | int,
         dest_offsets: np.ndarray,
     ) -> None:
-        """Read ``lengths[i]`` bytes of ``files[file_idx[i]]`` at ``offsets[i]`` into the bytes of
-        ``dest`` (a contiguous array) at ``dest_offsets[i]``; all index arrays are ``[K]`` int64.
+        """Read ``lengths[i]`` bytes of file ``file_idx[i]`` at ``offsets[i]`` into the bytes of
+        ``dests[dest_idx[i]]`` (contiguous arrays) at ``dest_offsets[i]``; index arrays ``[K]``.
 
-        Ranges that touch within a file become one ``os.preadv`` with several destinations.
+        Ranges that touch within a file become one ``os.preadv`` with several destinations. A
+        short read is :class:`PayloadTruncatedError` naming the file's real size.
         """
+        dest_idx = np.broadcast_to(np.asarray(dest_idx, np.int64), offsets.shape)
         keep = lengths > 0
         if not keep.all():
-            file_idx, offsets, lengths, dest_offsets = (
-                a[keep] for a in (file_idx, offsets, lengths, dest_offsets)
+            file_idx, offsets, lengths, dest_idx, dest_offsets = (
+                a[keep] for a in (file_idx, offsets, lengths, dest_idx, dest_offsets)
             )
         if not len(offsets):
             return
         order = np.lexsort((offsets, file_idx))
-        fi, off, ln, do = (a[order] for a in (file_idx, offsets, lengths, dest_offsets))
+        cols = (file_idx, offsets, lengths, dest_idx, dest_offsets)
+        fi, off, ln, di, do = (a[order] for a in cols)
         cut = np.ones(len(off), bool)
         cut[1:] = (fi[1:] != fi[:-1]) | (off[1:] != off[:-1] + ln[:-1])
         cut[::_IOV_MAX] = True  # preadv takes at most IOV_MAX buffers
         bounds = [*np.flatnonzero(cut).tolist(), len(off)]
-        fi_l, off_l, ln_l, do_l = fi.tolist(), off.tolist(), ln.tolist(), do.tolist()
-        view = memoryview(dest.reshape(-1).view(np.uint8))
-        proc = self._proc()
-        fds = self._fds(files, proc)
-        runs = [
-            (fi_l[s], off_l[s], [view[do_l[k] : do_l[k] + ln_l[k]] for k in range(s, e)])
-            for s, e in itertools.pairwise(bounds)
+        views = [memoryview(d.reshape(-1).view(np.uint8)) for d in dests]
+        bufs = [
+            views[d][a:b]
+            for d, a, b in zip(di.tolist(), do.tolist(), (do + ln).tolist(), strict=True)
         ]
-        if len(files) < 2 or self.threads < 2 or int(ln.sum()) < self.parallel_min_bytes:
-            self._read_runs(files, fds, runs)
+        fi_l, off_l = fi.tolist(), off.tolist()
+        runs = [(fi_l[s], off_l[s], bufs[s:e]) for s, e in itertools.pairwise(bounds)]
+        root = self.root
+        if len(self.files) < 2 or root.threads < 2 or int(ln.sum()) < root.parallel_min_bytes:
+            self._read_runs(runs)
             return
         by_file: dict[int, list] = defaultdict(list)
         for run in runs:
             by_file[run[0]].append(run)
-        if proc.pool is None:
-            proc.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rollfeed-read")
-        jobs = [proc.pool.submit(self._read_runs, files, fds, rs) for rs in by_file.values()]
+        proc = root._proc()
+        with proc.lock:
+            if proc.pool is None:
+                proc.pool = ThreadPoolExecutor(root.threads, thread_name_prefix="rollfeed-read")
+            pool = proc.pool
+        jobs = [pool.submit(self._read_runs, rs) for rs in by_file.values()]
         for future in jobs:
             future.result()
 
-    def _read_runs(self, files: Sequence[str], fds: list[int], runs: list) -> None:
-        """Issue ``runs`` (file index, offset, buffers); a file is in one thread's runs only."""
+    def _read_runs(self, runs: list) -> None:
+        """Issue ``runs`` (file index, offset, buffers)."""
         for f, offset, bufs in runs:
-            got = os.preadv(fds[f], bufs, offset)
+            entry = self.entries[f]
             want = sum(map(len, bufs))
+            try:
+                got = os.preadv(entry.fd, bufs, offset)
+            except OSError as err:
+                raise PayloadIOError(
+                    f"reading {want} bytes: {errno.errorcode.get(err.errno, err.errno)} "
+                    f"{err.strerror}",
+                    file=entry.rel,
+                    offset=offset,
+                ) from None
             if got != want:
-                fds[f] = self._retry(files[f], offset, bufs, want, got)
-
-    def _retry(self, rel: str, offset: int, bufs: list[memoryview], want: int, got: int) -> int:
-        """A short read: the file may have been replaced or still be arriving; reopen, retry."""
-        size = -1
-        for attempt in range(self.retries):
-            self._forget(rel)
-            time.sleep(self.backoff_s * 2**attempt)
-            fd, size = self._open(rel)
-            got = os.preadv(fd, bufs, offset)
-            if got == want:
-                return fd
-        self._forget(rel)
-        raise PayloadTruncatedError(
-            f"short read: wanted {want} bytes, got {got} (file size {size}) "
-            f"after {self.retries} retries",
-            file=rel,
-            offset=offset,
-        )
-
-    def file_size(self, rel: str) -> int:
-        return self._open(rel)[1]
-
-    def prune(self, group: str) -> None:
-        """Delete a whole group (e.g. one training step's payload directory)."""
-        shutil.rmtree(self.resolve(group))
-        self.close()
+                size = os.fstat(entry.fd).st_size
+                raise PayloadTruncatedError(
+                    f"short read: wanted {want} bytes, got {got}; the file has {size} bytes",
+                    file=entry.rel,
+                    offset=offset,
+                )
 
 
 def as_root(root: PayloadRoot | str | os.PathLike[str]) -> PayloadRoot:

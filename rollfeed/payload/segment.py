@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from rollfeed.payload.errors import PayloadSegmentError
 
@@ -39,26 +39,31 @@ class RaggedLayout(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rows: int  # rows in the whole region (not only this segment)
-    values: int  # values in the whole region
-    count_bytes: int  # width of one stored row length: 1, 2 or 4
-    block_rows: int  # rows per index block (one absolute value offset per block)
+    rows: StrictInt  # rows in the whole region (not only this segment)
+    values: StrictInt  # values in the whole region
+    count_bytes: StrictInt  # width of one stored row length: 1, 2 or 4
+    block_rows: StrictInt  # rows per index block (one absolute value offset per block)
 
 
 class PayloadSegment(BaseModel):
-    """A handle to ``rows`` consecutive token rows of one field. Frozen; JSON round-trips."""
+    """A handle to ``rows`` consecutive token rows of one field. Frozen; JSON round-trips.
+
+    Integers are strict (JSON ``true`` or ``1.0`` is not an offset). ``file_id`` is the id of the
+    file the record was written into (format version 2); ``None`` in records of version-1 files.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     field: str
     file: str
-    offset: int
-    pos: int
-    rows: int
+    offset: StrictInt
+    pos: StrictInt
+    rows: StrictInt
     dtype: str
-    shape: tuple[int, ...] = ()
-    first: int = 0
+    shape: tuple[StrictInt, ...] = ()
+    first: StrictInt = 0
     ragged: RaggedLayout | None = None
+    file_id: StrictInt | None = None
 
     @property
     def end(self) -> int:

@@ -6,7 +6,15 @@ one training step, ``group="step_000042"``) are pruned together with ``PayloadRo
 
 A segment is returned only after its bytes are written (visible to every process through the page
 cache) and, with ``fsync="always"``, durable. Readers therefore never see a segment whose bytes are
-incomplete: the record does not exist before its bytes do.
+incomplete: the record does not exist before its bytes do. One ``write`` is one ``pwritev`` of all
+its regions (the file header too, on the first); when it fails (disk full, I/O error) the file is
+cut back to its last complete write, no record is returned, the error
+(:class:`~rollfeed.payload.errors.PayloadIOError`) names the file, and the next ``write`` starts
+again from there, file header included when nothing was written yet.
+
+The file is created beneath the root without following any symlink (``O_NOFOLLOW`` relative to
+each parent directory's descriptor, ``O_EXCL`` on the file), with a random file id that its
+header, every region header and every record carry (:mod:`rollfeed.payload.layout`).
 
 Example::
 
@@ -19,6 +27,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
 import os
 import threading
 import uuid
@@ -27,22 +38,34 @@ from typing import Literal
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadInputError, PayloadPathError
+from rollfeed.payload.checks import stored_kinds
+from rollfeed.payload.errors import (
+    PayloadDtypeError,
+    PayloadInputError,
+    PayloadIOError,
+    PayloadPathError,
+)
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
+    FILE_HEADER,
     KIND_FIXED,
     KIND_RAGGED,
+    MAX_NDIM,
     RegionHeader,
     file_header,
+    new_file_id,
     ragged_bytes,
     values_start,
 )
 from rollfeed.payload.root import PayloadRoot, as_root
-from rollfeed.payload.segment import PayloadSegment, RaggedLayout
+from rollfeed.payload.safe_open import _DIR_FLAGS, _open_component, handle_parts
+from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
 
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
 _INT_STORAGE = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64")
+_MAX_ROW = 1 << 24  # elements in one fixed-width row (what a reader accepts)
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def compact_int_dtype(lo: int, hi: int) -> np.dtype:
@@ -54,6 +77,78 @@ def compact_int_dtype(lo: int, hi: int) -> np.dtype:
     raise PayloadInputError(f"integer values in [{lo}, {hi}] do not fit int64")
 
 
+def _stored_dtypes(dtypes: Mapping[str, str], fields: Mapping[str, PayloadField]) -> dict[str, str]:
+    """Check a ``dtypes=`` override: each a stored dtype its (fixed-width) field reads back."""
+    out = {}
+    for name, want in dtypes.items():
+        field = lookup_field(name, fields)
+        try:
+            dtype = np.dtype(want)
+        except TypeError:
+            dtype = None
+        kinds = sorted(stored_kinds(field))
+        problem = None
+        if field.ragged:
+            problem = f"ragged fields store {kinds[0]} values; drop the override"
+        elif dtype is None or dtype.name not in kinds:
+            problem = f"a {type(field.fill).__name__}-fill field stores one of {kinds}"
+        elif dtype.kind in "iu" and not np.iinfo(dtype).min <= field.fill <= np.iinfo(dtype).max:
+            problem = (
+                f"it cannot hold the field's fill {field.fill}, which reads back uncovered rows"
+            )
+        if problem:
+            raise PayloadDtypeError(
+                f"PayloadWriter dtypes={{{name!r}: {want!r}}} cannot be read back: {problem}",
+                field=name,
+            )
+        out[name] = dtype.name
+    return out
+
+
+def _create_beneath(root: str, rel: str) -> int:
+    """A new file ``rel`` under ``root`` (parents made as needed), reached through no symlink."""
+    parts = handle_parts(root, rel)
+    try:
+        os.makedirs(root, exist_ok=True)
+        dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise PayloadIOError(f"cannot create the payload root {root}: {err}", file=rel) from None
+    try:
+        for part in parts[:-1]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=dfd)
+            nfd = _open_component(part, _DIR_FLAGS, dfd, root, rel)
+            os.close(dfd)
+            dfd = nfd
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(parts[-1], flags, 0o644, dir_fd=dfd)
+    except FileExistsError:
+        # O_EXCL: a second writer (or a forked child) never appends to someone else's file.
+        raise PayloadPathError(
+            "payload file already exists: each writer (and process) needs its own name", file=rel
+        ) from None
+    except OSError as err:
+        raise PayloadIOError(
+            f"cannot create the payload file under {root}: {err}", file=rel
+        ) from None
+    finally:
+        os.close(dfd)
+
+
+def _write_all(fd: int, bufs: list[memoryview], offset: int) -> None:
+    """Write ``bufs`` back to back at ``offset``, resuming after partial writes."""
+    while bufs:
+        n = os.pwritev(fd, bufs[:_IOV_MAX], offset)
+        if n == 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        offset += n
+        while bufs and n >= len(bufs[0]):
+            n -= len(bufs[0])
+            bufs = bufs[1:]
+        if n:
+            bufs = [bufs[0][n:], *bufs[1:]]
+
+
 class PayloadWriter:
     """Appends regions to its own payload file and returns their segment records.
 
@@ -61,7 +156,8 @@ class PayloadWriter:
     leaves durability to the OS (bytes are still visible to readers at once).
     ``dtypes``: per-field stored dtype for fixed-width fields, overriding the compact choice (e.g.
     ``{"routed_experts": "uint16"}`` for a model with more than 256 experts, so every request of a
-    run stores the same dtype).
+    run stores the same dtype). Checked here: it must be a dtype the field reads back (integer
+    for an int fill, float for a float fill, holding the fill); else :class:`PayloadDtypeError`.
     """
 
     def __init__(
@@ -82,11 +178,13 @@ class PayloadWriter:
             if group
             else f"{name or uuid.uuid4().hex}.rfp"
         )
-        self.root.resolve(self.file)  # refuse a group or name that escapes the root, up front
-        self.fsync, self.fields, self.dtypes = fsync, fields, dict(dtypes or {})
+        handle_parts(self.root.path, self.file)  # refuse a group or name that escapes the root
+        self.fsync, self.fields = fsync, fields
+        self.dtypes = _stored_dtypes(dtypes or {}, fields)
+        self.file_id = new_file_id()
         self._fd: int | None = None
         self._pid: int | None = None
-        self._size = 0
+        self._size = 0  # bytes of complete writes: the next write starts here
         self._lock = threading.Lock()
         self._closed = False
 
@@ -103,31 +201,40 @@ class PayloadWriter:
             self._fd = None
             self._closed = True
 
-    def _append(self, blob: bytes) -> int:
-        """Append ``blob``; return its file offset. Caller holds the lock."""
+    def _append(self, bufs: list[memoryview]) -> int:
+        """Write ``bufs`` after the last complete write; return the offset of ``bufs[0]``.
+
+        All or nothing: on failure the file is cut back and nothing counts as written. Caller
+        holds the lock.
+        """
+        if self._closed:
+            raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
         if self._fd is None or self._pid != os.getpid():
-            full = self.root.resolve(self.file)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            if self._closed:
-                raise ValueError(f"PayloadWriter for {self.file} is closed")
-            # O_EXCL: a second writer (or a forked child) never appends to someone else's file.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-            try:
-                self._fd = os.open(full, flags, 0o644)
-            except FileExistsError:
-                raise PayloadPathError(
-                    "payload file already exists: each writer (and process) needs its own name",
-                    file=self.file,
-                ) from None
-            self._pid = os.getpid()
-            head = file_header()
-            os.write(self._fd, head)
-            self._size = len(head)
-        offset, view = self._size, memoryview(blob)
-        while view:
-            view = view[os.pwrite(self._fd, view, offset + len(blob) - len(view)) :]
-        self._size += len(blob)
-        return offset
+            self._fd, self._pid, self._size = (
+                _create_beneath(self.root.path, self.file),
+                os.getpid(),
+                0,
+            )
+        at = self._size
+        if at == 0:
+            bufs = [memoryview(file_header(self.file_id)), *bufs]
+        total = sum(len(b) for b in bufs)
+        try:
+            _write_all(self._fd, bufs, at)
+            if self.fsync == "always":
+                os.fsync(self._fd)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, at)  # no half-written region stays behind
+            raise PayloadIOError(
+                f"writing {total} bytes failed ({errno.errorcode.get(err.errno, err.errno)}: "
+                f"{err.strerror}); no record was returned for them, and the next write starts "
+                f"again at byte {at}",
+                file=self.file,
+                offset=at,
+            ) from err
+        self._size = at + total
+        return at if at else FILE_HEADER.size
 
     def write(
         self, arrays: Mapping[str, FieldArray], pos: int | Mapping[str, int]
@@ -140,17 +247,24 @@ class PayloadWriter:
         regions = []
         for name, arr in arrays.items():
             field = lookup_field(name, self.fields)
-            first = pos if isinstance(pos, int) else pos.get(name)
-            if first is None or first < 0:
+            first = pos if isinstance(pos, int | np.integer) else pos.get(name)
+            if isinstance(first, bool) or not isinstance(first, int | np.integer) or first < 0:
                 raise PayloadInputError(
-                    f"write needs a position >= 0 for field {name!r}, got {first}", field=name
+                    f"write needs an integer position >= 0 for field {name!r}, got {first!r}",
+                    field=name,
                 )
             encode = self._encode_ragged if field.ragged else self._encode_fixed
-            regions.append((name, first, *encode(name, field, arr)))
+            regions.append((name, int(first), *encode(name, field, arr)))
         segments = []
         with self._lock:
-            for name, first, header, body, shape in regions:
-                offset = self._append(header.pack() + body) + header.size
+            bufs, offsets, at = [], [], 0
+            for _, _, header, body, _ in regions:
+                head = dataclasses.replace(header, file_id=self.file_id).pack()
+                bufs += [memoryview(head), memoryview(body).cast("B")]
+                offsets.append(at + len(head))
+                at += len(head) + len(bufs[-1])
+            base = self._append(bufs)
+            for (name, first, header, _, shape), offset in zip(regions, offsets, strict=True):
                 layout = None
                 if header.kind == KIND_RAGGED:
                     layout = RaggedLayout(
@@ -163,21 +277,20 @@ class PayloadWriter:
                     PayloadSegment(
                         field=name,
                         file=self.file,
-                        offset=offset,
+                        offset=base + offset,
                         pos=first,
                         rows=header.rows,
                         dtype=header.dtype,
                         shape=shape,
                         ragged=layout,
+                        file_id=self.file_id,
                     )
                 )
-            if self.fsync == "always" and self._fd is not None:
-                os.fsync(self._fd)
         return segments
 
     def _encode_fixed(
         self, name: str, field: PayloadField, arr: FieldArray
-    ) -> tuple[RegionHeader, bytes, tuple]:
+    ) -> tuple[RegionHeader, np.ndarray, tuple]:
         if isinstance(arr, tuple) or not isinstance(arr, np.ndarray) or arr.ndim < 1:
             raise PayloadInputError(
                 f"fixed-width field {name!r} needs an ndarray [rows, *shape]", field=name
@@ -186,6 +299,13 @@ class PayloadWriter:
             kind = "integer" if field.is_int else "float"
             raise PayloadInputError(
                 f"field {name!r} holds {kind} values, got dtype {arr.dtype}", field=name
+            )
+        shape = tuple(int(d) for d in arr.shape[1:])
+        if len(shape) > MAX_NDIM or min(shape, default=1) < 1 or np.prod(shape) >= _MAX_ROW:
+            raise PayloadInputError(
+                f"field {name!r} rows of shape {shape}: a row needs at most {MAX_NDIM} dims, "
+                f"each >= 1, and fewer than {_MAX_ROW} elements",
+                field=name,
             )
         if name in self.dtypes:
             dtype = np.dtype(self.dtypes[name])
@@ -201,9 +321,15 @@ class PayloadWriter:
         elif field.is_int:
             lo, hi = (int(arr.min()), int(arr.max())) if arr.size else (field.fill, field.fill)
             dtype = compact_int_dtype(min(lo, int(field.fill)), max(hi, int(field.fill)))
-        else:
+        elif arr.dtype.name in STORED_DTYPES:
             dtype = arr.dtype
-        body = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("<")).tobytes()
+        else:
+            raise PayloadInputError(
+                f"field {name!r}: dtype {arr.dtype} is not a stored dtype "
+                f"({sorted(stored_kinds(field))}); cast it first",
+                field=name,
+            )
+        body = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("<"))
         header = RegionHeader(
             field=name,
             kind=KIND_FIXED,
@@ -212,9 +338,10 @@ class PayloadWriter:
             block_rows=0,
             rows=len(arr),
             values=arr.size,
-            body_bytes=len(body),
+            body_bytes=body.nbytes,
+            shape=shape,
         )
-        return header, body, tuple(int(d) for d in arr.shape[1:])
+        return header, body, shape
 
     def _encode_ragged(
         self, name: str, field: PayloadField, arr: FieldArray
@@ -245,5 +372,6 @@ class PayloadWriter:
             rows=counts.size,
             values=values.size,
             body_bytes=len(body),
+            shape=(),
         )
         return header, body, ()

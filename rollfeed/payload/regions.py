@@ -1,0 +1,268 @@
+"""Records against the files they point into, vectorised over all records of one read.
+
+Before any byte is read (and before any allocation), every byte range a record claims must lie
+inside its file as it is now (:func:`check_room`, and the reader's extent checks), so no offset
+arithmetic can wrap around and no buffer is larger than what the files hold. The region header
+sits right before each body; the reader reads it in the same batch as the body (one more small
+buffer per region, in the same ``preadv`` when adjacent) and :func:`check_regions` holds each
+record to it before any byte is handed out: field, kind, dtype, row shape, rows, ragged layout and
+file id. A file id that differs is :class:`PayloadStaleFileError` (the root reopens once).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollfeed.payload.checks import RecordTable
+from rollfeed.payload.errors import PayloadRegionError, PayloadStaleFileError
+from rollfeed.payload.layout import (
+    DTYPE_CODES,
+    KIND_FIXED,
+    KIND_RAGGED,
+    MAX_NDIM,
+    REGION_HEADER,
+    REGION_MAGIC,
+    REGION_MAGIC_V1,
+    REGION_RECORD,
+    REGION_RECORD_V1,
+    VERSION,
+    values_start,
+)
+
+_MAX_EXTENT = 1 << 62
+
+
+def check_room(t: RecordTable, header_size: np.ndarray, hsize: np.ndarray) -> None:
+    """Each record's region header fits between the file header and the body: ``[S]`` columns
+    ``header_size`` (the file header's, per record) and ``hsize`` (the region header's)."""
+    bad = t.offset - hsize < header_size
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise t.fail(
+            PayloadRegionError,
+            i,
+            f"body offset {int(t.offset[i])} leaves no room for its {int(hsize[i])}-byte region "
+            f"header after the {int(header_size[i])}-byte file header",
+        )
+
+
+def check_file_ids(t: RecordTable, file_id: np.ndarray) -> None:
+    """Records that carry a file id name the file now open under their name (``file_id [S]``:
+    the open file's id, 0 for version 1); else :class:`PayloadStaleFileError` (the caller reopens
+    once and asks again)."""
+    bad = (t.file_id != 0) & (t.file_id != file_id)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise t.fail(
+            PayloadStaleFileError,
+            i,
+            f"the record was written into file id {int(t.file_id[i])}, but the file now under "
+            f"this name has id {int(file_id[i]) or 'none (format version 1)'}: it was replaced "
+            "after the record was made (pruned and written again?); use the new records",
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RegionColumns:
+    """``S`` region headers as ``[S]`` int64 columns (values past ``2**62`` clamp to it, which no
+    record value reaches; file ids are taken as they are). ``file_id`` 0 and ``ndim`` -1 for
+    version-1 headers (not recorded)."""
+
+    magic_ok: np.ndarray
+    name_ok: np.ndarray
+    kind: np.ndarray
+    count_bytes: np.ndarray
+    dtype: np.ndarray
+    block_rows: np.ndarray
+    rows: np.ndarray
+    values: np.ndarray
+    body_bytes: np.ndarray
+    file_id: np.ndarray
+    ndim: np.ndarray
+    dims: np.ndarray  # [S, MAX_NDIM]
+    pad_ok: np.ndarray  # 1 where the padding bytes are zero, as written
+
+
+_CLAMP = np.uint64(_MAX_EXTENT)
+
+
+def parse_regions(hbuf: np.ndarray, version: np.ndarray, name: bytes) -> RegionColumns:
+    """Parse ``hbuf [S, REGION_HEADER.size + len(name)]`` (uint8; header ``i`` at the start of row
+    ``i``, laid out as its file's ``version[i]`` says) into columns."""
+    if (version == VERSION).all():  # the common case: no mixing of format versions
+        return RegionColumns(
+            **{"pad_ok": np.ones(len(hbuf), np.int64), **_parse(hbuf, VERSION, name)}
+        )
+    n = len(hbuf)
+    cols = {k: np.zeros(n, np.int64) for k in _SMALL + _LARGE + ("file_id",)}
+    cols.update(
+        ndim=np.full(n, -1, np.int64),
+        dims=np.zeros((n, MAX_NDIM), np.int64),
+        magic_ok=np.zeros(n, bool),
+        name_ok=np.zeros(n, bool),
+        pad_ok=np.ones(n, np.int64),
+    )
+    for ver in (VERSION, 1):
+        m = version == ver
+        for key, col in _parse(hbuf[m], ver, name).items():
+            cols[key][m] = col
+    return RegionColumns(**cols)
+
+
+_SMALL = ("kind", "count_bytes", "dtype", "block_rows")
+_LARGE = ("rows", "values", "body_bytes")
+
+
+def _parse(hbuf: np.ndarray, version: int, name: bytes) -> dict[str, np.ndarray]:
+    record = REGION_RECORD if version == VERSION else REGION_RECORD_V1
+    k = record.itemsize
+    h = np.ascontiguousarray(hbuf[:, :k]).view(record)[:, 0]
+    want = np.frombuffer(name, np.uint8)
+    cols = {key: h[key].astype(np.int64) for key in _SMALL}
+    cols.update({key: np.minimum(h[key], _CLAMP).astype(np.int64) for key in _LARGE})
+    cols["magic_ok"] = h["magic"] == (REGION_MAGIC if version == VERSION else REGION_MAGIC_V1)
+    cols["name_ok"] = (h["name_len"] == len(name)) & (hbuf[:, k : k + len(name)] == want).all(1)
+    if version == VERSION:  # file ids are < 2**63 when valid; others wrap around: a mismatch
+        cols.update(file_id=h["file_id"].astype(np.int64), ndim=h["ndim"].astype(np.int64))
+        cols["dims"] = h["dims"].astype(np.int64)
+        cols["pad_ok"] = (hbuf[:, 45:48] == 0).all(axis=1).astype(np.int64)
+    return cols
+
+
+_ROW_FLOOR = 1 << 16  # a zero-row region may claim rows this large even in a smaller file
+
+
+def check_regions(
+    t: RecordTable,
+    hbuf: np.ndarray,
+    version: np.ndarray,
+    *,
+    name: bytes,
+    size: np.ndarray,
+    file_id: np.ndarray,
+    shape: tuple[int, ...] | None,
+    ragged: tuple[int, int] | None,
+) -> None:
+    """Every record agrees with its region header, else a typed error naming the first that
+    does not, what it claims and what the header says.
+
+    ``hbuf``/``version``: as for :func:`parse_regions`; ``size``/``file_id`` ``[S]``: the
+    record's file size and id as opened; fixed-width records pass their row ``shape``, ragged
+    ones ``ragged=(count_bytes, block_rows)``. Headers of version 2 are compared as bytes with
+    what the records determine (a few vectorised operations); anything else, or any mismatch,
+    takes the column by column path that names what disagrees.
+    """
+    if (version == VERSION).all() and not _mismatch(t, hbuf, name, size, file_id, shape, ragged):
+        return
+    _explain(t, parse_regions(hbuf, version, name), size, file_id, shape, ragged)
+
+
+def _mismatch(t, hbuf, name, size, file_id, shape, ragged) -> bool:
+    """Whether any version-2 header disagrees with its record (the fast path)."""
+    ndim = len(shape) if ragged is None else 0
+    if ndim > MAX_NDIM:
+        return True
+    dims = [*(shape or ()), *[0] * (MAX_NDIM - ndim)]
+    kind, cb, block = (KIND_FIXED, 0, 0) if ragged is None else (KIND_RAGGED, *ragged)
+    head = REGION_HEADER.pack(REGION_MAGIC, kind, cb, 0, len(name), block, 0, 0, 0, 0, ndim, *dims)
+    diff = hbuf != np.frombuffer(head + name, np.uint8)
+    diff[:, 6] = hbuf[:, 6] != t.dtype
+    diff[:, 12:44] = False  # rows, values, body bytes and file id: compared as integers below
+    got = hbuf[:, 12:44].view("<i8")  # [S, 4]; a value past 2**63 reads negative: refused
+    rows, values, body = got[:, 0], got[:, 1], got[:, 2]
+    bad = diff.any(axis=1) | (got[:, 3] != file_id) | (t.first + t.rows > rows)
+    room = size - t.offset
+    if ragged is None:
+        elems = math.prod(shape)
+        row_bytes = t.itemsize * elems
+        q, r = np.divmod(body, row_bytes)
+        bad |= (r != 0) | (q != rows) | (body > room)
+        q, r = np.divmod(values, elems)
+        bad |= (r != 0) | (q != rows)
+        bad |= (rows == 0) & (row_bytes > np.maximum(size, _ROW_FLOOR))
+    else:
+        want = values_start(np.minimum(t.lay_rows, room), cb, block) + 4 * t.lay_values
+        bad |= (rows != t.lay_rows) | (values != t.lay_values) | (body != want)
+    return bool(bad.any())
+
+
+def _explain(t, h: RegionColumns, size, file_id, shape, ragged) -> None:
+    """Raise the typed error for the first record that disagrees with its header, if any."""
+    room = size - t.offset  # bytes from the body start to the end of the file (>= 0: checked)
+    checks = [
+        (~h.magic_ok, lambda i: "no region header (magic) before the body: wrong offset?"),
+        (~h.name_ok, lambda i: "the region header is of another field (or not well formed)"),
+        ((h.file_id != 0) & (h.file_id != file_id), None),  # a valid header of another file
+        (h.kind != (KIND_RAGGED if ragged else KIND_FIXED), lambda i: f"kind {h.kind[i]}"),
+        (h.dtype != t.dtype, lambda i: f"dtype: {_dtype_name(h.dtype[i])}"),
+        (h.body_bytes > room, lambda i: f"a {h.body_bytes[i]}-byte body past the file's end"),
+        (t.first + t.rows > h.rows, lambda i: f"{h.rows[i]} rows"),
+    ]
+    if ragged is None:
+        elems = math.prod(shape)
+        row_bytes = t.itemsize * elems
+        dims = np.zeros(MAX_NDIM, np.int64)
+        dims[: min(len(shape), MAX_NDIM)] = shape[:MAX_NDIM]
+        checks += [
+            (
+                (h.body_bytes % row_bytes != 0) | (h.body_bytes // row_bytes != h.rows),
+                lambda i: f"{h.body_bytes[i]} body bytes for {h.rows[i]} rows",
+            ),
+            (
+                (h.values % elems != 0) | (h.values // elems != h.rows),
+                lambda i: f"{h.values[i]} values for {h.rows[i]} rows",
+            ),
+            (
+                (h.ndim >= 0) & ((h.ndim != len(shape)) | (h.dims != dims).any(axis=1)),
+                lambda i: f"row shape {tuple(h.dims[i, : max(h.ndim[i], 0)].tolist())}",
+            ),
+            (
+                (h.rows == 0) & (row_bytes > np.maximum(size, _ROW_FLOOR)),
+                lambda i: f"no rows, and a {row_bytes[i]}-byte row larger than the whole file",
+            ),
+        ]
+    else:
+        cb, block = ragged
+        rows, values = np.minimum(t.lay_rows, room), np.minimum(t.lay_values, room)
+        body = values_start(rows, cb, block) + 4 * values  # bounded: no wrap-around
+        checks += [
+            (h.count_bytes != cb, lambda i: f"count bytes {h.count_bytes[i]}"),
+            (h.block_rows != block, lambda i: f"block rows {h.block_rows[i]}"),
+            (h.rows != t.lay_rows, lambda i: f"region rows {h.rows[i]}"),
+            (h.values != t.lay_values, lambda i: f"region values {h.values[i]}"),
+            (h.body_bytes != body, lambda i: f"{h.body_bytes[i]} body bytes"),
+            (h.ndim > 0, lambda i: f"a row shape of {h.ndim[i]} dims"),
+        ]
+    checks.append((h.pad_ok == 0, lambda i: "non-zero padding bytes: not a header as written"))
+    bad = checks[0][0].copy()
+    for mask, _ in checks[1:]:
+        bad |= mask
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
+    says = next(says for mask, says in checks if mask[i])
+    if says is None:
+        raise t.fail(
+            PayloadStaleFileError,
+            i,
+            f"the region header says file id {h.file_id[i]}, the file was opened with id "
+            f"{file_id[i]}: it was rewritten in place",
+        )
+    s = t.segs[i]
+    claim = f"dtype {s.dtype}, shape {s.shape}, rows [{s.first}, {s.first + s.rows})"
+    if s.ragged is not None:
+        claim += f", layout {s.ragged.rows} rows / {s.ragged.values} values"
+    raise t.fail(
+        PayloadRegionError,
+        i,
+        f"the record disagrees with the region header before its body: the record says "
+        f"{claim}; the header says {says(i)}. The record does not point at a region of this "
+        "field as written (wrong offset, or a corrupted record or file)",
+    )
+
+
+def _dtype_name(code: int) -> str:
+    return DTYPE_CODES[code] if 0 <= code < len(DTYPE_CODES) else f"code {code}"
