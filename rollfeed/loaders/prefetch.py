@@ -18,7 +18,12 @@ Only the thread touches the source iterator while a pass runs. Starting the next
 ``load_state_dict``, first stops the thread and waits for it; a pass abandoned with batches
 received ahead is rewound to the consumed state, so those batches come again in the next pass.
 Errors raised by the source (a worker's typed error, a dead worker) are re-raised by ``next``
-unchanged. ``close()`` or dropping the iterator or the loader stops the thread.
+unchanged.
+
+Lifetime. The iterator holds its loader, so ``for mb in build_dataloader(...)``, where no name
+holds the loader, yields every micro batch. ``close()``, dropping the iterator (a ``break`` out
+of a ``for`` loop, ``del``) or interpreter exit stops the thread; the stop is a
+``weakref.finalize`` of the iterator, which runs at exit while modules are still whole.
 
 Freeing a received batch (unmapping its shared memory) costs about as much as receiving it. The
 iterator keeps the batch it handed out until the next ``next`` and then gives it to the thread
@@ -31,6 +36,7 @@ import collections
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -110,11 +116,14 @@ class _Pump:
 
 
 class PrefetchIterator(Iterator[Any]):
-    """One pass over the source, received ``depth`` batches ahead on a thread; see module doc."""
+    """One pass over the source, received ``depth`` batches ahead on a thread; see module doc.
 
-    def __init__(self, pump: _Pump) -> None:
-        self._pump = pump
+    ``loader``: the loader whose pass this is, kept alive as long as the iterator is."""
+
+    def __init__(self, pump: _Pump, loader: _PrefetchLoader) -> None:
+        self._pump, self._loader = pump, loader
         self._last: Any = None
+        weakref.finalize(self, pump.stop, wait=False)
 
     def __next__(self) -> Any:
         pump = self._pump
@@ -124,7 +133,10 @@ class PrefetchIterator(Iterator[Any]):
         item, state = pump.get()
         if item is _ERROR:
             pump.stopped.set()
-            raise state
+            try:
+                raise state
+            finally:
+                del item, state  # the traceback holds this frame: no cycle through the error
         if item is _END:
             pump.consumed_state = state
             pump.stopped.set()
@@ -137,9 +149,6 @@ class PrefetchIterator(Iterator[Any]):
     def close(self) -> None:
         """Stop the thread and wait for it; later ``next`` calls end the pass."""
         self._pump.stop(wait=True)
-
-    def __del__(self) -> None:
-        self._pump.stop(wait=False)
 
 
 class _PrefetchLoader:
@@ -167,17 +176,12 @@ class _PrefetchLoader:
         source = super().__iter__()  # in this thread: resets, step-file waits, SIGCHLD handler
         state_fn = getattr(source, "state_dict", None)
         self._pump = _Pump(source, state_fn, depth=self.prefetch_depth, pin=self.pin_in_thread)
-        return PrefetchIterator(self._pump)
+        return PrefetchIterator(self._pump, self)
 
     def close(self) -> None:
         """Stop the receive thread and release the workers (a later pass starts new ones)."""
         self._halt()
         self._iterator = None
-
-    def __del__(self) -> None:
-        pump = getattr(self, "_pump", None)
-        if pump is not None:
-            pump.stop(wait=False)
 
 
 class PrefetchStepDataLoader(_PrefetchLoader, StepDataLoader):

@@ -7,10 +7,12 @@ a rank that came up short. :class:`~rollfeed.loaders.collator.MicroBatchCollator
 exact micro batch from the samples in that order.
 
 One pass (``iter`` once) is one training step. An in-memory list is the same samples every step;
-a step directory has one file per step: a pass covers the next step file present (none left: an
-empty pass), or in stream mode waits for the next step's file (``step_timeout_s`` bound) before
-its first micro batch, in the caller's ``iter``/``next`` -- never inside a prefetch of the previous
-step's micro batches.
+a step directory has one file per step: a pass covers the next step file present (a gap in the
+numbering is skipped), or in stream mode exactly the next step's file. When that file is not there
+yet, the pass waits for it (bounded by ``step_timeout_s``, then
+:class:`~rollfeed.loaders.errors.StepTimeoutError` naming the file) before its first micro batch,
+in the caller's ``iter``/``next`` -- never inside a prefetch of the previous step's micro batches.
+A trainer ahead of its rollouts waits or fails; it never trains on a quiet empty step.
 
 Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
 
@@ -25,6 +27,8 @@ what it hands out. A plain ``DataLoader`` with workers draws ahead, so save its 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -33,13 +37,15 @@ from torch.utils.data import Sampler
 
 from rollfeed.collate.balance import DEFAULT_QUADRATIC
 from rollfeed.loaders.dataset import RolloutDataset
-from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.errors import LoaderConfigError, StepTimeoutError
 from rollfeed.loaders.plan import MicroPlan, PlanSpec, plan_step
 from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
+from rollfeed.loaders.step_files import step_file_name
 from rollfeed.loaders.topology import Topology
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField
 
 logger = logging.getLogger(__name__)
+_POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
 
 
 class MicroBatchSampler(Sampler[list[int]]):
@@ -72,6 +78,10 @@ class MicroBatchSampler(Sampler[list[int]]):
             raise LoaderConfigError("stream=True needs a step directory (from_step_dir)")
         if on_reshard not in RESHARD:
             raise LoaderConfigError(f"on_reshard must be one of {RESHARD}, got {on_reshard!r}")
+        if not step_timeout_s >= 0:
+            raise LoaderConfigError(
+                f"step_timeout_s must be >= 0 seconds, got {step_timeout_s}; 600 is the default"
+            )
         self.dataset, self.topology = dataset, topology
         self.spec = PlanSpec(
             seq_len=seq_len,
@@ -124,19 +134,28 @@ class MicroBatchSampler(Sampler[list[int]]):
         if self._step in self.dataset.steps_from(self._step)[:1]:
             self.plan(self._step)
 
-    def _pass_step(self) -> int | None:
-        """The step the next pass covers (waits for it in stream mode), or None: nothing left."""
+    def _pass_step(self) -> int:
+        """The step the next pass covers, waiting (bounded) for its file; see the module doc."""
         if self.stream:
             self.dataset.wait_for_step(self._step, timeout_s=self.step_timeout_s)
             return self._step
-        return next(iter(self.dataset.steps_from(self._step)), None)
+        deadline = time.monotonic() + self.step_timeout_s
+        while not (present := self.dataset.steps_from(self._step)):
+            if time.monotonic() >= deadline:
+                assert self.dataset.directory is not None  # a list always has the step
+                raise StepTimeoutError(
+                    f"no step file for step {self._step} or later appeared within "
+                    f"step_timeout_s={self.step_timeout_s}; the producer may have stopped or be "
+                    "behind: raise step_timeout_s, or stop after the last step",
+                    file=os.path.join(self.dataset.directory, step_file_name(self._step)),
+                )
+            time.sleep(_POLL_S)
+        return present[0]
 
     def __iter__(self) -> Iterator[list[int]]:
         """One pass = one training step (see module doc)."""
         self._normalize()
         step = self._pass_step()
-        if step is None:
-            return
         if step != self._step:  # a gap in the step files: nothing of the missing steps was seen
             self._step, self._consumed = step, 0
         micro = self.step_micro_batches(step)
@@ -150,11 +169,9 @@ class MicroBatchSampler(Sampler[list[int]]):
         logger.debug("step %d done (%d micro batches)", step, len(micro))
 
     def __len__(self) -> int:
-        """Micro batches left in this pass (stream mode: once the step file is there)."""
+        """Micro batches left in this pass (once the step file is there: may wait for it)."""
         self._normalize()
         step = self._pass_step()
-        if step is None:
-            return 0
         return len(self.plan(step)[0][0]) - (self._consumed if step == self._step else 0)
 
     def state_dict(self) -> dict[str, int]:

@@ -14,6 +14,7 @@ from rollfeed.loaders import (
     PrefetchIterator,
     PrefetchStepDataLoader,
     RolloutDataset,
+    StepTimeoutError,
     Topology,
     build_dataloader,
 )
@@ -72,7 +73,9 @@ def test_threaded_passes_equal_reference_bitwise(run, num_workers):
         assert len(got) == len(ref[0, 1])
         for k, (a, b) in enumerate(zip(got, ref[0, 1], strict=True)):
             assert_bitwise(a, b, (step, k))
-    assert list(loader) == []  # no step left
+    loader.batch_sampler.step_timeout_s = 0.1
+    with pytest.raises(StepTimeoutError, match=r"step_000002\.jsonl"):
+        list(loader)  # no step left: a bounded wait, then the error, never an empty pass
     _wait_no_thread()
 
 
@@ -141,6 +144,9 @@ def test_del_mid_pass_stops_thread(run):
         break  # the for loop drops the iterator; the loader stays
     _wait_no_thread()
     it = iter(loader)
-    next(it)
-    del loader  # the iterator alone does not keep the thread running past the loader
+    first = tmb_key(next(it))
+    del loader  # the iterator keeps its loader: the pass goes on to its end
+    rest = [tmb_key(t) for t in it]
+    assert [first, *rest] == [tmb_key(t) for t in _loader(run)][1:]  # one taken by the break
+    del it
     _wait_no_thread()
