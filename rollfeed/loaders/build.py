@@ -11,6 +11,8 @@ Defaults chosen for a trainer rank:
 - ``stateful=True``: torchdata's ``StatefulDataLoader`` (:class:`StepDataLoader`), whose
   ``state_dict()`` holds the sampler state as of the micro batches handed out (not prefetched),
   so a resume repeats and loses nothing.
+- An error raised in a worker comes out of the trainer's ``next`` with its type and attributes
+  (:mod:`rollfeed.loaders.worker_errors`), not rebuilt from text.
 
 Example::
 
@@ -40,6 +42,7 @@ from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import Reshard
 from rollfeed.loaders.step_loader import StepDataLoader
 from rollfeed.loaders.topology import Topology
+from rollfeed.loaders.worker_errors import CarryErrors
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadRoot
 
 
@@ -116,7 +119,7 @@ def build_dataloader(
     pin = torch.cuda.is_available()
     kw: dict[str, Any] = dict(
         batch_sampler=sampler,
-        collate_fn=collator,
+        collate_fn=CarryErrors(collator) if num_workers else collator,
         num_workers=num_workers,
         pin_memory=pin and not prefetch_thread,  # the receive thread pins instead
         timeout=timeout_s,

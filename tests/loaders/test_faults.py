@@ -95,4 +95,4 @@ def test_missing_payload_file_surfaces_from_worker_with_file_name(run, thread):
     err = _first_error(_loader(run, num_workers=2, prefetch_thread=thread))
     assert isinstance(err, PayloadMissingFileError), repr(err)
     assert f"b/{victim.name}" in str(err)
-    assert "worker process" in str(err)  # raised inside a worker, re-raised here
+    assert any("worker" in n for n in err.__notes__)  # raised inside a worker, re-raised here
