@@ -198,14 +198,23 @@ def _explain(t, h: RegionColumns, size, file_id, shape, ragged) -> None:
         ((h.file_id != 0) & (h.file_id != file_id), None),  # a valid header of another file
         (h.kind != (KIND_RAGGED if ragged else KIND_FIXED), lambda i: f"kind {h.kind[i]}"),
         (h.dtype != t.dtype, lambda i: f"dtype: {_dtype_name(h.dtype[i])}"),
+    ]
+    if ragged is None:
+        dims = np.zeros(MAX_NDIM, np.int64)
+        dims[: min(len(shape), MAX_NDIM)] = shape[:MAX_NDIM]
+        checks.append(
+            (
+                (h.ndim >= 0) & ((h.ndim != len(shape)) | (h.dims != dims).any(axis=1)),
+                lambda i: f"row shape {tuple(h.dims[i, : max(h.ndim[i], 0)].tolist())}",
+            )
+        )
+    checks += [
         (h.body_bytes > room, lambda i: f"a {h.body_bytes[i]}-byte body past the file's end"),
         (t.first + t.rows > h.rows, lambda i: f"{h.rows[i]} rows"),
     ]
     if ragged is None:
         elems = math.prod(shape)
         row_bytes = t.itemsize * elems
-        dims = np.zeros(MAX_NDIM, np.int64)
-        dims[: min(len(shape), MAX_NDIM)] = shape[:MAX_NDIM]
         checks += [
             (
                 (h.body_bytes % row_bytes != 0) | (h.body_bytes // row_bytes != h.rows),
@@ -214,10 +223,6 @@ def _explain(t, h: RegionColumns, size, file_id, shape, ragged) -> None:
             (
                 (h.values % elems != 0) | (h.values // elems != h.rows),
                 lambda i: f"{h.values[i]} values for {h.rows[i]} rows",
-            ),
-            (
-                (h.ndim >= 0) & ((h.ndim != len(shape)) | (h.dims != dims).any(axis=1)),
-                lambda i: f"row shape {tuple(h.dims[i, : max(h.ndim[i], 0)].tolist())}",
             ),
             (
                 (h.rows == 0) & (row_bytes > np.maximum(size, _ROW_FLOOR)),
