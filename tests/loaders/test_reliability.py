@@ -72,9 +72,8 @@ def _first_error(loader) -> Exception:
         dict(num_workers=2),
         dict(num_workers=2, stateful=False),
         dict(num_workers=0, prefetch_thread=True),
-        dict(num_workers=2, prefetch_thread=False),
     ],
-    ids=["workers", "workers-not-stateful", "thread-no-workers", "workers-no-thread"],
+    ids=["workers", "workers-not-stateful", "thread-no-workers"],
 )
 def test_loader_nobody_holds_yields_every_micro_batch(run, options):
     got = []
