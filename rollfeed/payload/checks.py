@@ -14,16 +14,18 @@ import operator
 from collections.abc import Sequence
 
 import numpy as np
+from pydantic import ValidationError
 
 from rollfeed.payload.errors import PayloadDtypeError, PayloadError, PayloadSegmentError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import DTYPE_CODES
+from rollfeed.payload.layout import BLOCK_ROWS, DTYPE_CODES
 from rollfeed.payload.segment import (
     FLOAT_DTYPES,
     INTEGER_DTYPES,
     ITEMSIZE,
     STORED_DTYPES,
     PayloadSegment,
+    RaggedLayout,
 )
 
 _MAX_EXTENT = 1 << 62
@@ -70,6 +72,12 @@ def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
             )
         if lay.count_bytes not in (1, 2, 4) or lay.block_rows < 1 or lay.rows < 0 or lay.values < 0:
             fail(PayloadSegmentError, f"bad ragged layout {lay}")
+        if lay.block_rows > max(BLOCK_ROWS, lay.rows):
+            fail(
+                PayloadSegmentError,
+                f"ragged block of {lay.block_rows} rows is larger than both {BLOCK_ROWS} and the "
+                f"region's {lay.rows} rows (a writer never makes one)",
+            )
         if (
             max(lay.rows, lay.values, lay.block_rows) >= _MAX_EXTENT
             or seg.first + seg.rows > lay.rows
@@ -177,6 +185,7 @@ def plausible(t: RecordTable, field: PayloadField) -> np.ndarray:
         ok &= (t.has_layout == 1) & flat & cb & (t.first + t.rows <= t.lay_rows)
         for col, low in ((t.lay_rows, 0), (t.lay_values, 0), (t.block_rows, 1)):
             ok &= (col >= low) & (col < _MAX_EXTENT)
+        ok &= (t.block_rows <= BLOCK_ROWS) | (t.block_rows <= t.lay_rows)
     else:
         ok &= (t.has_layout == 0) & np.array([_plausible_shape(s) for s in t.shapes])[t.shape_id]
     return ok
@@ -192,6 +201,9 @@ def field_segments(
         return None
     try:
         t = RecordTable(mine)
+    except (TypeError, ValueError):  # made with model_copy(update=...), which checks nothing
+        mine = [_validated(s, name) for s in mine]
+        t = _table_or_none(mine)
     except OverflowError:  # some integer is beyond int64: explain() names it
         t = None
     ok = None if t is None else plausible(t, field)
@@ -219,6 +231,28 @@ def field_segments(
 
 
 _by_position = operator.attrgetter("pos", "rows")
+
+
+def _validated(s: PayloadSegment, name: str) -> PayloadSegment:
+    """``s`` validated as if parsed from JSON; a record of wrong types is a typed error."""
+    data = dict(s.__dict__)
+    if isinstance(s.ragged, RaggedLayout):
+        data["ragged"] = dict(s.ragged.__dict__)
+    try:
+        return PayloadSegment.model_validate(data)
+    except ValidationError as err:
+        raise PayloadSegmentError(
+            f"malformed payload segment record: {err}",
+            file=s.file if isinstance(s.file, str) else None,
+            field=name,
+        ) from None
+
+
+def _table_or_none(segs: list[PayloadSegment]) -> RecordTable | None:
+    try:
+        return RecordTable(segs)
+    except OverflowError:
+        return None
 
 
 def common_dtype(t: RecordTable, name: str) -> tuple[np.dtype, tuple[int, ...]]:

@@ -333,6 +333,17 @@ def index_table(
     count_bytes: int,
     block_rows: int,
 ) -> IndexTable:
+    """Raises :class:`PayloadIndexError` (``.request`` set) for a block larger than both
+    :data:`BLOCK_ROWS` and its region's rows: the table holds whole blocks, so such a claim would
+    allocate far more than the region's index (a writer never uses one)."""
+    big = (block_rows > BLOCK_ROWS) & (block_rows > rows)
+    if big.any():
+        err = PayloadIndexError(
+            f"CSR block of {block_rows} rows is larger than both {BLOCK_ROWS} and the region's "
+            f"{int(rows[np.argmax(big)])} rows"
+        )
+        err.request = int(np.argmax(big))
+        raise err
     per_block = _OFFSET.itemsize + block_rows * count_bytes
     k0, k1 = lo // block_rows, (hi - 1) // block_rows
     region_index = index_bytes(rows, count_bytes, block_rows)

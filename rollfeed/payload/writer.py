@@ -135,6 +135,13 @@ def _create_beneath(root: str, rel: str) -> int:
         os.close(dfd)
 
 
+def _byte_view(body: np.ndarray | bytes) -> memoryview:
+    """The bytes of a region body, without a copy (an empty array included)."""
+    if isinstance(body, np.ndarray):
+        return memoryview(body.reshape(-1).view(np.uint8))
+    return memoryview(body)
+
+
 def _write_all(fd: int, bufs: list[memoryview], offset: int) -> None:
     """Write ``bufs`` back to back at ``offset``, resuming after partial writes."""
     while bufs:
@@ -260,7 +267,7 @@ class PayloadWriter:
             bufs, offsets, at = [], [], 0
             for _, _, header, body, _ in regions:
                 head = dataclasses.replace(header, file_id=self.file_id).pack()
-                bufs += [memoryview(head), memoryview(body).cast("B")]
+                bufs += [memoryview(head), _byte_view(body)]
                 offsets.append(at + len(head))
                 at += len(head) + len(bufs[-1])
             base = self._append(bufs)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from rollfeed.payload import PayloadInputError, ragged_bytes
-from rollfeed.payload.layout import decode_index, index_table, values_start
+from rollfeed.payload.layout import BLOCK_ROWS, decode_index, index_table, values_start
 
 
 def fill_table(bodies, lo, hi, rows, values, *, count_bytes, block_rows):
@@ -76,6 +76,7 @@ def test_index_decodes_any_window():
     rng = np.random.default_rng(1)
     for trial in range(100):
         n, block = int(rng.integers(1, 700)), int(rng.integers(1, 140))
+        block = min(block, max(BLOCK_ROWS, n))  # a block larger than both is refused
         counts = rng.integers(0, 300 if trial % 4 == 0 else 5, n)
         body, cb = ragged_bytes(
             counts, np.arange(counts.sum()), dtype=np.dtype("int32"), block_rows=block

@@ -22,6 +22,7 @@ from rollfeed.payload import (
     PayloadDtypeError,
     PayloadError,
     PayloadField,
+    PayloadIndexError,
     PayloadIOError,
     PayloadMissingFileError,
     PayloadPathError,
@@ -42,6 +43,7 @@ from rollfeed.payload.layout import (
     MAGIC,
     REGION_HEADER_V1,
     REGION_MAGIC_V1,
+    index_table,
     ragged_bytes,
 )
 
@@ -289,6 +291,23 @@ def test_csr_record_claiming_more_values_than_its_file_holds_allocates_nothing(t
         read_field([crafted], "sampling_mask", (0, ROWS), root=root)
     peak = _peak_bytes(lambda: read_field([crafted], "sampling_mask", (0, ROWS), root=root))
     assert peak < 4 << 20
+
+
+def test_ragged_record_claiming_a_huge_block_allocates_nothing(tmp_path):
+    seg = write(tmp_path)["sampling_mask"]
+    crafted = seg.model_copy(
+        update={"ragged": seg.ragged.model_copy(update={"block_rows": 1 << 30})}
+    )
+    root = fast_root(tmp_path)
+    with pytest.raises(PayloadSegmentError, match="larger than both 128"):
+        read_field([crafted], "sampling_mask", (0, ROWS), root=root)
+    assert (
+        _peak_bytes(lambda: read_field([crafted], "sampling_mask", (0, ROWS), root=root)) < 4 << 20
+    )
+    rows = np.array([3], np.int64)  # the index table itself refuses such a block (verify uses it)
+    with pytest.raises(PayloadIndexError, match="larger than both 128") as info:
+        index_table(0 * rows, rows, rows, rows, count_bytes=4, block_rows=1 << 30)
+    assert info.value.request == 0
 
 
 def test_symlink_swapped_during_reads_never_returns_bytes_from_outside(tmp_path_factory):
