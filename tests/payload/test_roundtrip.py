@@ -181,3 +181,11 @@ def test_root_pickles_without_open_files_and_reads_after_fork(tmp_path):
     with ctx.Pool(1) as pool:
         again = pool.apply(read_field, (segs, "routed_experts", (0, 3)), {"root": root})
     assert torch.equal(first, again)
+
+
+def test_zero_row_fixed_region_round_trips_as_fill(tmp_path):
+    with PayloadWriter(tmp_path) as w:
+        segs = w.write({"routed_experts": np.zeros((0, 3, 2), np.int64)}, pos=4)
+    assert segs[0].rows == 0 and segs[0].shape == (3, 2)
+    got = read_field(segs, "routed_experts", (0, 2), root=tmp_path)
+    assert got.shape == (2, 3, 2) and not got.any()
