@@ -7,52 +7,96 @@ import collections
 import os
 import sys
 
-from rollfeed.payload.scan import payload_files, scan_file
+from rollfeed.payload.errors import PayloadError
+from rollfeed.payload.scan import RootScan, scan_root
+
+
+def _shown(name: str) -> str:
+    """``name`` as printed: quoted when it holds a newline, control or undecodable character."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return ascii(name)
+    return name if name.isprintable() else ascii(name)
+
+
+def _finding(err: PayloadError) -> str:
+    place = [
+        f"{k}={_shown(str(v))}"
+        for k, v in (("field", err.field), ("offset", err.offset))
+        if v is not None
+    ]
+    where = f" [{', '.join(place)}]" if place else ""
+    return f"{_shown(err.file or '.')}: {_shown(err.message)}{where}"
+
+
+def _scan(root: str) -> RootScan | None:
+    """The scan of ``root``, or ``None`` (after saying why) when it holds no payload files."""
+    scan = scan_root(root)
+    if not scan.entries:
+        print(
+            f"no payload files found under {_shown(root)} (payload files end in .rfp)",
+            file=sys.stderr,
+        )
+        return None
+    return scan
 
 
 def inspect(root: str) -> int:
-    """Fields, files, regions and bytes per token of a payload root; oldest and newest group."""
-    files = payload_files(root)
-    if not files:
-        print(f"{root}: no payload files")
+    """Fields, files, regions and bytes per token of a payload root; oldest and newest group.
+
+    Exits 1 when anything under the root is corrupted or unreadable, listing each finding (the
+    summary then covers only the regions before each file's first problem).
+    """
+    scan = _scan(root)
+    if scan is None:
         return 1
     per_field: dict[str, list[int]] = collections.defaultdict(
         lambda: [0, 0, 0]
     )  # regions, rows, bytes
     groups: dict[str, float] = {}
-    for rel in files:
-        scan = scan_file(root, rel)
-        group = os.path.dirname(rel) or "."
-        groups[group] = max(groups.get(group, 0.0), scan.mtime)
-        for _, h in scan.regions:
+    for file in scan.scans:
+        group = os.path.dirname(file.file) or "."
+        groups[group] = max(groups.get(group, 0.0), file.mtime)
+        for _, h in file.regions:
             stats = per_field[h.field]
             stats[0], stats[1], stats[2] = (
                 stats[0] + 1,
                 stats[1] + h.rows,
                 stats[2] + h.size + h.body_bytes,
             )
-    total = sum(os.path.getsize(os.path.join(root, f)) for f in files)
-    print(f"{root}: {len(files)} files, {len(groups)} groups, {total / 2**20:.2f} MiB")
+    total = sum(file.size for file in scan.scans)
+    print(f"{_shown(root)}: {len(scan.scans)} files, {len(groups)} groups, {total / 2**20:.2f} MiB")
     for name, (regions, rows, nbytes) in sorted(per_field.items()):
         print(
-            f"  {name:<28} {regions:>6} regions {rows:>10} rows {nbytes / max(rows, 1):8.2f} B/row"
+            f"  {_shown(name):<28} {regions:>6} regions {rows:>10} rows"
+            f" {nbytes / max(rows, 1):8.2f} B/row"
         )
-    ordered = sorted(groups, key=groups.get)
-    print(f"  oldest group: {ordered[0]}   newest group: {ordered[-1]}")
+    if groups:
+        ordered = sorted(groups, key=groups.get)
+        print(f"  oldest group: {_shown(ordered[0])}   newest group: {_shown(ordered[-1])}")
+    problems = scan.problems
+    if problems:
+        print(
+            f"CORRUPTED: {len(problems)} of {scan.entries} entries; the summary above stops at "
+            "each one's first problem:"
+        )
+        for err in problems:
+            print(f"  {_finding(err)}")
+        return 1
     return 0
 
 
 def verify(root: str) -> int:
     """Check every file's headers, region chain, sizes and CSR indexes; list the bad ones."""
-    bad = 0
-    files = payload_files(root)
-    for rel in files:
-        scan = scan_file(root, rel)
-        if scan.problems:
-            bad += 1
-            print(f"BAD {rel}: {'; '.join(scan.problems)}")
-    print(f"{len(files) - bad} of {len(files)} payload files are sound")
-    return 1 if bad else 0
+    scan = _scan(root)
+    if scan is None:
+        return 1
+    for err in scan.problems:
+        print(f"BAD {_finding(err)}")
+    sound = scan.entries - len(scan.problems)
+    print(f"{sound} of {scan.entries} payload files are sound")
+    return 0 if sound == scan.entries else 1
 
 
 def demo(workdir: str | None, *, prompts: int, samples: int, max_tokens: int) -> int:
@@ -68,7 +112,11 @@ def main(argv: list[str]) -> int:
     d = sub.add_parser(
         "demo", help="vLLM rollouts captured by handle, scored by torchrun ranks (needs vLLM)"
     )
-    d.add_argument("--workdir", default=None, help="default: ~/.cache/rollfeed/demo")
+    d.add_argument(
+        "--workdir",
+        default=None,
+        help="locked while the demo runs (default: a fresh directory under ~/.cache/rollfeed/demo)",
+    )
     d.add_argument("--prompts", type=int, default=16)
     d.add_argument("--samples", type=int, default=4, help="completions per prompt")
     d.add_argument("--max-tokens", type=int, default=48)
@@ -83,6 +131,7 @@ def main(argv: list[str]) -> int:
             args.workdir, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens
         )
     if not os.path.isdir(args.root):
-        print(f"{args.root}: not a directory", file=sys.stderr)
+        what = "is not a directory" if os.path.lexists(args.root) else "does not exist"
+        print(f"{_shown(args.root)} {what}: give the payload root directory", file=sys.stderr)
         return 2
     return inspect(args.root) if args.command == "inspect" else verify(args.root)

@@ -2,119 +2,323 @@
 
 Readers never need this (segments point straight at bodies); it exists so that an operator can
 see what a payload root holds and check it without any segment records.
+
+A scan never hangs, never leaves the root and never allocates more than the file it reads:
+
+- the tree is walked with ``os.scandir`` without following symlinks; a symlink anywhere under the
+  root is a finding (readers refuse every symlink, so nothing behind it is readable by handle);
+- files are opened with :func:`~rollfeed.payload.safe_open.open_beneath` (no symlink, no FIFO
+  blocking ``open``, type checked on the descriptor);
+- every size a header claims (name length, body bytes, rows, values, count bytes, block rows) is
+  checked in Python ints against the bytes the file really has before anything is read or
+  allocated for it;
+- every problem is a typed :class:`~rollfeed.payload.errors.PayloadError` naming the file and,
+  inside a file, the region number, its byte offset, its field and the header field at fault.
+  Nothing else escapes: a file that vanishes or cannot be read mid-scan is a finding too.
+
+Worked example (root holding ``step_1/a.rfp`` sound, ``step_1/b.rfp`` cut inside its second
+region header, and a symlink ``step_1/c.rfp -> /etc``)::
+
+    r = scan_root(root)
+    [s.file for s in r.scans]           -> ["step_1/a.rfp", "step_1/b.rfp"]
+    r.scans[1].problem                  -> PayloadTruncatedError("file ends 12 bytes into the
+                                           64-byte header of region 1 ...", offset=...)
+    r.refused                           -> [PayloadPathError("symlink, not followed ...")]
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadError
+from rollfeed.payload.errors import (
+    PayloadError,
+    PayloadIOError,
+    PayloadMissingFileError,
+    PayloadPathError,
+    PayloadRegionError,
+    PayloadTruncatedError,
+)
 from rollfeed.payload.layout import (
+    BLOCK_ROWS,
+    DTYPE_CODES,
     FILE_HEADER,
+    FILE_HEADER_V1,
+    KIND_FIXED,
     KIND_RAGGED,
-    MAGIC,
-    REGION_HEADER,
+    MAX_NDIM,
+    REGION_MAGIC,
+    REGION_MAGIC_V1,
+    REGION_RECORD,
+    REGION_RECORD_V1,
     VERSION,
+    FileHeader,
     RegionHeader,
     decode_index,
     index_table,
+    parse_file_header,
+    region_struct,
     values_start,
 )
+from rollfeed.payload.safe_open import open_beneath
 from rollfeed.payload.segment import ITEMSIZE
+
+SUFFIX = ".rfp"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FileScan:
-    """What one payload file holds: its regions, and what is wrong with it (empty when sound)."""
+    """What one opened payload file holds: its regions up to the first problem, and that problem."""
 
     file: str
     size: int
     mtime: float
     regions: list[tuple[int, RegionHeader]] = field(default_factory=list)  # (body offset, header)
-    problems: list[str] = field(default_factory=list)
+    problem: PayloadError | None = None
 
 
-def payload_files(root: str) -> list[str]:
-    """Every ``*.rfp`` under ``root``, relative to it, sorted."""
-    found = []
-    for here, _, names in os.walk(root):
-        found += [os.path.relpath(os.path.join(here, n), root) for n in names if n.endswith(".rfp")]
-    return sorted(found)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RootScan:
+    """Every ``*.rfp`` file opened under a root (``scans``, sorted by file) and every entry that
+    could not be scanned (``refused``: symlinks, FIFOs and other non-regular files, files or
+    directories that vanished or could not be read)."""
+
+    root: str
+    scans: list[FileScan]
+    refused: list[PayloadError]
+
+    @property
+    def entries(self) -> int:
+        return len(self.scans) + len(self.refused)
+
+    @property
+    def problems(self) -> list[PayloadError]:
+        """Every finding, refused entries first, then broken files in file order."""
+        return self.refused + [s.problem for s in self.scans if s.problem is not None]
+
+
+def scan_root(root: str) -> RootScan:
+    """Walk ``root`` (never following a symlink) and scan every ``*.rfp`` file under it."""
+    names, refused = _walk(root)
+    scans = []
+    for rel in names:
+        try:
+            scans.append(scan_file(root, rel))
+        except PayloadMissingFileError as err:
+            refused.append(type(err)(f"{err.message}: it vanished during the scan", file=rel))
+        except PayloadError as err:  # could not be opened: symlink swapped in, FIFO, ...
+            refused.append(err)
+    return RootScan(root=root, scans=scans, refused=sorted(refused, key=lambda e: e.file or ""))
+
+
+def _walk(root: str) -> tuple[list[str], list[PayloadError]]:
+    names: list[str] = []
+    refused: list[PayloadError] = []
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
+                entries = list(it)
+        except OSError as err:
+            refused.append(_os_finding(err, rel_dir or ".", "directory"))
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                if entry.is_symlink():
+                    refused.append(
+                        PayloadPathError(
+                            "symlink, not followed: readers never follow symlinks, so nothing "
+                            "behind it is readable by handle; put the file itself there",
+                            file=rel,
+                        )
+                    )
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(rel)
+                elif entry.name.endswith(SUFFIX):
+                    names.append(rel)  # open_beneath refuses a FIFO, socket or device by type
+            except OSError as err:
+                refused.append(_os_finding(err, rel, "entry"))
+    return sorted(names), refused
+
+
+def _os_finding(err: OSError, rel: str, what: str) -> PayloadError:
+    if isinstance(err, FileNotFoundError):
+        return PayloadMissingFileError(f"{what} vanished during the scan (pruned?)", file=rel)
+    return PayloadPathError(f"{what} cannot be read: {err.strerror}", file=rel)
 
 
 def scan_file(root: str, rel: str) -> FileScan:
-    """Walk the region headers of ``rel`` and decode every CSR index; stop at the first problem."""
-    path = os.path.join(root, rel)
-    st = os.stat(path)
-    scan = FileScan(file=rel, size=st.st_size, mtime=st.st_mtime)
-    with open(path, "rb") as f:
-        head = f.read(FILE_HEADER.size)
-        if len(head) < FILE_HEADER.size or FILE_HEADER.unpack(head)[0] != MAGIC:
-            scan.problems.append("bad magic: not a payload file")
-            return scan
-        if FILE_HEADER.unpack(head)[1] != VERSION:
-            scan.problems.append(
-                f"format version {FILE_HEADER.unpack(head)[1]}, expected {VERSION}"
-            )
-            return scan
-        at = FILE_HEADER.size
-        while at < st.st_size:
-            fixed = f.read(REGION_HEADER.size)
-            name_len = fixed[7] if len(fixed) == REGION_HEADER.size else 0
-            header = RegionHeader.unpack(fixed, f.read(name_len)) if name_len or fixed else None
-            if len(fixed) < REGION_HEADER.size or header is None:
-                scan.problems.append(f"offset {at}: not a region header")
-                return scan
-            body_at = at + header.size
-            problem = _check_region(f, header, body_at)
-            if problem:
-                scan.problems.append(f"offset {at} ({header.field}): {problem}")
-                return scan
-            scan.regions.append((body_at, header))
-            at = body_at + header.body_bytes
-            f.seek(at)
-        if at != st.st_size:
-            scan.problems.append(f"last region ends at {at}, file has {st.st_size} bytes")
-    return scan
+    """Walk the region headers of ``rel`` and decode every CSR index; stop at the first problem.
 
-
-def _check_region(f, header: RegionHeader, body_at: int) -> str | None:
-    size = os.fstat(f.fileno()).st_size
-    if body_at + header.body_bytes > size:
-        return f"body of {header.body_bytes} bytes runs past the end of the file ({size})"
-    if header.kind != KIND_RAGGED:
-        itemsize = ITEMSIZE[header.dtype]
-        if header.rows and (
-            header.body_bytes % header.rows or header.body_bytes // header.rows % itemsize
-        ):
-            return f"{header.body_bytes} bytes do not split into {header.rows} {header.dtype} rows"
-        return None
-    if header.count_bytes not in (1, 2, 4) or header.block_rows < 1:
-        return (
-            f"bad ragged layout (count bytes {header.count_bytes}, block rows {header.block_rows})"
-        )
-    expected = values_start(header.rows, header.count_bytes, header.block_rows) + 4 * header.values
-    if header.body_bytes != expected:
-        return f"ragged body is {header.body_bytes} bytes, its index says {expected}"
-    if header.rows:
-        one = np.ones(1, np.int64)
-        table = index_table(
-            0 * one,
-            header.rows * one,
-            header.rows * one,
-            header.values * one,
-            count_bytes=header.count_bytes,
-            block_rows=header.block_rows,
-        )
-        f.seek(body_at)
-        table.table[: int(table.span_len[0])] = np.frombuffer(
-            f.read(int(table.span_len[0])), np.uint8
-        )
+    Raises a :class:`PayloadError` only when the file cannot be opened (missing, a symlink, not a
+    regular file); problems with its bytes are returned in :attr:`FileScan.problem`.
+    """
+    fd = open_beneath(root, rel)
+    try:
+        st = os.fstat(fd)
+        regions: list[tuple[int, RegionHeader]] = []
         try:
-            decode_index(table)
+            _walk_regions(fd, rel, st.st_size, regions)
+            problem = None
         except PayloadError as err:
-            return str(err)
-    return None
+            problem = err
+        except OSError as err:  # EIO and the like, after the open succeeded
+            problem = PayloadIOError(f"read failed: {err.strerror}", file=rel)
+        return FileScan(
+            file=rel, size=st.st_size, mtime=st.st_mtime, regions=regions, problem=problem
+        )
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, rel: str, size: int, at: int, n: int, what: str) -> bytes:
+    """Exactly ``n`` bytes at ``at``; ``n`` is bounded by ``size`` before any buffer exists."""
+    if at + n > size:
+        raise PayloadTruncatedError(
+            f"file ends {size - at} bytes into the {n}-byte {what} ({size} bytes in all)",
+            file=rel,
+            offset=at,
+        )
+    raw = os.pread(fd, n, at)
+    if len(raw) != n:
+        raise PayloadTruncatedError(
+            f"file shrank during the scan: {len(raw)} of the {n}-byte {what} could be read",
+            file=rel,
+            offset=at,
+        )
+    return raw
+
+
+def _walk_regions(fd: int, rel: str, size: int, regions: list) -> None:
+    if size < FILE_HEADER_V1.size:
+        _read(fd, rel, size, 0, FILE_HEADER_V1.size, "file header")  # raises: cut short
+    try:
+        head = parse_file_header(os.pread(fd, min(size, FILE_HEADER.size), 0))
+    except PayloadError as err:
+        raise err.with_place(file=rel) from None
+    fixed_size = region_struct(head.version).size
+    at = head.size
+    while at < size:
+        k = len(regions)
+        fixed = _read(fd, rel, size, at, fixed_size, f"header of region {k}")
+        name_len = fixed[7]
+        name = _read(fd, rel, size, at + fixed_size, name_len, f"field name of region {k}")
+        header = RegionHeader.unpack(fixed, name, head.version)
+        if header is None:
+            raise _malformed(head, fixed, name, rel, at, k)
+        if header.file_id != head.file_id:
+            raise PayloadRegionError(
+                f"region {k}: header field file_id = {header.file_id} differs from the file "
+                f"header's {head.file_id} (a region of another file?)",
+                file=rel,
+                field=header.field,
+                offset=at,
+            )
+        body_at = at + header.size
+        _check_region(fd, rel, size, header, at, body_at, k)
+        regions.append((body_at, header))
+        at = body_at + header.body_bytes
+
+
+def _malformed(
+    head: FileHeader, fixed: bytes, name: bytes, rel: str, at: int, k: int
+) -> PayloadRegionError:
+    """Which part of a region header ``RegionHeader.unpack`` refused."""
+    v2 = head.version == VERSION
+    rec = np.frombuffer(fixed, REGION_RECORD if v2 else REGION_RECORD_V1)[0]
+    magic = REGION_MAGIC if v2 else REGION_MAGIC_V1
+    if rec["magic"] != magic:
+        what = f"magic {bytes(rec['magic'])!r}, expected {magic!r}"
+    elif rec["kind"] not in (KIND_FIXED, KIND_RAGGED):
+        what = f"header field kind = {rec['kind']}, expected {KIND_FIXED} or {KIND_RAGGED}"
+    elif rec["dtype"] >= len(DTYPE_CODES):
+        what = f"header field dtype code = {rec['dtype']}, expected < {len(DTYPE_CODES)}"
+    elif v2 and (rec["ndim"] > MAX_NDIM or (rec["kind"] == KIND_RAGGED and rec["ndim"])):
+        what = f"header field ndim = {rec['ndim']} (a ragged region has 0, a fixed one <= 4)"
+    elif v2 and rec["dims"][rec["ndim"] :].any():
+        what = f"header field dims = {rec['dims'].tolist()} has dims past ndim = {rec['ndim']}"
+    else:
+        what = f"field name {name!r} is not UTF-8"
+    return PayloadRegionError(
+        f"region {k} is not a well-formed region header: {what}", file=rel, offset=at
+    )
+
+
+def _check_region(
+    fd: int, rel: str, size: int, h: RegionHeader, at: int, body_at: int, k: int
+) -> None:
+    """Every size ``h`` claims, bounded by the file before anything is allocated for it."""
+
+    def bad(what: str, kind: type[PayloadError] = PayloadRegionError) -> PayloadError:
+        return kind(f"region {k}: {what}", file=rel, field=h.field, offset=at)
+
+    extent = size - body_at
+    if h.body_bytes > extent:
+        raise bad(
+            f"header field body_bytes = {h.body_bytes} runs past the end of the file "
+            f"(only {extent} bytes follow the header; cut short, or a damaged header)",
+            PayloadTruncatedError,
+        )
+    itemsize = ITEMSIZE[h.dtype]
+    if h.kind == KIND_FIXED:
+        if h.count_bytes or h.block_rows:
+            raise bad(
+                f"header fields count_bytes = {h.count_bytes}, block_rows = {h.block_rows} "
+                "must be 0 in a fixed-width region"
+            )
+        if h.values * itemsize != h.body_bytes:
+            raise bad(
+                f"header field values = {h.values} x {itemsize}-byte {h.dtype} disagrees with "
+                f"body_bytes = {h.body_bytes}"
+            )
+        if h.shape is not None and h.rows * math.prod(h.shape) != h.values:
+            raise bad(
+                f"header field rows = {h.rows} x row shape {list(h.shape)} disagrees with "
+                f"values = {h.values}"
+            )
+        if h.shape is None and h.values and (h.rows == 0 or h.values % h.rows):  # version 1
+            raise bad(f"header field rows = {h.rows} does not divide values = {h.values}")
+        return
+    if itemsize != 4 or h.count_bytes not in (1, 2, 4):
+        raise bad(
+            f"header fields dtype = {h.dtype}, count_bytes = {h.count_bytes}: a ragged region "
+            "stores 4-byte values and 1, 2 or 4-byte row lengths"
+        )
+    if not 1 <= h.block_rows <= max(h.rows, BLOCK_ROWS):
+        # Bounds the index table below: ceil(rows / B) blocks of 8 + B * count_bytes bytes.
+        raise bad(
+            f"header field block_rows = {h.block_rows}, expected 1..max(rows = {h.rows}, "
+            f"{BLOCK_ROWS})"
+        )
+    expected = values_start(h.rows, h.count_bytes, h.block_rows) + 4 * h.values
+    if h.body_bytes != expected:
+        raise bad(
+            f"header field body_bytes = {h.body_bytes}, but rows = {h.rows} and values = "
+            f"{h.values} make {expected}"
+        )
+    if h.rows == 0:
+        if h.values:
+            raise bad(f"header field values = {h.values} in a region of 0 rows")
+        return
+    one = np.ones(1, np.int64)
+    table = index_table(
+        0 * one,
+        h.rows * one,
+        h.rows * one,
+        h.values * one,
+        count_bytes=h.count_bytes,
+        block_rows=h.block_rows,
+    )
+    n = int(table.span_len[0])
+    table.table[:n] = np.frombuffer(
+        _read(fd, rel, size, body_at, n, f"index of region {k}"), np.uint8
+    )
+    try:
+        decode_index(table)
+    except PayloadError as err:
+        raise bad(err.message, type(err)) from None
