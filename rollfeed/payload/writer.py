@@ -262,7 +262,9 @@ class PayloadWriter:
                 )
             encode = self._encode_ragged if field.ragged else self._encode_fixed
             regions.append((name, int(first), *encode(name, field, arr)))
-        segments = []
+        segments: list[PayloadSegment] = []
+        if not regions:
+            return segments
         with self._lock:
             bufs, offsets, at = [], [], 0
             for _, _, header, body, _ in regions:

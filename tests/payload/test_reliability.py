@@ -160,7 +160,8 @@ def test_threads_sharing_a_root_over_more_files_than_max_open_read_exact_bytes(t
     segs = [write(tmp_path, name=f"w{i}", seed=i)["routed_experts"] for i in range(files)]
     segs = [s.model_copy(update={"pos": i * ROWS}) for i, s in enumerate(segs)]
     want = np.concatenate([routing(i) for i in range(files)])
-    root = PayloadRoot(tmp_path, max_open=3, retries=0)
+    # parallel_min_bytes=0: the reads of one window also share the root's pool of threads
+    root = PayloadRoot(tmp_path, max_open=3, retries=0, parallel_min_bytes=0)
     fds_before = len(os.listdir("/proc/self/fd"))
     failures, peak = [], [0]
 
@@ -384,6 +385,17 @@ def test_prune_refuses_a_symlinked_group_and_leaves_its_target(tmp_path):
     with pytest.raises(PayloadPathError):
         PayloadRoot(tmp_path).prune("../outside")
     assert (tmp_path / seg.file).exists()
+
+
+def test_writer_never_creates_its_file_through_a_symlinked_group(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "step_link")
+    w = PayloadWriter(tmp_path, group="step_link", name="w0")
+    with pytest.raises(PayloadPathError, match="symlink") as info:
+        w.write({"routed_experts": routing(0)}, pos=0)
+    w.close()
+    assert info.value.file == "step_link/w0.rfp"
+    assert not (tmp_path / "real" / "w0.rfp").exists()  # readers would refuse its records
 
 
 def test_writer_refuses_a_dtype_override_it_cannot_read_back(tmp_path):
