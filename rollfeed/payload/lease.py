@@ -15,7 +15,7 @@ import itertools
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,7 +119,15 @@ class Lease:
             if proc.pool is None:
                 proc.pool = ThreadPoolExecutor(root.threads, thread_name_prefix="rollfeed-read")
             pool = proc.pool
-        jobs = [pool.submit(self._read_runs, rs) for rs in by_file.values()]
+        jobs = []
+        try:
+            for rs in by_file.values():
+                try:
+                    jobs.append(pool.submit(self._read_runs, rs))
+                except RuntimeError:  # close() shut the pool down meanwhile: read these here
+                    self._read_runs(rs)
+        finally:
+            wait(jobs)  # all done before any error leaves: no thread still uses these fds
         for future in jobs:
             future.result()
 

@@ -75,7 +75,8 @@ class _ProcessState:
         self.pool: ThreadPoolExecutor | None = None
 
     def drop(self, entry: _Entry) -> None:
-        """Take ``entry`` out of the cache; its fd closes when no lease holds it. Holds lock."""
+        """Take ``entry`` out of the cache; its fd closes when no lease holds it. The caller
+        holds ``lock``."""
         if not entry.cached:
             return
         entry.cached = False
@@ -125,7 +126,9 @@ class PayloadRoot:
         parallel_min_bytes: int = 64 << 20,
     ) -> None:
         if max_open < 1 or retries < 0:
-            raise ValueError(f"PayloadRoot needs max_open >= 1 and retries >= 0, got {max_open}")
+            raise ValueError(
+                f"PayloadRoot needs max_open >= 1 and retries >= 0, got {max_open}, {retries}"
+            )
         self.path = os.path.abspath(os.fspath(path))
         self.max_open, self.retries, self.backoff_s = max_open, retries, backoff_s
         self.threads, self.parallel_min_bytes = threads, parallel_min_bytes
