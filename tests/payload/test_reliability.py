@@ -297,7 +297,7 @@ def test_csr_record_claiming_more_values_than_its_file_holds_allocates_nothing(t
 def test_ragged_record_claiming_a_huge_block_allocates_nothing(tmp_path):
     seg = write(tmp_path)["sampling_mask"]
     crafted = seg.model_copy(
-        update={"ragged": seg.ragged.model_copy(update={"block_rows": 1 << 30})}
+        update={"ragged": seg.ragged.model_copy(update={"block_rows": 1 << 24})}
     )
     root = fast_root(tmp_path)
     with pytest.raises(PayloadSegmentError, match="larger than both 128"):
@@ -307,7 +307,7 @@ def test_ragged_record_claiming_a_huge_block_allocates_nothing(tmp_path):
     )
     rows = np.array([3], np.int64)  # the index table itself refuses such a block (verify uses it)
     with pytest.raises(PayloadIndexError, match="larger than both 128") as info:
-        index_table(0 * rows, rows, rows, rows, count_bytes=4, block_rows=1 << 30)
+        index_table(0 * rows, rows, rows, rows, count_bytes=4, block_rows=1 << 24)
     assert info.value.request == 0
 
 
