@@ -179,10 +179,10 @@ def _mismatch(t, hbuf, name, size, file_id, shape, ragged) -> bool:
         elems = math.prod(shape)
         row_bytes = t.itemsize * elems
         q, r = np.divmod(body, row_bytes)
-        bad |= (r != 0) | (q != rows) | (body > room)
-        q, r = np.divmod(values, elems)
-        bad |= (r != 0) | (q != rows)
-        bad |= (rows == 0) & (row_bytes > np.maximum(size, _ROW_FLOOR))
+        # once body == rows * row_bytes <= room holds, rows * elems cannot wrap around
+        bad |= (r != 0) | (q != rows) | (body > room) | (values != rows * elems)
+        if not rows.all():
+            bad |= (rows == 0) & (row_bytes > np.maximum(size, _ROW_FLOOR))
     else:
         want = values_start(np.minimum(t.lay_rows, room), cb, block) + 4 * t.lay_values
         bad |= (rows != t.lay_rows) | (values != t.lay_values) | (body != want)
