@@ -7,7 +7,7 @@ the way is refused by the kernel (``ELOOP``/``ENOTDIR``), whatever it pointed to
 looked. The last component is opened ``O_NONBLOCK`` (a FIFO would otherwise block ``open`` until a
 writer appears) and its type is checked on the descriptor (``fstat``), never on the path.
 
-Worked example (root ``/r`` holding ``step_1/w0.rfp`` and a symlink ``step_1/evil -> /etc/passwd``)::
+Worked example (root ``/r`` with ``step_1/w0.rfp`` and a symlink ``step_1/evil -> /etc/passwd``)::
 
     open_beneath("/r", "step_1/w0.rfp")   -> fd of /r/step_1/w0.rfp
     open_beneath("/r", "step_1/evil")     -> PayloadPathError (symlink)
@@ -29,7 +29,8 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 
 
 def handle_parts(root: str, rel: str) -> list[str]:
-    """The components of handle ``rel``; refuses anything that could name a place outside ``root``."""
+    """The components of handle ``rel``; refuses anything that could name a place outside
+    ``root``."""
     if not isinstance(rel, str) or not rel:
         raise PayloadPathError(f"payload handle must be a non-empty string, got {rel!r}", file=None)
     bad = os.path.isabs(rel) or "\\" in rel or "\0" in rel
@@ -56,7 +57,8 @@ def open_beneath(root: str, rel: str) -> int:
     except FileNotFoundError:
         raise PayloadMissingFileError(f"payload root {root} does not exist", file=rel) from None
     except OSError as err:
-        raise PayloadPathError(f"cannot open payload root {root}: {err.strerror}", file=rel) from None
+        reason = f"cannot open payload root {root}: {err.strerror}"
+        raise PayloadPathError(reason, file=rel) from None
     try:
         for part in parts[:-1]:
             nfd = _open_component(part, _DIR_FLAGS, dfd, root, rel)

@@ -391,10 +391,16 @@ def struct_fields(st: struct.Struct) -> list[tuple[int, str]]:
         j = i
         while fmt[j].isdigit():
             j += 1
-        code = fmt[i : j + 1]
-        if fmt[j] != "x":
-            out.append((struct.calcsize(prefix), code))
-        prefix += code
+        code, count = fmt[j], int(fmt[i:j] or 1)
+        if code == "s":  # "8s" is one field of 8 bytes
+            out.append((struct.calcsize(prefix), fmt[i : j + 1]))
+            prefix += fmt[i : j + 1]
+        elif code == "x":
+            prefix += fmt[i : j + 1]
+        else:  # "4I" is four fields
+            for _ in range(count):
+                out.append((struct.calcsize(prefix), code))
+                prefix += code
         i = j + 1
     return out
 
