@@ -4,6 +4,7 @@ from rollfeed.loaders.build import StepDataLoader, build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import STEP_STRIDE, RolloutDataset
 from rollfeed.loaders.errors import (
+    EmptyStepError,
     LoaderConfigError,
     LoaderError,
     LoaderStateError,
@@ -21,6 +22,7 @@ from rollfeed.loaders.topology import Topology
 
 __all__ = [
     "STEP_STRIDE",
+    "EmptyStepError",
     "LoaderConfigError",
     "LoaderError",
     "LoaderStateError",

@@ -36,3 +36,7 @@ class StepTimeoutError(LoaderError):
 
 class LoaderStateError(LoaderError):
     """A saved state cannot be loaded here (other version, world shape or seed)."""
+
+
+class EmptyStepError(LoaderError):
+    """A step has no micro batch to train on: its file holds no samples, or all were dropped."""

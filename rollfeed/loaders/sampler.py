@@ -37,7 +37,7 @@ from torch.utils.data import Sampler
 
 from rollfeed.collate.balance import DEFAULT_QUADRATIC
 from rollfeed.loaders.dataset import RolloutDataset
-from rollfeed.loaders.errors import LoaderConfigError, StepTimeoutError
+from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError, StepTimeoutError
 from rollfeed.loaders.plan import MicroPlan, PlanSpec, plan_step
 from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
 from rollfeed.loaders.step_files import step_file_name
@@ -164,9 +164,24 @@ class MicroBatchSampler(Sampler[list[int]]):
             self._consumed = k + 1
             yield micro[k]
         self._normalize()
-        if not micro:  # an empty step still counts as done
+        if not micro:  # counted as done, so a caller that catches the error goes on at the next
             self._step, self._consumed, self._step_size = step + 1, 0, None
+            raise self._empty_step_error(step)
         logger.debug("step %d done (%d micro batches)", step, len(micro))
+
+    def _empty_step_error(self, step: int) -> EmptyStepError:
+        samples = len(self.plan(step)[1])
+        why = (
+            "its step file holds no samples"
+            if samples == 0
+            else f"all {samples} samples were dropped as longer than seq_len={self.spec.seq_len} "
+            "(overlong='drop'; use 'truncate' to keep them)"
+        )
+        directory = self.dataset.directory
+        return EmptyStepError(
+            f"step {step} has no micro batch to train on: {why}",
+            file=None if directory is None else os.path.join(directory, step_file_name(step)),
+        )
 
     def __len__(self) -> int:
         """Micro batches left in this pass (once the step file is there: may wait for it)."""

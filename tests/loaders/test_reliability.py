@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from rollfeed.loaders import RolloutDataset, StepTimeoutError, Topology, build_dataloader
+from rollfeed.loaders import (
+    EmptyStepError,
+    RolloutDataset,
+    StepTimeoutError,
+    Topology,
+    build_dataloader,
+)
 from rollfeed.loaders.step_files import read_step_file, write_step_file
 from rollfeed.payload import PayloadMissingFileError
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
@@ -207,3 +213,33 @@ def test_worker_error_keeps_type_and_place(missing_payload, options):
         resumed = loader(num_workers=2, **options)
         resumed.load_state_dict(state)
         assert len(list(resumed)) == len(list(loader(num_workers=0)))
+
+
+def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_next_pass_goes_on(
+    run, tmp_path
+):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    write_step_file(steps, 0, [])
+    write_step_file(steps, 1, read_step_file(run / "steps" / "step_000000.jsonl"))
+    loader = build_dataloader(
+        _dataset(steps), TOPO, seq_len=SEQ_LEN, root=run / "payload", step_timeout_s=0.1
+    )
+    err = _first_error(loader)
+    assert isinstance(err, EmptyStepError)
+    assert err.file == str(steps / "step_000000.jsonl")
+    assert "no samples" in str(err)
+    got = list(loader)  # the empty step counts as done: the next pass is step 1, whole
+    for k, (a, b) in enumerate(zip(got, _reference(run), strict=True)):
+        assert_bitwise(a, b, f"micro batch {k}")
+
+
+def test_step_whose_samples_are_all_dropped_as_overlong_is_an_empty_step_error(run):
+    samples = read_step_file(run / "steps" / "step_000000.jsonl")
+    shortest = min(len(s) for s in samples)
+    loader = build_dataloader(
+        RolloutDataset(samples), TOPO, seq_len=shortest - 1, root=run / "payload", overlong="drop"
+    )
+    err = _first_error(loader)
+    assert isinstance(err, EmptyStepError)
+    assert f"all {len(samples)} samples were dropped" in str(err)
