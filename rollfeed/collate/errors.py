@@ -1,41 +1,19 @@
 """Typed collate errors.
 
-Every error is a ``ValueError`` subclass (bad input, never an internal bug) and names what it knows
-of the place: the sample (its index in the batch, or its ``uid``), the field and the token position.
-``str(err)`` carries all of them, so the text survives a DataLoader worker boundary.
+Every error is a :class:`~rollfeed.errors.RollfeedError` (a ``ValueError``: bad input, never an
+internal bug) and names what it knows of the place: the sample (its index in the batch, or its
+``uid``), the field and the token position.
 """
 
 from __future__ import annotations
 
+from rollfeed.errors import RollfeedError
 
-class CollateError(ValueError):
+
+class CollateError(RollfeedError):
     """Base class: samples or batch options are not what planning needs."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        sample: int | str | None = None,
-        field: str | None = None,
-        pos: int | None = None,
-    ) -> None:
-        self.sample, self.field, self.pos = sample, field, pos
-        where = [
-            f"{k}={v}"
-            for k, v in (("sample", sample), ("field", field), ("pos", pos))
-            if v is not None
-        ]
-        super().__init__(f"{message} [{', '.join(where)}]" if where else message)
-
-    def __reduce__(self):  # keep the attributes through pickling (worker -> main process)
-        return (_rebuild, (type(self), self.args[0], self.sample, self.field, self.pos))
-
-
-def _rebuild(cls, text, sample, field, pos):
-    err = cls.__new__(cls)
-    ValueError.__init__(err, text)
-    err.sample, err.field, err.pos = sample, field, pos
-    return err
+    PLACE = ("sample", "field", "pos")
 
 
 class SampleLengthError(CollateError):

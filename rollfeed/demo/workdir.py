@@ -26,10 +26,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollfeed.errors import RollfeedError
+
 LOCK_NAME = ".rollfeed-demo.lock"
 
 
-class DemoWorkdirInUseError(ValueError):
+class DemoWorkdirInUseError(RollfeedError):
     """An explicit demo work directory is held by another demo run that is still running."""
 
 

@@ -1,25 +1,16 @@
-"""Typed loader errors: ``ValueError`` subclasses that name the value, the bound and the fix.
-
-``str(err)`` carries the place (step file and line), so the text survives a DataLoader worker
-boundary; ``__reduce__`` keeps the attributes through pickling as well.
+"""Typed loader errors: :class:`~rollfeed.errors.RollfeedError` subclasses that name the value,
+the bound and the fix, and the place (step file and line).
 """
 
 from __future__ import annotations
 
+from rollfeed.errors import RollfeedError
 
-class LoaderError(ValueError):
+
+class LoaderError(RollfeedError):
     """Base class: loader input, configuration or saved state is not what the loader needs."""
 
-    def __init__(self, message: str, *, file: str | None = None, line: int | None = None) -> None:
-        self.message, self.file, self.line = message, file, line
-        where = [f"{k}={v}" for k, v in (("file", file), ("line", line)) if v is not None]
-        super().__init__(f"{message} [{', '.join(where)}]" if where else message)
-
-    def __reduce__(self):
-        return (type(self), (self.message,), {"file": self.file, "line": self.line})
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(self.message, **state)
+    PLACE = ("file", "line")
 
 
 class LoaderConfigError(LoaderError):

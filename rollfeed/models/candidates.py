@@ -31,12 +31,13 @@ from typing import Literal
 
 import torch
 
+from rollfeed.errors import RollfeedError
 from rollfeed.models.tp import ProcessGroup, all_reduce_max, all_reduce_sum_local_grad
 
 MissingLabel = Literal["error", "full_vocab"]
 
 
-class SupportInputError(ValueError):
+class SupportInputError(RollfeedError):
     """Bad shapes, dtypes, options or ids given to a support scorer."""
 
 

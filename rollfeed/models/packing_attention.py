@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rollfeed.errors import RollfeedError
 from rollfeed.models.ulysses import (
     SequenceParallel,
     gather_rank_order,
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 PACKED_ATTENTION = "rollfeed_packed"
 
 
-class PackingError(ValueError):
+class PackingError(RollfeedError):
     """Packing metadata (positions, cu_seqlens, canonical indices) not describing the row."""
 
 

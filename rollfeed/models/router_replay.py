@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rollfeed.errors import RollfeedError
+
 logger = logging.getLogger(__name__)
 
 # Routers whose forward is softmax over all experts -> top-k -> optional renormalisation, returning
@@ -50,7 +52,7 @@ SOFTMAX_TOPK_ROUTERS = frozenset(
 )
 
 
-class RoutingReplayError(ValueError):
+class RoutingReplayError(RollfeedError):
     """Recorded routing that does not fit the model (shape, expert id range, coverage)."""
 
 

@@ -25,10 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rollfeed.errors import RollfeedError
+
 logger = logging.getLogger(__name__)
 
 
-class UlyssesShapeError(ValueError):
+class UlyssesShapeError(RollfeedError):
     """A head or sequence count that the sequence-parallel group cannot split evenly."""
 
 

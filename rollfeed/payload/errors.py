@@ -1,48 +1,19 @@
 """Typed payload errors.
 
-Every error is a ``ValueError`` subclass (bad data or bad input, never an internal bug) and names
-what it knows of the place: the file (relative to the payload root), the field, the byte offset and
-the token position. ``str(err)`` carries all of them, so a message that crosses a DataLoader worker
-boundary (which re-raises from the formatted text) keeps the file name intact.
+Every error is a :class:`~rollfeed.errors.RollfeedError` (a ``ValueError``: bad data or bad
+input, never an internal bug) and names what it knows of the place: the file (relative to the
+payload root), the field, the byte offset and the token position.
 """
 
 from __future__ import annotations
 
+from rollfeed.errors import RollfeedError
 
-class PayloadError(ValueError):
+
+class PayloadError(RollfeedError):
     """Base class: a payload record or payload bytes are not what the reader or writer needs."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        file: str | None = None,
-        field: str | None = None,
-        offset: int | None = None,
-        pos: int | None = None,
-    ) -> None:
-        self.message = message
-        self.file, self.field, self.offset, self.pos = file, field, offset, pos
-        where = [
-            f"{k}={v}"
-            for k, v in (("file", file), ("field", field), ("offset", offset), ("pos", pos))
-            if v is not None
-        ]
-        super().__init__(f"{message} [{', '.join(where)}]" if where else message)
-
-    def with_place(self, **place: str | int | None) -> PayloadError:
-        """The same error with the places it did not know yet filled in (e.g. the field name)."""
-        known = {"file": self.file, "field": self.field, "offset": self.offset, "pos": self.pos}
-        known.update({k: v for k, v in place.items() if known[k] is None})
-        return type(self)(self.message, **known)
-
-    def __reduce__(self):  # keep the attributes through pickling (worker -> main process)
-        place = {"file": self.file, "field": self.field, "offset": self.offset, "pos": self.pos}
-        return (_rebuild, (type(self), self.message, place))
-
-
-def _rebuild(cls: type[PayloadError], message: str, place: dict) -> PayloadError:
-    return cls(message, **place)
+    PLACE = ("file", "field", "offset", "pos")
 
 
 class UnknownFieldError(PayloadError):
