@@ -1,6 +1,7 @@
 """Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch."""
 
 from rollfeed.collate.balance import partition_costs, sequence_cost
+from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.cp import attention_work, field_ranges, ranges_index, rank_ranges
 from rollfeed.collate.errors import (
     BatchConfigError,
@@ -30,6 +31,7 @@ __all__ = [
     "DuplicateFieldError",
     "MicroBatch",
     "OverlongError",
+    "PlanConfig",
     "Sample",
     "SampleDtypeError",
     "SampleLengthError",

@@ -1,0 +1,120 @@
+"""PlanConfig: the planner's options, one frozen value shared by every stage that plans or places.
+
+``prepare_batch``, the loader's sampler and collator and ``build_dataloader`` all take this one
+object, so they cannot be given different options one by one. Runtime facts (the DP size, a
+rank's topology, the payload root) are separate arguments: they say where a plan runs, not what
+it is. A micro batch records the config it was planned with (``MicroBatch.config``), so later
+stages read the CP size and layout from it instead of asking for them again.
+
+Example::
+
+    config = PlanConfig(seq_len=8, cp_size=2, cp_layout="zigzag")
+    config.pad                                  # 4: every slot and row a multiple of 2 * cp_size
+    prepare_batch(samples, config, dp_size=2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from rollfeed.collate.balance import DEFAULT_QUADRATIC
+from rollfeed.collate.errors import BatchConfigError
+from rollfeed.payload import PAYLOAD_FIELDS, PayloadField
+
+Layout = Literal["contiguous", "zigzag"]
+Overlong = Literal["truncate", "drop", "error"]
+LAYOUTS: tuple[Layout, ...] = ("contiguous", "zigzag")
+OVERLONG: tuple[Overlong, ...] = ("truncate", "drop", "error")
+
+
+def _int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BatchConfigError(f"PlanConfig.{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanConfig:
+    """How samples become micro batches; checked on construction (:class:`BatchConfigError`).
+
+    Args:
+        seq_len: tokens per micro batch row at most; a multiple of :attr:`pad`.
+        cp_size: context-parallel ranks a row is split over (the ``cp`` axis).
+        cp_layout: ``"contiguous"`` (rank ``r`` holds chunk ``r`` of the row) or ``"zigzag"``
+            (chunks ``r`` and ``2 * cp_size - 1 - r`` of every sample's slot, which balances
+            causal attention; slots are padded to a multiple of ``2 * cp_size``).
+        pad_to_multiple_of: a row's length is padded to a multiple of this; ``None``: the
+            layout's unit, ``cp_size`` (contiguous) or ``2 * cp_size`` (zigzag). Must be a
+            multiple of that unit.
+        overlong: a sample longer than ``seq_len`` is cut to it (``"truncate"``, counted),
+            left out (``"drop"``, counted) or refused (``"error"``, :class:`OverlongError`).
+        quadratic_cost: weight of ``L**2`` in a sample's balance cost ``L + q * L**2`` (causal
+            attention against per-token work); ``0`` balances tokens only.
+        fields: the payload field registry samples are checked against and fields are read
+            with (fill, window, ragged-ness); default the shared ``PAYLOAD_FIELDS``.
+    """
+
+    seq_len: int
+    cp_size: int = 1
+    cp_layout: Layout = "contiguous"
+    pad_to_multiple_of: int | None = None
+    overlong: Overlong = "truncate"
+    quadratic_cost: float = DEFAULT_QUADRATIC
+    fields: Mapping[str, PayloadField] = field(default_factory=lambda: PAYLOAD_FIELDS, hash=False)
+
+    def __post_init__(self) -> None:
+        _int("seq_len", self.seq_len)
+        _int("cp_size", self.cp_size)
+        if self.cp_layout not in LAYOUTS:
+            raise BatchConfigError(
+                f"PlanConfig.cp_layout must be one of {LAYOUTS}, got {self.cp_layout!r}"
+            )
+        if self.overlong not in OVERLONG:
+            raise BatchConfigError(
+                f"PlanConfig.overlong must be one of {OVERLONG}, got {self.overlong!r}"
+            )
+        q = self.quadratic_cost
+        if isinstance(q, bool) or not isinstance(q, int | float) or not math.isfinite(q) or q < 0:
+            raise BatchConfigError(
+                f"PlanConfig.quadratic_cost must be a finite number >= 0, got {q!r}"
+            )
+        unit = self.unit
+        pad = self.pad_to_multiple_of
+        if pad is not None and (_int("pad_to_multiple_of", pad) % unit):
+            raise BatchConfigError(
+                f"PlanConfig.pad_to_multiple_of must be a multiple of {unit} ({self.cp_layout}, "
+                f"cp_size={self.cp_size}), got {pad}"
+            )
+        if self.seq_len % self.pad:
+            raise BatchConfigError(
+                f"PlanConfig.seq_len={self.seq_len} is not a multiple of the pad multiple "
+                f"{self.pad} ({self.cp_layout}, cp_size={self.cp_size}); choose seq_len = k * "
+                f"{self.pad}"
+            )
+        if not isinstance(self.fields, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, PayloadField) for k, v in self.fields.items()
+        ):
+            raise BatchConfigError(
+                "PlanConfig.fields must map field names to PayloadField, e.g. PAYLOAD_FIELDS"
+            )
+
+    @property
+    def unit(self) -> int:
+        """Length every CP-split unit is a multiple of: ``cp_size``, or ``2 * cp_size`` (zigzag)."""
+        return 2 * self.cp_size if self.cp_layout == "zigzag" else self.cp_size
+
+    @property
+    def pad(self) -> int:
+        """Pad multiple of a row's length, and the length of a dummy micro batch."""
+        return self.unit if self.pad_to_multiple_of is None else self.pad_to_multiple_of
+
+    def differences(self, other: PlanConfig) -> list[str]:
+        """``"name: self != other"`` for every option that differs (empty when equal)."""
+        return [
+            f"{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
