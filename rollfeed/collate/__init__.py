@@ -12,10 +12,8 @@ from rollfeed.collate.errors import (
     SampleLengthError,
     SampleValueError,
     SegmentRangeError,
-    TurnGapError,
 )
 from rollfeed.collate.micro_batch import MicroBatch
-from rollfeed.collate.multiturn import Turn, assemble_turns
 from rollfeed.collate.pack import pack_ffd
 from rollfeed.collate.prepare import BatchPlan, prepare_batch
 from rollfeed.collate.sample import Sample
@@ -38,9 +36,6 @@ __all__ = [
     "SampleValueError",
     "SegmentRangeError",
     "TensorMicroBatch",
-    "Turn",
-    "TurnGapError",
-    "assemble_turns",
     "attention_work",
     "field_ranges",
     "pack_ffd",

@@ -40,10 +40,6 @@ class BatchConfigError(CollateError):
     """Batch options are inconsistent (sizes < 1, unknown layout, seq_len not divisible, ...)."""
 
 
-class TurnGapError(CollateError):
-    """Multi-turn assembly found a gap in an ``inputs`` field's coverage under ``gap="raise"``."""
-
-
 class SampleValueError(CollateError):
     """A per-token value cannot be trained on: a NaN or infinite advantage or inference logprob,
     or a temperature that is not finite and > 0, on a loss-bearing token; a negative token id."""

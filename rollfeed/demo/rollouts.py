@@ -25,15 +25,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rollfeed.collate import Sample
-from rollfeed.payload import (
+from rollfeed.capture import (
     CaptureConfig,
-    PayloadWriter,
     capture_request_output,
     capture_sampling_params,
     check_engine,
 )
-from rollfeed.payload.vllm_capture import import_vllm
+from rollfeed.capture.vllm_adapter import import_vllm
+from rollfeed.collate import Sample
+from rollfeed.payload import PayloadWriter
 
 STEP = 1
 

@@ -42,7 +42,7 @@ def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
 def run_demo(
     workdir: str | os.PathLike[str] | None, *, prompts: int, samples: int, max_tokens: int
 ) -> int:
-    from rollfeed.payload.vllm_capture import import_vllm
+    from rollfeed.capture.vllm_adapter import import_vllm
 
     try:
         import_vllm()

@@ -20,13 +20,10 @@ from rollfeed.collate import (
     Sample,
     SampleDtypeError,
     SampleLengthError,
-    Turn,
-    assemble_turns,
     prepare_batch,
 )
 from rollfeed.collate.errors import SampleValueError
 from rollfeed.payload import PayloadSegment
-from rollfeed.payload.errors import UnknownFieldError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 T = 6
@@ -194,14 +191,6 @@ def test_ragged_row_claiming_more_values_than_given_names_the_row():
     with pytest.raises(SampleLengthError, match="more than the 1") as err:
         _sample(fields={"sampling_mask": (counts, np.array([7], np.int32))})
     assert (err.value.field, err.value.pos) == ("sampling_mask", 2)
-
-
-def test_assemble_turns_with_an_unknown_field_is_a_typed_error():
-    seg = PayloadSegment(
-        field="no_such_field", file="a.rfp", offset=64, pos=0, rows=1, dtype="uint8"
-    )
-    with pytest.raises(UnknownFieldError, match="no_such_field"):
-        assemble_turns([Turn(length=2, segments=(seg,))])
 
 
 def _readme_collate_loop() -> str:

@@ -1,4 +1,4 @@
-"""Pure capture conversion: kept sets from processed-logprob rows, policies, routing alignment."""
+"""Kept sets from processed-logprob rows and native masks, and the replay policies."""
 
 import math
 from types import SimpleNamespace
@@ -6,14 +6,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rollfeed.payload import (
+from rollfeed.capture import (
     CaptureError,
     LogprobRows,
-    RoutingShapeError,
     SupportBoundError,
     SupportMembershipError,
-    align_routed_experts,
-    routed_dtype,
     support_from_logprob_rows,
     support_from_native_mask,
 )
@@ -50,7 +47,7 @@ def test_docstring_example():
     rows = rows_of({7: -0.4, 3: -1.1, 9: -INF}, {5: -0.2, 7: -1.9, 2: -2.5})
     with pytest.raises(SupportBoundError) as err:
         support_from_logprob_rows(rows, [7, 5], requested=3)
-    assert err.value.pos == 1 and "top_k" in str(err.value)
+    assert err.value.token == 1 and "top_k" in str(err.value)
     got = support_from_logprob_rows(rows, [7, 5], requested=3, policy="repair")
     assert got.counts.tolist() == [2, 3]
     assert got.ids.tolist() == [3, 7, 2, 5, 7]
@@ -81,7 +78,7 @@ def test_sampled_outside_kept_set_error_and_repair():
     rows = rows_of({3: -0.1, 8: -2.3, 5: -INF}, {1: -0.7, 2: -0.7, 6: -INF, 9: -INF})
     with pytest.raises(SupportMembershipError) as err:
         support_from_logprob_rows(rows, [3, 9], requested=3)
-    assert err.value.pos == 1 and "9" in str(err.value) and "[1, 2]" in str(err.value)
+    assert err.value.token == 1 and "9" in str(err.value) and "[1, 2]" in str(err.value)
     got = support_from_logprob_rows(rows, [3, 9], requested=3, policy="repair")
     assert got.counts.tolist() == [2, 3]
     assert got.ids.tolist() == [3, 8, 1, 2, 9]  # 9 added so the trainer's label is in S
@@ -165,39 +162,8 @@ def test_native_mask():
     assert got.metrics["rows_bound"] == 0 and got.trainable.all()
     with pytest.raises(SupportMembershipError) as err:
         support_from_native_mask([[4, 9], [3, 5]], [9, 8], rows=rows)
-    assert err.value.pos == 1
+    assert err.value.token == 1
     repaired = support_from_native_mask([[4, 9], [3, 5]], [9, 8], rows=rows, policy="repair")
     assert repaired.ids.tolist() == [4, 9, 3, 5, 8] and repaired.trainable.tolist() == [True, False]
     with pytest.raises(CaptureError, match="logprob rows"):
         support_from_native_mask([[4]], [4], rows=rows)
-
-
-def test_routed_dtype():
-    assert routed_dtype(8) == np.uint8 and routed_dtype(256) == np.uint8
-    assert routed_dtype(257) == np.uint16 and routed_dtype(65536) == np.uint16
-    with pytest.raises(RoutingShapeError):
-        routed_dtype(0)
-    with pytest.raises(RoutingShapeError):
-        routed_dtype(70000)
-
-
-def test_align_routed_experts_rows_and_prompt_start():
-    routed = np.arange(4 * 2 * 2).reshape(4, 2, 2) % 8  # prompt 3 + completion 2 - 1 rows
-    out = align_routed_experts(routed, prompt_len=3, completion_len=2, num_experts=8)
-    assert out.dtype == np.uint8 and np.array_equal(out, routed)
-    later = align_routed_experts(
-        routed[2:], prompt_len=3, completion_len=2, num_experts=300, prompt_start=2
-    )
-    assert later.dtype == np.uint16 and np.array_equal(later, routed[2:])
-    with pytest.raises(RoutingShapeError, match=r"needs \[4, layers, top_k\]"):
-        align_routed_experts(
-            np.zeros((5, 2, 2), np.int64), prompt_len=3, completion_len=2, num_experts=8
-        )  # a row for the final token: not what engines emit
-    with pytest.raises(RoutingShapeError, match="outside"):
-        bad = routed.copy()
-        bad[3, 1, 0] = 8
-        align_routed_experts(bad, prompt_len=3, completion_len=2, num_experts=8)
-    with pytest.raises(RoutingShapeError, match="integer"):
-        align_routed_experts(routed.astype(float), prompt_len=3, completion_len=2, num_experts=8)
-    with pytest.raises(RoutingShapeError, match="prompt_start"):
-        align_routed_experts(routed, prompt_len=3, completion_len=2, num_experts=8, prompt_start=4)

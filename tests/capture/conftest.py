@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from rollfeed.payload import CaptureConfig
+from rollfeed.capture import CaptureConfig
 
 TOP_K = 5
 

@@ -1,4 +1,4 @@
-"""Multi-turn assembly: shifting, the final-token policy and the gap policy, all counted."""
+"""Turn assembly: shifting, the final-token policy and the gap policy, all counted."""
 
 from __future__ import annotations
 
@@ -6,16 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import (
-    Sample,
-    SegmentRangeError,
-    Turn,
-    TurnGapError,
-    assemble_turns,
-    prepare_batch,
-    to_tensor_micro_batch,
-)
-from rollfeed.payload import PayloadRoot, PayloadWriter, read_field
+from rollfeed.capture import Turn, TurnGapError, TurnRangeError, assemble_turns
+from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.payload import PayloadRoot, PayloadSegment, PayloadWriter, read_field
+from rollfeed.payload.errors import UnknownFieldError
 
 
 def _routing(writer, n, seed):
@@ -63,8 +57,15 @@ def test_fill_final_token(turns):
     got = read_field(segs, "routed_experts", (0, 7), root=root)
     zero = np.zeros((1, 2, 2), np.uint8)
     assert torch.equal(got, torch.from_numpy(np.concatenate([ids0, zero, ids1, zero])))
-    sample = Sample(np.arange(7), np.ones(7), np.zeros(7), np.zeros(7), payload=segs)
-    t = to_tensor_micro_batch(prepare_batch([sample], seq_len=8, dp_size=1)[0][0], root=root)
+    sample = Sample(
+        token_ids=np.arange(7),
+        loss_mask=np.ones(7),
+        advantages=np.zeros(7),
+        inference_logprobs=np.zeros(7),
+        payload=segs,
+    )
+    plan = prepare_batch([sample], PlanConfig(seq_len=8), dp_size=1)
+    t = to_tensor_micro_batch(plan[0][0], cp_rank=0, root=root)
     assert torch.equal(t.fields["routed_experts"][:7], got)
 
 
@@ -84,5 +85,14 @@ def test_hole_inside_a_turn(turns):
     holed = Turn(length=5, segments=(seg.model_copy(update={"pos": 1}),))  # position 0 missing
     with pytest.raises(TurnGapError, match="pos=0"):
         assemble_turns([holed], gap="raise")
-    with pytest.raises(SegmentRangeError, match="turn 0"):
+    with pytest.raises(TurnRangeError, match="turn 0") as err:
+        assemble_turns([Turn(length=2, segments=(seg,))])
+    assert (err.value.turn, err.value.field) == (0, "routed_experts")
+
+
+def test_assemble_turns_with_an_unknown_field_is_a_typed_error():
+    seg = PayloadSegment(
+        field="no_such_field", file="a.rfp", offset=64, pos=0, rows=1, dtype="uint8"
+    )
+    with pytest.raises(UnknownFieldError, match="no_such_field"):
         assemble_turns([Turn(length=2, segments=(seg,))])

@@ -6,19 +6,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rollfeed.payload import (
+from rollfeed.capture import (
     CaptureConfig,
     CaptureError,
     CaptureModeError,
     LogprobRows,
-    PayloadWriter,
     SamplingSettingsError,
     capture_request_output,
     check_engine,
     check_sampling_params,
     logprob_rows,
-    read_field,
 )
+from rollfeed.payload import PayloadWriter, read_field
 
 INF = math.inf
 

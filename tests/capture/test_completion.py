@@ -6,18 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import Sample, Turn, assemble_turns
-from rollfeed.payload import (
+from rollfeed.capture import (
     CaptureConfig,
     CaptureError,
     LogprobRows,
-    PayloadWriter,
     RoutingShapeError,
     SamplingSettingsError,
+    Turn,
+    assemble_turns,
     capture_completion,
-    read_field,
+    support_from_logprob_rows,
 )
-from rollfeed.payload.capture import support_from_logprob_rows
+from rollfeed.collate import Sample
+from rollfeed.payload import PayloadWriter, read_field
 
 INF = math.inf
 
@@ -71,10 +72,10 @@ def test_round_trip_through_the_payload(tmp_path):
         assert int(completion[i]) in ids  # the label is in its support
     assert (mask[:6] == -1).all() and (mask[T - 1] == -1).all()
     sample = Sample(
-        got.token_ids,
-        got.loss_mask,
-        np.ones(T, np.float32),
-        got.inference_logprobs,
+        token_ids=got.token_ids,
+        loss_mask=got.loss_mask,
+        advantages=np.ones(T, np.float32),
+        inference_logprobs=got.inference_logprobs,
         payload=got.segments,
     )
     assert Sample.from_json(sample.to_json()).payload == sample.payload

@@ -1,12 +1,12 @@
 """Capture one completion: kept sets, mask logprobs and routing written once, segments returned.
 
 :func:`capture_completion` is engine-independent (the vLLM adapter in
-:mod:`rollfeed.payload.vllm_capture` feeds it); it turns one request's outputs into the per-token
+:mod:`rollfeed.capture.vllm_adapter` feeds it); it turns one request's outputs into the per-token
 arrays a trainer sample needs plus payload segments, and never hands arrays of side channels on.
 
 Coordinates: a *turn* starts at ``prompt_start`` of its request (0 for single-turn; the length of
 the already-captured prefix for a later turn of a multi-turn rollout). Everything returned is
-relative to that start, which is what ``rollfeed.collate.Turn`` expects:
+relative to that start, which is what :class:`~rollfeed.capture.Turn` expects:
 
     turn tokens   = prompt_ids[prompt_start:] + completion_ids        (length L)
     routed rows   at positions 0 .. L - 2                              (field routed_experts)
@@ -25,64 +25,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollfeed.payload.capture import (
-    POLICIES,
+from rollfeed.capture.config import CaptureConfig
+from rollfeed.capture.errors import CaptureError
+from rollfeed.capture.kept_set import (
     LogprobRows,
-    Policy,
-    align_routed_experts,
-    routed_dtype,
     support_from_logprob_rows,
     support_from_native_mask,
 )
-from rollfeed.payload.capture_errors import CaptureError, SamplingSettingsError
-from rollfeed.payload.segment import PayloadSegment
-from rollfeed.payload.writer import FieldArray, PayloadWriter
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CaptureConfig:
-    """What to capture and how strictly.
-
-    top_k: the sampler's top_k (>= 2): it bounds the kept set. extra_logprobs: entries asked beyond
-    top_k (>= 1) so a cut kept set is detectable; ``requested = top_k + extra_logprobs``.
-    policy: ``"error"`` | ``"repair"`` (see :mod:`rollfeed.payload.capture`).
-    num_experts: the model's experts per MoE layer, when routing is captured (sets uint8/uint16).
-    mask_logprobs: also write ``sampling_mask_logprobs``.
-    """
-
-    top_k: int
-    extra_logprobs: int = 1
-    policy: Policy = "error"
-    num_experts: int | None = None
-    mask_logprobs: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k <= 1:
-            raise SamplingSettingsError(
-                f"capture needs top_k >= 2 to bound the kept set, got top_k={self.top_k!r}; "
-                "sample with top_k (e.g. 50) or turn capture off"
-            )
-        if self.extra_logprobs < 1:
-            raise CaptureError(
-                f"extra_logprobs must be >= 1 so a cut kept set is detectable, got "
-                f"{self.extra_logprobs}"
-            )
-        if self.policy not in POLICIES:
-            raise CaptureError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.num_experts is not None:
-            routed_dtype(self.num_experts)
-
-    @property
-    def writer_dtypes(self) -> dict[str, str]:
-        """``dtypes=`` for :class:`PayloadWriter`: one routing dtype for every request of a run."""
-        if self.num_experts is None:
-            return {}
-        return {"routed_experts": routed_dtype(self.num_experts).name}
-
-    @property
-    def requested(self) -> int:
-        """Logprobs to ask per token (``SamplingParams.logprobs``)."""
-        return self.top_k + self.extra_logprobs
+from rollfeed.capture.routing import align_routed_experts
+from rollfeed.payload import PayloadSegment, PayloadWriter
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,7 +43,7 @@ class CapturedCompletion:
     token_ids: int64. loss_mask: bool (completion tokens, less repaired ones).
     inference_logprobs: float32, the sampler's logprob of each completion token (0 elsewhere).
     new_prompt_len: prompt tokens this turn adds. segments: payload records, turn-relative.
-    metrics: counters of :class:`~rollfeed.payload.capture.SupportCapture` plus ``routed_rows``.
+    metrics: counters of :class:`~rollfeed.capture.SupportCapture` plus ``routed_rows``.
     """
 
     token_ids: np.ndarray
@@ -140,7 +91,9 @@ def capture_completion(
             logprobs, completion, requested=config.requested, policy=config.policy
         )
     new_prompt = prompt.size - prompt_start
-    arrays: dict[str, FieldArray] = {"sampling_mask": (support.counts, support.ids)}
+    arrays: dict[str, np.ndarray | tuple[np.ndarray, np.ndarray]] = {
+        "sampling_mask": (support.counts, support.ids)
+    }
     pos = {"sampling_mask": new_prompt}
     if config.mask_logprobs:
         arrays["sampling_mask_logprobs"] = (support.counts, support.logprobs)

@@ -27,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from rollfeed.payload.capture import LogprobRows
-from rollfeed.payload.capture_errors import CaptureError, CaptureModeError, SamplingSettingsError
-from rollfeed.payload.capture_writer import CaptureConfig, CapturedCompletion, capture_completion
-from rollfeed.payload.writer import PayloadWriter
+from rollfeed.capture.completion import CapturedCompletion, capture_completion
+from rollfeed.capture.config import CaptureConfig
+from rollfeed.capture.errors import CaptureError, CaptureModeError, SamplingSettingsError
+from rollfeed.capture.kept_set import LogprobRows
+from rollfeed.payload import PayloadWriter
 
 logger = logging.getLogger(__name__)
 
@@ -161,24 +162,32 @@ def capture_request_output(
     Uses the engine's native sampling mask when it returns one (GPU, Model Runner V2 with
     ``return_sampling_mask``), else the processed logprobs; routed experts when returned (then
     ``config.num_experts`` must be set). ``prompt_start``: the request's
-    ``routed_experts_prompt_start`` (the turn's first position, multi-turn).
+    ``routed_experts_prompt_start`` (the turn's first position, multi-turn). A
+    :class:`CaptureError` names the request id and the completion's index.
     """
+    request = getattr(output, "request_id", None)
     if not getattr(output, "finished", True):
-        raise CaptureError("capture needs finished request outputs (routing arrives at the end)")
+        raise CaptureError(
+            "capture needs finished request outputs (routing arrives at the end)", request=request
+        )
     prompt = list(output.prompt_token_ids or ())
     captured = []
-    for completion in output.outputs:
+    for k, completion in enumerate(output.outputs):
         native = getattr(completion, "sampling_mask", None)
-        captured.append(
-            capture_completion(
-                writer,
-                prompt_ids=prompt,
-                completion_ids=list(completion.token_ids),
-                logprobs=logprob_rows(completion.logprobs),
-                config=config,
-                routed_experts=getattr(completion, "routed_experts", None),
-                native_mask=None if native is None else native.token_ids,
-                prompt_start=prompt_start,
+        index = getattr(completion, "index", k)
+        try:
+            captured.append(
+                capture_completion(
+                    writer,
+                    prompt_ids=prompt,
+                    completion_ids=list(completion.token_ids),
+                    logprobs=logprob_rows(completion.logprobs),
+                    config=config,
+                    routed_experts=getattr(completion, "routed_experts", None),
+                    native_mask=None if native is None else native.token_ids,
+                    prompt_start=prompt_start,
+                )
             )
-        )
+        except CaptureError as err:
+            raise err.with_place(request=request, completion=index) from err
     return captured

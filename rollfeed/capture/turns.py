@@ -1,4 +1,4 @@
-"""Multi-turn assembly: stitch each turn's payload segments into one sample's payload.
+"""Turn assembly: stitch each turn's payload segments into one sample's payload.
 
 A multi-turn rollout is one flat token sequence built from several inference requests. Turn ``k``
 adds ``length`` tokens (its new prompt tokens, then its completion) starting at
@@ -32,12 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rollfeed.collate.errors import (
-    BatchConfigError,
-    SampleLengthError,
-    SegmentRangeError,
-    TurnGapError,
-)
+from rollfeed.capture.errors import CaptureError, TurnGapError, TurnRangeError
 from rollfeed.payload import (
     PAYLOAD_FIELDS,
     PayloadField,
@@ -78,20 +73,22 @@ def assemble_turns(
 ) -> tuple[list[PayloadSegment], dict[str, int]]:
     """Shift and stitch the turns' segments; returns ``(segments, metrics)`` (see module doc)."""
     if final_token not in ("fill", "repeat"):
-        raise BatchConfigError(f"final_token must be 'fill' or 'repeat', got {final_token!r}")
+        raise CaptureError(f"final_token must be 'fill' or 'repeat', got {final_token!r}")
     if gap not in ("drop", "raise"):
-        raise BatchConfigError(f"gap must be 'drop' or 'raise', got {gap!r}")
+        raise CaptureError(f"gap must be 'drop' or 'raise', got {gap!r}")
     metrics = {"turns": len(turns), "final_repeated": 0, "final_filled": 0, "gaps": 0}
     for k, turn in enumerate(turns):
         if isinstance(turn.length, bool) or not isinstance(turn.length, int) or turn.length < 1:
-            raise SampleLengthError(f"turn {k} has length {turn.length!r}; a turn adds >= 1 token")
+            raise TurnRangeError(
+                f"turn {k} has length {turn.length!r}; a turn adds >= 1 token", turn=k
+            )
         for s in turn.segments:
             lookup_field(s.field, fields)  # an unknown field is an UnknownFieldError naming it
             if s.pos < 0 or s.end > turn.length:
-                raise SegmentRangeError(
+                raise TurnRangeError(
                     f"turn {k} segment rows [{s.pos}, {s.end}) lie outside its [0, {turn.length})",
+                    turn=k,
                     field=s.field,
-                    pos=s.pos,
                 )
     inputs = sorted(
         {s.field for t in turns for s in t.segments if fields[s.field].window == "inputs"}
@@ -109,6 +106,7 @@ def assemble_turns(
                     raise TurnGapError(
                         f"turn {k} leaves a forwarded position without a row; pass gap='drop' to "
                         "train this sample without replay",
+                        turn=k,
                         field=name,
                         pos=offset + hole,
                     )

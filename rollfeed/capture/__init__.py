@@ -1,0 +1,70 @@
+"""Inference side: the sampler's kept sets and routed experts, captured by handle; turn assembly.
+
+A client of :mod:`rollfeed.payload` (it writes with :class:`~rollfeed.payload.PayloadWriter` and
+hands out segment records) and of nothing else of ours; vLLM is imported only when asked for
+(:func:`capture_sampling_params`), so the pure conversions work without it.
+
+- kept sets (:func:`support_from_logprob_rows`, :func:`support_from_native_mask`) and routed
+  experts (:func:`align_routed_experts`) from engine outputs, pure NumPy;
+- :func:`capture_completion`: one completion's side channels written, ``[L]`` arrays and segments
+  returned; :class:`CaptureConfig` fixes what is captured and how strictly;
+- the vLLM adapter (:func:`check_engine`, :func:`capture_sampling_params`,
+  :func:`capture_request_output`);
+- :func:`assemble_turns`: the turns of a multi-turn rollout stitched into one sample's payload;
+- :class:`CaptureError` and its family.
+"""
+
+from rollfeed.capture.completion import CapturedCompletion, capture_completion
+from rollfeed.capture.config import CaptureConfig
+from rollfeed.capture.errors import (
+    CaptureError,
+    CaptureModeError,
+    RoutingShapeError,
+    SamplingSettingsError,
+    SupportBoundError,
+    SupportMembershipError,
+    TurnGapError,
+    TurnRangeError,
+)
+from rollfeed.capture.kept_set import (
+    LogprobRows,
+    SupportCapture,
+    support_from_logprob_rows,
+    support_from_native_mask,
+)
+from rollfeed.capture.routing import align_routed_experts, routed_dtype
+from rollfeed.capture.turns import Turn, assemble_turns
+from rollfeed.capture.vllm_adapter import (
+    capture_request_output,
+    capture_sampling_params,
+    check_engine,
+    check_sampling_params,
+    logprob_rows,
+)
+
+__all__ = [
+    "CaptureConfig",
+    "CaptureError",
+    "CaptureModeError",
+    "CapturedCompletion",
+    "LogprobRows",
+    "RoutingShapeError",
+    "SamplingSettingsError",
+    "SupportBoundError",
+    "SupportCapture",
+    "SupportMembershipError",
+    "Turn",
+    "TurnGapError",
+    "TurnRangeError",
+    "align_routed_experts",
+    "assemble_turns",
+    "capture_completion",
+    "capture_request_output",
+    "capture_sampling_params",
+    "check_engine",
+    "check_sampling_params",
+    "logprob_rows",
+    "routed_dtype",
+    "support_from_logprob_rows",
+    "support_from_native_mask",
+]
