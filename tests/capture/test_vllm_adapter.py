@@ -12,12 +12,13 @@ from rollfeed.capture import (
     CaptureModeError,
     LogprobRows,
     SamplingSettingsError,
+    SupportMembershipError,
     capture_request_output,
     check_engine,
     check_sampling_params,
     logprob_rows,
 )
-from rollfeed.payload import PayloadWriter, read_field
+from rollfeed.payload import PayloadError, PayloadWriter, read_field
 
 INF = math.inf
 
@@ -145,3 +146,28 @@ def test_request_output_with_two_completions(tmp_path):
     np.testing.assert_allclose(got[1].inference_logprobs, [0, 0, 0, -0.6], rtol=1e-6)
     with pytest.raises(CaptureError, match="finished"):
         capture_request_output(writer, SimpleNamespace(finished=False), config)
+
+
+def test_a_capture_error_names_request_completion_and_token(tmp_path):
+    good = SimpleNamespace(index=0, token_ids=[7], logprobs=[{7: -0.1, 2: -2.4, 3: -INF}])
+    bad = SimpleNamespace(  # token 1 sampled 5, which its finite entries do not hold
+        index=1, token_ids=[7, 5], logprobs=[{7: 0.0, 4: -INF, 1: -INF}, {6: 0.0, 5: -INF, 2: -INF}]
+    )
+    out = SimpleNamespace(
+        request_id="cmpl-3", finished=True, prompt_token_ids=[1, 2], outputs=[good, bad]
+    )
+    with (
+        PayloadWriter(tmp_path, group="step_000001") as writer,
+        pytest.raises(SupportMembershipError) as err,
+    ):
+        capture_request_output(writer, out, CaptureConfig(top_k=2))
+    assert err.value.place == {
+        "request": "cmpl-3",
+        "completion": 1,
+        "turn": None,
+        "token": 1,
+        "field": None,
+        "pos": None,
+    }
+    assert "[request=cmpl-3, completion=1, token=1]" in str(err.value)
+    assert not isinstance(err.value, PayloadError)  # the engine's output is wrong, not a payload
