@@ -1,4 +1,9 @@
-"""Bytes <-> handles: per-token side channels written once, passed around as segment records."""
+"""Bytes <-> handles: per-token side channels written once, passed around as segment records.
+
+The byte format, the writer, the reader and the roots; it imports nothing of rollfeed but the leaf
+:mod:`rollfeed.errors`, and never vLLM. The inference side that writes through it (kept sets,
+routed experts, the vLLM adapter, turn assembly) is :mod:`rollfeed.capture`.
+"""
 
 from rollfeed.payload.errors import (
     PayloadDtypeError,
