@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from rollfeed.collate import Sample, attention_work, prepare_batch, rank_ranges
+from rollfeed.collate import PlanConfig, Sample, attention_work, prepare_batch, rank_ranges
 from rollfeed.payload import PayloadSegment, RaggedLayout
 
 SEQ_LEN, DP = 16384, 8
@@ -42,9 +42,9 @@ def _samples(n: int, rng: np.random.Generator) -> list[Sample]:
         out.append(
             Sample(
                 np.zeros(T, np.int64),
-                np.arange(T) >= P,
-                np.zeros(T, np.float32),
-                np.zeros(T, np.float32),
+                loss_mask=np.arange(T) >= P,
+                advantages=np.zeros(T, np.float32),
+                inference_logprobs=np.zeros(T, np.float32),
                 payload=segs,
             )
         )
@@ -56,15 +56,16 @@ def _time(samples: list[Sample], repeats: int, **kw) -> tuple[float, dict]:
     for _ in range(repeats):
         gc.collect()  # a full collection owed by building the samples is not planning time
         t = time.perf_counter()
-        plan = prepare_batch(samples, seq_len=SEQ_LEN, dp_size=DP, **kw)
+        plan = prepare_batch(samples, PlanConfig(seq_len=SEQ_LEN, **kw), dp_size=DP)
         best = min(best, time.perf_counter() - t)
     return best, plan
 
 
-def _cp_imbalance(plan, cp_size: int, layout: str) -> float:
+def _cp_imbalance(plan) -> float:
     """Work-weighted mean over micro batches of max/mean attention work across CP ranks."""
     num = den = 0.0
     for mb in (mb for r in plan for mb in r if not mb.is_dummy):
+        cp_size, layout = mb.config.cp_size, mb.config.cp_layout
         work = [attention_work(mb.cu_seqlens, rank_ranges(mb.cu_seqlens, r, cp_size, layout))
                 for r in range(cp_size)]  # fmt: skip
         num += max(work) * cp_size
@@ -92,9 +93,9 @@ def main(argv: list[str]) -> None:
     print(f"  time ratio 4096/512 = {t_large / t_small:.2f}x for 8x samples (goal <= 10x)")
     for cp in (2, 4, 8):
         _, c_plan = _time(large, 1, cp_size=cp, cp_layout="contiguous")
-        contiguous = _cp_imbalance(c_plan, cp, "contiguous")
+        contiguous = _cp_imbalance(c_plan)
         _, zz_plan = _time(large, 1, cp_size=cp, cp_layout="zigzag")
-        zigzag = _cp_imbalance(zz_plan, cp, "zigzag")
+        zigzag = _cp_imbalance(zz_plan)
         print(
             f"  cp={cp}: attention work max/mean across CP ranks: contiguous {contiguous:.3f}, "
             f"zigzag {zigzag:.3f}  (zigzag padding {zz_plan.metrics['padding_fraction']:.3f})"

@@ -13,9 +13,9 @@ from rollfeed.collate.errors import (
     SampleValueError,
     SegmentRangeError,
 )
-from rollfeed.collate.micro_batch import MicroBatch
+from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.pack import pack_ffd
-from rollfeed.collate.prepare import BatchPlan, prepare_batch
+from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
@@ -40,6 +40,8 @@ __all__ = [
     "field_ranges",
     "pack_ffd",
     "partition_costs",
+    "place_micro_batch",
+    "plan_lengths",
     "prepare_batch",
     "ranges_index",
     "rank_ranges",

@@ -21,12 +21,11 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from rollfeed.collate.balance import DEFAULT_QUADRATIC
+from rollfeed.collate.cp import Layout, layout_unit
 from rollfeed.collate.errors import BatchConfigError
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadField
 
-Layout = Literal["contiguous", "zigzag"]
 Overlong = Literal["truncate", "drop", "error"]
-LAYOUTS: tuple[Layout, ...] = ("contiguous", "zigzag")
 OVERLONG: tuple[Overlong, ...] = ("truncate", "drop", "error")
 
 
@@ -67,11 +66,7 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         _int("seq_len", self.seq_len)
-        _int("cp_size", self.cp_size)
-        if self.cp_layout not in LAYOUTS:
-            raise BatchConfigError(
-                f"PlanConfig.cp_layout must be one of {LAYOUTS}, got {self.cp_layout!r}"
-            )
+        unit = layout_unit(self.cp_size, self.cp_layout)
         if self.overlong not in OVERLONG:
             raise BatchConfigError(
                 f"PlanConfig.overlong must be one of {OVERLONG}, got {self.overlong!r}"
@@ -81,7 +76,6 @@ class PlanConfig:
             raise BatchConfigError(
                 f"PlanConfig.quadratic_cost must be a finite number >= 0, got {q!r}"
             )
-        unit = self.unit
         pad = self.pad_to_multiple_of
         if pad is not None and (_int("pad_to_multiple_of", pad) % unit):
             raise BatchConfigError(
@@ -102,19 +96,20 @@ class PlanConfig:
             )
 
     @property
-    def unit(self) -> int:
-        """Length every CP-split unit is a multiple of: ``cp_size``, or ``2 * cp_size`` (zigzag)."""
-        return 2 * self.cp_size if self.cp_layout == "zigzag" else self.cp_size
-
-    @property
     def pad(self) -> int:
         """Pad multiple of a row's length, and the length of a dummy micro batch."""
-        return self.unit if self.pad_to_multiple_of is None else self.pad_to_multiple_of
+        if self.pad_to_multiple_of is None:
+            return layout_unit(self.cp_size, self.cp_layout)
+        return self.pad_to_multiple_of
 
     def differences(self, other: PlanConfig) -> list[str]:
-        """``"name: self != other"`` for every option that differs (empty when equal)."""
-        return [
-            f"{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
-            for f in fields(self)
-            if getattr(self, f.name) != getattr(other, f.name)
-        ]
+        """``"name: mine != other's"`` for every option that differs (empty when equal)."""
+        out = []
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "fields" and mine != theirs:
+                names = sorted(n for n in {*mine, *theirs} if mine.get(n) != theirs.get(n))
+                out.append(f"fields differ at {names}")
+            elif mine != theirs:
+                out.append(f"{f.name}: {mine!r} != {theirs!r}")
+        return out

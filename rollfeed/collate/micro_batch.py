@@ -1,4 +1,11 @@
-"""MicroBatch: one packed, padded row of samples, with its payload segments in row coordinates.
+"""MicroBatch and its placement: one packed, padded row of samples, with its payload segments.
+
+:func:`place_micro_batch` lays out the samples of one planned micro batch (given in packing order,
+as :func:`~rollfeed.collate.prepare.plan_lengths` lists them) under a :class:`PlanConfig`: each
+sample is truncated at ``seq_len``, takes a slot of its length (rounded up to ``2 * cp_size`` for
+zigzag), and the row is padded to the pad multiple with one tail slot. No samples: a dummy micro
+batch of ``config.pad`` padding tokens. The micro batch records the config, so every later stage
+reads its CP size, layout and fields from it.
 
 Worked example (samples of 3 and 2 tokens, zigzag with ``cp_size=1`` -> slots padded to 2,
 pad multiple 2)::
@@ -16,11 +23,14 @@ read fill.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rollfeed.collate.config import PlanConfig
+from rollfeed.collate.errors import OverlongError
 from rollfeed.collate.sample import Sample
-from rollfeed.payload import PayloadField, PayloadSegment, clip_segments, shift_segments
+from rollfeed.collate.truncate import truncate_sample
+from rollfeed.payload import PayloadSegment, clip_segments, shift_segments
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -28,14 +38,11 @@ class MicroBatch:
     """One micro batch of a DP rank; see the module doc. Dummy when it holds no samples."""
 
     samples: tuple[Sample, ...]  # truncated samples, sample coordinates
-    indices: tuple[int, ...]  # position of each sample in the list given to prepare_batch
+    indices: tuple[int, ...]  # position of each sample in the list it was planned from
     starts: tuple[int, ...]  # row position of each sample's first token
     cu_seqlens: tuple[int, ...]  # [num_slots + 1] slot boundaries, 0 .. length
     length: int  # S: tokens in the padded row
-    cp_size: int
-    cp_layout: str
-    cost: float = 0.0  # balance cost of the samples (0 for a dummy)
-    label_fields: frozenset[str] = frozenset()  # fields read one ahead: clipped to [1, T)
+    config: PlanConfig  # the options it was planned with (CP size and layout, fields)
 
     @property
     def is_dummy(self) -> bool:
@@ -44,10 +51,11 @@ class MicroBatch:
     @property
     def segments(self) -> dict[str, tuple[PayloadSegment, ...]]:
         """By-handle segments per field, in row coordinates (see module doc)."""
+        fields = self.config.fields
         grouped: dict[str, list[PayloadSegment]] = {}
         for sample, start in zip(self.samples, self.starts, strict=True):
             for seg in sample.payload:
-                if seg.field in self.label_fields:
+                if fields[seg.field].window == "labels":
                     (seg,) = clip_segments([seg], 1, len(sample))
                 grouped.setdefault(seg.field, []).extend(shift_segments([seg], start))
         return {k: tuple(v) for k, v in grouped.items()}
@@ -58,46 +66,59 @@ class MicroBatch:
         return sum(len(s) for s in self.samples)
 
 
-def build_micro_batch(
+def place_micro_batch(
     samples: Sequence[Sample],
-    indices: Sequence[int],
-    slots: Sequence[int],
+    config: PlanConfig,
     *,
-    length: int,
-    cp_size: int,
-    cp_layout: str,
-    cost: float,
-    fields: Mapping[str, PayloadField],
+    indices: Sequence[int] | None = None,
+    check_fields: bool = True,
 ) -> MicroBatch:
-    """Place ``samples`` in slots of the given lengths, then a tail padding slot to ``length``."""
+    """The micro batch of ``samples`` in packing order (``[]``: the dummy); see the module doc.
+
+    Args:
+        samples: one planned micro batch's samples, in packing order.
+        config: the options it was planned with; recorded in the micro batch.
+        indices: each sample's position in the list it was planned from (default
+            ``0 .. n-1``), recorded in the micro batch and named by errors.
+        check_fields: check each sample's fields against ``config.fields`` (``False``: the
+            caller has checked them).
+
+    A sample longer than ``seq_len`` is truncated under ``overlong="truncate"`` and refused
+    (:class:`OverlongError`) otherwise: planning leaves such samples out or fails.
+    """
+    indices = tuple(range(len(samples))) if indices is None else tuple(indices)
+    seq_len, fields = config.seq_len, config.fields
+    kept, lengths = [], []
+    for i, s in zip(indices, samples, strict=True):
+        if check_fields:
+            s.check_fields(fields, index=i)
+        n = len(s)
+        if n > seq_len:
+            if config.overlong != "truncate":
+                raise OverlongError(
+                    f"sample has {n} tokens > seq_len={seq_len} under "
+                    f"overlong={config.overlong!r}; plan the samples with this config "
+                    "(planning leaves it out or refuses it)",
+                    sample=i,
+                    pos=seq_len,
+                )
+            s, n = truncate_sample(s, seq_len), seq_len
+        kept.append(s)
+        lengths.append(n)
+    unit = 2 * config.cp_size if config.cp_layout == "zigzag" else 1  # zigzag: whole 2c chunks
     cu = [0]
-    for n in slots:
-        cu.append(cu[-1] + int(n))
-    assert cu[-1] <= length, (cu, length)
+    for n in lengths:
+        cu.append(cu[-1] - (-n // unit) * unit)
+    pad = config.pad
+    length = max(1, -(-cu[-1] // pad)) * pad
     starts = tuple(cu[:-1])
     if cu[-1] < length:
         cu.append(length)
     return MicroBatch(
-        samples=tuple(samples),
-        indices=tuple(indices),
+        samples=tuple(kept),
+        indices=indices,
         starts=starts,
         cu_seqlens=tuple(cu),
         length=length,
-        cp_size=cp_size,
-        cp_layout=cp_layout,
-        cost=cost,
-        label_fields=frozenset(k for k, f in fields.items() if f.window == "labels"),
-    )
-
-
-def dummy_micro_batch(length: int, *, cp_size: int, cp_layout: str) -> MicroBatch:
-    """All padding (one slot), no samples, no segments: nothing to read, nothing to learn."""
-    return MicroBatch(
-        samples=(),
-        indices=(),
-        starts=(),
-        cu_seqlens=(0, length),
-        length=length,
-        cp_size=cp_size,
-        cp_layout=cp_layout,
+        config=config,
     )

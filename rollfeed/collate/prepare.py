@@ -1,6 +1,8 @@
-"""prepare_batch: samples -> micro batches per DP rank (truncate, balance, pack, pad).
+"""The planner: token counts -> micro batches per DP rank (truncate, balance, pack, pad).
 
-Steps, all pure and deterministic (same inputs -> same plan on every rank):
+:func:`plan_lengths` plans from integers alone; :func:`prepare_batch` is that plan placed
+(:func:`~rollfeed.collate.micro_batch.place_micro_batch`) on the samples. Steps, all pure and
+deterministic (same inputs -> same plan on every rank):
 
 1. Truncate at ``seq_len`` (``overlong``: ``"truncate"`` | ``"drop"`` | ``"error"``, counted).
 2. Balance samples over DP ranks by the cost of their slots (linear + quadratic, Karmarkar–Karp
@@ -9,138 +11,112 @@ Steps, all pure and deterministic (same inputs -> same plan on every rank):
 3. Pack each rank's samples First-Fit-Decreasing into micro batches of at most ``seq_len`` tokens
    (zigzag slots padded to ``2 * cp_size`` first), heaviest micro batch first so that the ranks'
    k-th micro steps are alike.
-4. Pad each micro batch to a multiple of the pad multiple (default ``cp_size`` for contiguous,
-   ``2 * cp_size`` for zigzag) and give short ranks dummy micro batches of that minimum length, so
-   every rank runs the same number of micro steps.
+4. Pad each micro batch to a multiple of the pad multiple (``PlanConfig.pad``) and give short
+   ranks dummy micro batches of that minimum length, so every rank runs the same number of micro
+   steps.
 
 Worked example (``seq_len=8``, ``dp_size=2``, lengths ``[5, 3, 6, 2]``, contiguous, cp 1)::
 
-    rank 0: [MicroBatch(indices=(2, 3), length=8)]        cost 6 + 2 (+ quadratic terms)
-    rank 1: [MicroBatch(indices=(0, 1), length=8)]        cost 5 + 3
+    plan_lengths([5, 3, 6, 2], config, dp_size=2)  -> [[(2, 3)], [(0, 1)]]
+    prepare_batch(samples, config, dp_size=2)      -> rank 0: [MicroBatch(indices=(2, 3), length=8)]
+                                                      rank 1: [MicroBatch(indices=(0, 1), length=8)]
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Sequence
 
 import numpy as np
 
-from rollfeed.collate.balance import DEFAULT_QUADRATIC, partition_costs, sequence_cost
-from rollfeed.collate.cp import layout_unit, slot_lengths
-from rollfeed.collate.errors import BatchConfigError, OverlongError
-from rollfeed.collate.micro_batch import MicroBatch, build_micro_batch, dummy_micro_batch
+from rollfeed.collate.balance import partition_costs, sequence_cost
+from rollfeed.collate.config import PlanConfig
+from rollfeed.collate.cp import slot_lengths
+from rollfeed.collate.errors import BatchConfigError, OverlongError, SampleLengthError
+from rollfeed.collate.micro_batch import place_micro_batch
 from rollfeed.collate.pack import pack_ffd
 from rollfeed.collate.sample import Sample
-from rollfeed.collate.truncate import truncate_sample
-from rollfeed.payload import PAYLOAD_FIELDS, PayloadField
 
 logger = logging.getLogger(__name__)
-OVERLONG = ("truncate", "drop", "error")
 
 
 class BatchPlan(list):
-    """``plan[dp_rank][micro_step] -> MicroBatch``, plus ``plan.metrics`` (counters, ratios)."""
+    """``plan[dp_rank][micro_step]`` plus ``plan.metrics`` (counters, ratios).
 
-    def __init__(self, ranks: list[list[MicroBatch]], metrics: dict[str, float]) -> None:
+    Entries are :class:`~rollfeed.collate.MicroBatch` from :func:`prepare_batch`, and tuples of
+    sample positions in packing order (``()`` for a dummy) from :func:`plan_lengths`.
+    """
+
+    def __init__(self, ranks: list[list], metrics: dict[str, float]) -> None:
         super().__init__(ranks)
         self.metrics = metrics
 
 
-def _check_config(seq_len, dp_size, cp_size, cp_layout, pad_to_multiple_of, overlong) -> int:
-    unit = layout_unit(cp_size, cp_layout)
-    for name, value in (("seq_len", seq_len), ("dp_size", dp_size)):
-        if not isinstance(value, int) or value < 1:
-            raise BatchConfigError(f"{name} must be an int >= 1, got {value!r}")
-    if overlong not in OVERLONG:
-        raise BatchConfigError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
-    pad = unit if pad_to_multiple_of is None else pad_to_multiple_of
-    if not isinstance(pad, int) or pad < 1 or pad % unit:
-        raise BatchConfigError(
-            f"pad_to_multiple_of must be a positive multiple of {unit} ({cp_layout}, "
-            f"cp_size={cp_size}), got {pad_to_multiple_of!r}"
-        )
-    if seq_len % pad:
-        raise BatchConfigError(
-            f"seq_len={seq_len} is not a multiple of the pad multiple {pad} ({cp_layout}, "
-            f"cp_size={cp_size}); choose seq_len = k * {pad}"
-        )
-    return pad
-
-
-def prepare_batch(
-    samples: Sequence[Sample],
-    *,
-    seq_len: int,
-    dp_size: int,
-    cp_size: int = 1,
-    cp_layout: Literal["contiguous", "zigzag"] = "contiguous",
-    pad_to_multiple_of: int | None = None,
-    overlong: Literal["truncate", "drop", "error"] = "truncate",
-    quadratic_cost: float = DEFAULT_QUADRATIC,
-    fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
+def plan_lengths(
+    lengths: np.ndarray | Sequence[int], config: PlanConfig, *, dp_size: int
 ) -> BatchPlan:
-    """Plan ``[dp_rank][micro_step]`` micro batches; see the module doc. No I/O.
+    """Plan ``[dp_rank][micro_step]`` micro batches from token counts alone; see the module doc.
 
-    ``plan.metrics``: samples, truncated, truncated_tokens, dropped, tokens, padding_tokens,
-    padding_fraction, micro_steps, dummy_micro_batches, rank_cost_max, rank_cost_mean,
-    rank_cost_max_over_mean.
+    Args:
+        lengths: ``[n]`` token count of each sample (ints >= 1).
+        config: the planner's options.
+        dp_size: data-parallel ranks to balance over.
+
+    Returns:
+        ``plan[r][k]``: positions into ``lengths`` of rank ``r``'s micro step ``k``, in packing
+        order (the order :func:`place_micro_batch` takes them; ``()`` for a dummy), and
+        ``plan.metrics``: samples, truncated, truncated_tokens, dropped, tokens, padding_tokens,
+        padding_fraction, micro_steps, dummy_micro_batches, rank_cost_max, rank_cost_mean,
+        rank_cost_max_over_mean.
     """
-    pad = _check_config(seq_len, dp_size, cp_size, cp_layout, pad_to_multiple_of, overlong)
-    kept: list[Sample] = []
-    index: list[int] = []
-    truncated = truncated_tokens = dropped = 0
-    for i, sample in enumerate(samples):
-        sample.check_fields(fields, index=i)
-        if len(sample) > seq_len:
-            if overlong == "error":
-                raise OverlongError(
-                    f"sample has {len(sample)} tokens > seq_len={seq_len}; raise seq_len or pass "
-                    "overlong='truncate' or 'drop'",
-                    sample=i,
-                    pos=seq_len,
-                )
-            if overlong == "drop":
-                dropped += 1
-                continue
-            truncated += 1
-            truncated_tokens += len(sample) - seq_len
-            sample = truncate_sample(sample, seq_len)
-        kept.append(sample)
-        index.append(i)
-    lengths = np.fromiter((len(s) for s in kept), np.int64, len(kept))
-    slots = slot_lengths(lengths, cp_size, cp_layout)
-    costs = sequence_cost(slots, quadratic_cost)
-    ranks: list[list[MicroBatch]] = []
+    if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+        raise BatchConfigError(f"dp_size must be an int >= 1, got {dp_size!r}")
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or (lengths.size and lengths.dtype.kind not in "iu"):
+        raise SampleLengthError(
+            f"lengths must be [n] integers, got {lengths.dtype} of shape {lengths.shape}"
+        )
+    lengths = lengths.astype(np.int64, copy=False)
+    if lengths.size and lengths.min() < 1:
+        at = int(np.argmin(lengths))
+        raise SampleLengthError(f"a sample needs at least one token, got {lengths[at]}", sample=at)
+    seq_len = config.seq_len
+    over = lengths > seq_len
+    if over.any() and config.overlong == "error":
+        at = int(np.argmax(over))
+        raise OverlongError(
+            f"sample has {lengths[at]} tokens > seq_len={seq_len}; raise seq_len or pass "
+            "overlong='truncate' or 'drop'",
+            sample=at,
+            pos=seq_len,
+        )
+    dropped = int(over.sum()) if config.overlong == "drop" else 0
+    truncated = int(over.sum()) - dropped
+    truncated_tokens = int((lengths[over] - seq_len).sum()) if truncated else 0
+    index = np.flatnonzero(~over) if dropped else np.arange(len(lengths))
+    positions = index.tolist()
+    kept = np.minimum(lengths[index], seq_len)
+    slots = slot_lengths(kept, config.cp_size, config.cp_layout)
+    costs = sequence_cost(slots, config.quadratic_cost)
+    pad = config.pad
+    ranks: list[list[tuple[int, ...]]] = []
+    rank_cost, total = [], 0
     for part in partition_costs(costs, dp_size):
         bins = [[part[j] for j in b] for b in pack_ffd(slots[part], seq_len)] if part else []
-        mbs = [
-            build_micro_batch(
-                [kept[j] for j in b],
-                [index[j] for j in b],
-                slots[b].tolist(),
-                length=-(-int(slots[b].sum()) // pad) * pad,
-                cp_size=cp_size,
-                cp_layout=cp_layout,
-                cost=float(costs[b].sum()),
-                fields=fields,
-            )
-            for b in bins
-        ]
-        mbs.sort(key=lambda m: -m.cost)  # stable: equal costs keep packing order
-        ranks.append(mbs)
-    steps = max((len(r) for r in ranks), default=0)
-    dummies = 0
+        cost = [float(costs[b].sum()) for b in bins]
+        order = sorted(range(len(bins)), key=lambda k: -cost[k])  # stable: ties keep packing order
+        ranks.append([tuple(positions[j] for j in bins[k]) for k in order])
+        rank_cost.append(sum(cost[k] for k in order))
+        total += sum(-(-int(slots[b].sum()) // pad) * pad for b in bins)
+    steps = max(len(r) for r in ranks)
+    dummies = sum(steps - len(r) for r in ranks)
     for r in ranks:
-        dummies += steps - len(r)
-        r += [dummy_micro_batch(pad, cp_size=cp_size, cp_layout=cp_layout)] * (steps - len(r))
-    rank_cost = np.array([sum(m.cost for m in r) for r in ranks])
-    tokens = int(lengths.sum())
-    total = sum(m.length for r in ranks for m in r)
-    mean = float(rank_cost.mean())
+        r += [()] * (steps - len(r))
+    total += dummies * pad
+    tokens = int(kept.sum())
+    top, mean = max(rank_cost), float(np.mean(rank_cost))
     metrics = {
-        "samples": len(samples),
+        "samples": len(lengths),
         "truncated": truncated,
         "truncated_tokens": truncated_tokens,
         "dropped": dropped,
@@ -149,10 +125,37 @@ def prepare_batch(
         "padding_fraction": (total - tokens) / total if total else 0.0,
         "micro_steps": steps,
         "dummy_micro_batches": dummies,
-        "rank_cost_max": float(rank_cost.max()),
+        "rank_cost_max": top,
         "rank_cost_mean": mean,
-        "rank_cost_max_over_mean": float(rank_cost.max()) / mean if mean else 1.0,
+        "rank_cost_max_over_mean": top / mean if mean else 1.0,
     }
     if truncated or dropped:
-        logger.debug("prepare_batch truncated %d and dropped %d samples", truncated, dropped)
+        logger.debug("plan truncated %d and dropped %d samples", truncated, dropped)
     return BatchPlan(ranks, metrics)
+
+
+def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int) -> BatchPlan:
+    """Plan ``[dp_rank][micro_step]`` micro batches of ``samples``; see the module doc. No I/O.
+
+    Args:
+        samples: the batch; ``MicroBatch.indices`` are positions in this sequence.
+        config: the planner's options (seq_len, CP size and layout, pad multiple, overlong
+            policy, quadratic cost, field registry).
+        dp_size: data-parallel ranks to balance over.
+
+    Returns:
+        ``plan[r][k]``, a :class:`~rollfeed.collate.MicroBatch`: :func:`plan_lengths` of the
+        samples' lengths, placed; ``plan.metrics`` as there.
+    """
+    for i, sample in enumerate(samples):  # all of them, dropped ones too, in batch order
+        sample.check_fields(config.fields, index=i)
+    lengths = np.fromiter((len(s) for s in samples), np.int64, len(samples))
+    plan = plan_lengths(lengths, config, dp_size=dp_size)
+    ranks = [
+        [
+            place_micro_batch([samples[j] for j in mb], config, indices=mb, check_fields=False)
+            for mb in rank
+        ]
+        for rank in plan
+    ]
+    return BatchPlan(ranks, plan.metrics)

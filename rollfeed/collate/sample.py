@@ -1,9 +1,10 @@
 """Sample: one rollout branch as one flat token sequence, as an orchestrator sends it.
 
-Per-token arrays are ``[T]``: ``token_ids`` (int64), ``loss_mask`` (bool), ``advantages``,
-``inference_logprobs`` and ``temperatures`` (float32; ``None`` temperatures mean 1.0). Entry ``t``
-describes token ``t`` itself (the training tensors shift to label coordinates later, see
-:mod:`rollfeed.collate.tensor_batch`).
+Per-token arrays are ``[T]``: ``token_ids`` (int64, the one positional argument), then by
+keyword only ``loss_mask`` (bool), ``advantages``, ``inference_logprobs`` and ``temperatures``
+(float32; ``None`` temperatures mean 1.0): arrays of one shape are never told apart by position.
+Entry ``t`` describes token ``t`` itself (the training tensors shift to label coordinates later,
+see :mod:`rollfeed.collate.tensor_batch`).
 
 Payload fields (names from the fields registry) come inline or by handle, never both:
 
@@ -14,7 +15,8 @@ Payload fields (names from the fields registry) come inline or by handle, never 
 
 Worked example (3 tokens, the last two sampled, a mask kept set of 2 and 1 ids)::
 
-    Sample([11, 12, 13], [0, 1, 1], [0.0, 0.5, 0.5], [0.0, -0.7, -0.1],
+    Sample([11, 12, 13], loss_mask=[0, 1, 1], advantages=[0.0, 0.5, 0.5],
+           inference_logprobs=[0.0, -0.7, -0.1],
            fields={"sampling_mask": ([0, 2, 1], [12, 40, 13])})
 
 Validation on construction (typed :mod:`rollfeed.collate.errors` naming sample, field and
@@ -31,6 +33,7 @@ JSON (``to_json``/``from_json``): per-token arrays as lists; a fixed field as
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -120,10 +123,10 @@ class Sample:
     """One rollout branch; arrays validated for length and dtype on construction (see module)."""
 
     token_ids: np.ndarray
+    _: KW_ONLY  # the per-token arrays look alike: name each (positional use is a TypeError)
     loss_mask: np.ndarray
     advantages: np.ndarray
     inference_logprobs: np.ndarray
-    _: KW_ONLY
     temperatures: np.ndarray | None = None
     fields: Mapping[str, FieldData] | None = None
     payload: Sequence[PayloadSegment] | None = None
@@ -196,8 +199,7 @@ class Sample:
     ) -> None:
         """Check inline fields and segments against a registry (known name, ragged-ness, kind)."""
         who = index if index is not None else self.uid
-        names = [*self.fields, *(s.field for s in self.payload)]
-        for name in names:
+        for name in itertools.chain(self.fields, [s.field for s in self.payload]):
             if name not in fields:
                 raise SampleDtypeError(
                     f"unknown payload field; known: {sorted(fields)}", sample=who, field=name
@@ -281,7 +283,10 @@ class Sample:
                     f"payload[{k}] is not a segment record: {err}", sample=uid
                 ) from None
         return cls(
-            *(data[k] for k in _KEYS),
+            data["token_ids"],
+            loss_mask=data["loss_mask"],
+            advantages=data["advantages"],
+            inference_logprobs=data["inference_logprobs"],
             temperatures=data.get("temperatures"),
             fields=fields,
             payload=payload,

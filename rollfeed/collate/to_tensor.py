@@ -19,7 +19,6 @@ Shapes and a worked example: :mod:`rollfeed.collate.tensor_batch`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -29,7 +28,7 @@ from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
-from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadRoot, read_field
+from rollfeed.payload import PayloadRoot, read_field
 from rollfeed.payload.errors import PayloadWidthError
 
 
@@ -126,24 +125,38 @@ def _field(mb, segments, name, spec, ranges, *, whole, root, width, fields) -> t
 def to_tensor_micro_batch(
     micro_batch: MicroBatch,
     *,
-    cp_rank: int = 0,
-    cp_size: int = 1,
-    cp_layout: str = "contiguous",
+    cp_rank: int,
     root: PayloadRoot | str | os.PathLike[str] | None = None,
     width: int | None = None,
     whole_fields: bool = False,
-    fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
 ) -> TensorMicroBatch:
     """The tensors of ``cp_rank`` (see :class:`TensorMicroBatch` for shapes and an example).
 
-    ``root``: payload root for by-handle fields (not needed when every field is inline).
-    ``width``: static ragged width (default: the micro batch's widest row).
-    ``whole_fields``: read every field over the whole row (models that shard inside the forward).
+    The CP size and layout and the field registry are the ones the micro batch was planned with
+    (``micro_batch.config``): they are read, never asked for again.
+
+    Args:
+        micro_batch: a planned micro batch (``prepare_batch`` or ``place_micro_batch``).
+        cp_rank: this rank's coordinate on the ``cp`` axis, in ``[0, config.cp_size)``
+            (:class:`BatchConfigError` otherwise).
+        root: payload root for by-handle fields (not needed when every field is inline).
+        width: static ragged width (default: the micro batch's widest row).
+        whole_fields: read every field over the whole row (models that shard inside the
+            forward).
+
     The result's ``checks`` records its largest and smallest token id and the first invalid
     temperature of a scored row (:mod:`rollfeed.collate.token_checks`).
     """
     mb, S = micro_batch, micro_batch.length
-    ranges = rank_ranges(mb.cu_seqlens, cp_rank, cp_size, cp_layout)
+    config, fields = mb.config, mb.config.fields
+    cp_size = config.cp_size
+    if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+        raise BatchConfigError(
+            f"cp_rank {cp_rank!r} is outside [0, {cp_size}): the micro batch was planned for "
+            f"cp_size={cp_size} ({config.cp_layout}); pass this rank's cp coordinate, or plan "
+            "with the cp_size the trainer runs"
+        )
+    ranges = rank_ranges(mb.cu_seqlens, cp_rank, cp_size, config.cp_layout)
     idx = ranges_index(ranges)
     ids = np.zeros(S, np.int64)
     labels = np.full(S, IGNORE_INDEX, np.int64)
@@ -205,7 +218,7 @@ def to_tensor_micro_batch(
         seq_len=S,
         cp_rank=cp_rank,
         cp_size=cp_size,
-        cp_layout=cp_layout,
+        cp_layout=config.cp_layout,
         fields=out,
         fields_whole=whole_fields,
         checks=checks,

@@ -79,9 +79,9 @@ def inline_batch(rng, n: int, max_len: int) -> list[Sample]:
         out.append(
             Sample(
                 rng.integers(0, 1000, T),
-                rng.random(T) < 0.7,
-                rng.standard_normal(T).astype(np.float32),
-                -rng.random(T, dtype=np.float32),
+                loss_mask=rng.random(T) < 0.7,
+                advantages=rng.standard_normal(T).astype(np.float32),
+                inference_logprobs=-rng.random(T, dtype=np.float32),
                 uid=f"s{i}",
             )
         )

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.payload import PayloadRoot, PayloadWriter
 from tests.collate.gen import make_batch
 
@@ -44,8 +44,11 @@ def _assert_equal(a, b, where):
 @pytest.mark.parametrize("whole_fields", [False, True])
 def test_by_handle_equals_inline(batches, cp_size, cp_layout, whole_fields):
     root, inline, handle = batches
-    kw = dict(seq_len=SEQ_LEN, dp_size=2, cp_size=cp_size, cp_layout=cp_layout)
-    plan_a, plan_b = prepare_batch(inline, **kw), prepare_batch(handle, **kw)
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=cp_size, cp_layout=cp_layout)
+    plan_a, plan_b = (
+        prepare_batch(inline, config, dp_size=2),
+        prepare_batch(handle, config, dp_size=2),
+    )
     assert plan_a.metrics == plan_b.metrics
     assert plan_a.metrics["truncated"] > 0  # non-vacuity: truncation happened
     seen = {"fields": set(), "mixed_width": False, "segments": 0, "clipped_head": False}
@@ -56,9 +59,8 @@ def test_by_handle_equals_inline(batches, cp_size, cp_layout, whole_fields):
             seen["clipped_head"] |= any(s.first > 0 for v in mb.segments.values() for s in v)
             widths = set()
             for r in range(cp_size):
-                opts = dict(cp_rank=r, cp_size=cp_size, cp_layout=cp_layout)
-                ta = to_tensor_micro_batch(ma, whole_fields=whole_fields, **opts)
-                tb = to_tensor_micro_batch(mb, root=root, whole_fields=whole_fields, **opts)
+                ta = to_tensor_micro_batch(ma, cp_rank=r, whole_fields=whole_fields)
+                tb = to_tensor_micro_batch(mb, cp_rank=r, root=root, whole_fields=whole_fields)
                 _assert_equal(ta, tb, (dp, step, r))
                 seen["fields"] |= set(tb.fields)
                 if "sampling_mask" in tb.fields:
@@ -78,39 +80,45 @@ def test_static_width_and_too_narrow(batches):
     from rollfeed.payload import PayloadWidthError
 
     root, inline, handle = batches
-    kw = dict(seq_len=SEQ_LEN, dp_size=1, cp_size=2, cp_layout="zigzag")
-    opts = dict(cp_size=2, cp_layout="zigzag")
-    pairs = zip(prepare_batch(inline, **kw)[0], prepare_batch(handle, **kw)[0], strict=True)
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
+    pairs = zip(
+        prepare_batch(inline, config, dp_size=1)[0],
+        prepare_batch(handle, config, dp_size=1)[0],
+        strict=True,
+    )
+    rank0 = dict(cp_rank=0)
     wide = [
         (ma, mb)
         for ma, mb in pairs
-        if to_tensor_micro_batch(ma, **opts).fields.get("sampling_mask", torch.ones(1, 1)).shape[1]
+        if to_tensor_micro_batch(ma, **rank0).fields.get("sampling_mask", torch.ones(1, 1)).shape[1]
         > 1
     ]
     assert wide  # non-vacuity: some micro batch has a mask row wider than 1
     ma, mb = wide[0]
-    ta = to_tensor_micro_batch(ma, cp_rank=1, width=9, **opts)
-    tb = to_tensor_micro_batch(mb, cp_rank=1, width=9, root=root, **opts)
+    ta = to_tensor_micro_batch(ma, cp_rank=1, width=9)
+    tb = to_tensor_micro_batch(mb, cp_rank=1, width=9, root=root)
     _assert_equal(ta, tb, "width=9")
     assert ta.fields["sampling_mask"].shape[1] == 9
     with pytest.raises(PayloadWidthError, match="sampling_mask"):
-        to_tensor_micro_batch(ma, width=1, **opts)
+        to_tensor_micro_batch(ma, width=1, **rank0)
     with pytest.raises(PayloadWidthError, match="sampling_mask"):
-        to_tensor_micro_batch(mb, width=1, root=root, **opts)
+        to_tensor_micro_batch(mb, width=1, root=root, **rank0)
 
 
 def test_mixed_inline_and_by_handle_in_one_micro_batch(batches):
     root, inline, handle = batches
     mixed = [h if i % 2 else a for i, (a, h) in enumerate(zip(inline, handle, strict=True))]
-    kw = dict(seq_len=SEQ_LEN, dp_size=1, cp_size=2, cp_layout="zigzag")
-    plan_a, plan_m = prepare_batch(inline, **kw), prepare_batch(mixed, **kw)
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
+    plan_a, plan_m = (
+        prepare_batch(inline, config, dp_size=1),
+        prepare_batch(mixed, config, dp_size=1),
+    )
     both = 0
     for ma, mm in zip(plan_a[0], plan_m[0], strict=True):
         both += bool(mm.segments) and any(s.fields for s in mm.samples)
         for r in range(2):
-            opts = dict(cp_rank=r, cp_size=2, cp_layout="zigzag")
-            ta = to_tensor_micro_batch(ma, **opts)
-            _assert_equal(ta, to_tensor_micro_batch(mm, root=root, **opts), ("mixed", r))
+            ta = to_tensor_micro_batch(ma, cp_rank=r)
+            _assert_equal(ta, to_tensor_micro_batch(mm, cp_rank=r, root=root), ("mixed", r))
     assert both > 0  # non-vacuity: some micro batch holds both kinds
 
 
@@ -121,14 +129,14 @@ def test_field_cut_to_placeholders_reads_width_one_fill(tmp_path):
     counts, values = np.full(T - P, 2), np.arange(2 * (T - P), dtype=np.int32)
     with PayloadWriter(tmp_path) as w:
         segs = w.write({"sampling_mask": (counts, values)}, P)
-    base = (np.arange(T), np.ones(T), np.zeros(T), np.zeros(T))
+    base = dict(loss_mask=np.ones(T), advantages=np.zeros(T), inference_logprobs=np.zeros(T))
     full = np.concatenate([np.zeros(P, np.int64), counts])
-    a = Sample(*base, fields={"sampling_mask": (full, values)})
-    b = Sample(*base, payload=segs)
+    a = Sample(np.arange(T), **base, fields={"sampling_mask": (full, values)})
+    b = Sample(np.arange(T), **base, payload=segs)
     for s, root in ((a, None), (b, tmp_path)):
-        plan = prepare_batch([s], seq_len=8, dp_size=1)
+        plan = prepare_batch([s], PlanConfig(seq_len=8), dp_size=1)
         assert plan.metrics["truncated"] == 1
-        t = to_tensor_micro_batch(plan[0][0], root=root)
+        t = to_tensor_micro_batch(plan[0][0], cp_rank=0, root=root)
         assert torch.equal(t.fields["sampling_mask"], torch.full((8, 1), -1, dtype=torch.int32))
 
 
@@ -136,7 +144,7 @@ def test_plan_pickles(batches):
     import pickle
 
     _, _, handle = batches
-    plan = prepare_batch(handle, seq_len=SEQ_LEN, dp_size=2)
+    plan = prepare_batch(handle, PlanConfig(seq_len=SEQ_LEN), dp_size=2)
     back = pickle.loads(pickle.dumps(plan))
     assert back.metrics == plan.metrics and len(back) == 2
     assert back[0][0].segments == plan[0][0].segments

@@ -12,6 +12,7 @@ from rollfeed.collate import (
     CollateError,
     DuplicateFieldError,
     OverlongError,
+    PlanConfig,
     Sample,
     SampleDtypeError,
     SampleLengthError,
@@ -59,15 +60,15 @@ def test_dtypes():
     bad = _sample(fields={"routed_experts": np.zeros((4, 2), np.float32)})
     good = _sample()
     with pytest.raises(SampleDtypeError, match=r"int values.*sample=1, field=routed_experts"):
-        prepare_batch([good, bad], seq_len=8, dp_size=1)
+        prepare_batch([good, bad], PlanConfig(seq_len=8), dp_size=1)
     ragged_as_fixed = _sample(fields={"sampling_mask": np.zeros((4, 2), np.int32)})
     with pytest.raises(SampleDtypeError, match=r"\(counts, values\).*sample=0"):
-        prepare_batch([ragged_as_fixed], seq_len=8, dp_size=1)
+        prepare_batch([ragged_as_fixed], PlanConfig(seq_len=8), dp_size=1)
     with pytest.raises(SampleDtypeError, match="must fit int32"):
         _sample(fields={"sampling_mask": (np.array([1, 0, 0, 0]), np.array([1 << 40]))})
     unknown = _sample(fields={"nope": np.zeros(4)})
     with pytest.raises(SampleDtypeError, match=r"unknown payload field.*field=nope"):
-        prepare_batch([unknown], seq_len=8, dp_size=1)
+        prepare_batch([unknown], PlanConfig(seq_len=8), dp_size=1)
 
 
 def test_field_inline_and_by_handle():
@@ -86,26 +87,31 @@ def test_segment_outside_sample():
 
 
 def test_batch_options():
-    s = [_sample()]
     with pytest.raises(BatchConfigError, match="cp_size must be an int >= 1"):
-        prepare_batch(s, seq_len=8, dp_size=1, cp_size=0)
+        PlanConfig(seq_len=8, cp_size=0)
     with pytest.raises(BatchConfigError, match=r"seq_len=10 is not a multiple of .* 4"):
-        prepare_batch(s, seq_len=10, dp_size=1, cp_size=2, cp_layout="zigzag")
+        PlanConfig(seq_len=10, cp_size=2, cp_layout="zigzag")
     with pytest.raises(BatchConfigError, match="multiple of 2"):
-        prepare_batch(s, seq_len=8, dp_size=1, cp_size=2, pad_to_multiple_of=3)
+        PlanConfig(seq_len=8, cp_size=2, pad_to_multiple_of=3)
     with pytest.raises(BatchConfigError, match="cp_layout"):
-        prepare_batch(s, seq_len=8, dp_size=1, cp_layout="ring")
+        PlanConfig(seq_len=8, cp_layout="ring")
+    with pytest.raises(BatchConfigError, match="overlong"):
+        PlanConfig(seq_len=8, overlong="skip")
+    with pytest.raises(BatchConfigError, match="quadratic_cost"):
+        PlanConfig(seq_len=8, quadratic_cost=-1.0)
+    with pytest.raises(BatchConfigError, match="fields must map"):
+        PlanConfig(seq_len=8, fields={"x": 1})
     with pytest.raises(BatchConfigError, match="dp_size"):
-        prepare_batch(s, seq_len=8, dp_size=0)
+        prepare_batch([_sample()], PlanConfig(seq_len=8), dp_size=0)
 
 
 def test_overlong_policies():
     s = [_sample(T=3), _sample(T=9)]
     with pytest.raises(OverlongError, match=r"9 tokens > seq_len=8.*sample=1"):
-        prepare_batch(s, seq_len=8, dp_size=1, overlong="error")
-    plan = prepare_batch(s, seq_len=8, dp_size=1, overlong="drop")
+        prepare_batch(s, PlanConfig(seq_len=8, overlong="error"), dp_size=1)
+    plan = prepare_batch(s, PlanConfig(seq_len=8, overlong="drop"), dp_size=1)
     assert plan.metrics["dropped"] == 1 and plan.metrics["tokens"] == 3
-    plan = prepare_batch(s, seq_len=8, dp_size=1, overlong="truncate")
+    plan = prepare_batch(s, PlanConfig(seq_len=8, overlong="truncate"), dp_size=1)
     assert plan.metrics["truncated"] == 1 and plan.metrics["truncated_tokens"] == 1
     assert plan.metrics["tokens"] == 11
 

@@ -10,6 +10,7 @@ import torch
 
 from rollfeed.collate import (
     IGNORE_INDEX,
+    PlanConfig,
     attention_work,
     prepare_batch,
     ranges_index,
@@ -33,15 +34,10 @@ def _plan(seed, seq_len, dp, cp, layout, overlong, pad=None):
     rng = np.random.default_rng(seed)
     n = 1 if seed == 0 else int(rng.integers(2, 20))  # one sample: short ranks get dummies
     samples = inline_batch(rng, n, seq_len if n == 1 else 2 * seq_len)
-    plan = prepare_batch(
-        samples,
-        seq_len=seq_len,
-        dp_size=dp,
-        cp_size=cp,
-        cp_layout=layout,
-        overlong=overlong,
-        pad_to_multiple_of=pad,
+    config = PlanConfig(
+        seq_len=seq_len, cp_size=cp, cp_layout=layout, overlong=overlong, pad_to_multiple_of=pad
     )
+    plan = prepare_batch(samples, config, dp_size=dp)
     return samples, plan
 
 
@@ -97,10 +93,7 @@ def test_rank_tensors(seq_len, dp, cp, layout):
         _, plan = _plan(seed, seq_len, dp, cp, layout, "truncate")
         for mb in (mb for r in plan for mb in r):
             S = mb.length
-            parts = [
-                to_tensor_micro_batch(mb, cp_rank=r, cp_size=cp, cp_layout=layout)
-                for r in range(cp)
-            ]
+            parts = [to_tensor_micro_batch(mb, cp_rank=r) for r in range(cp)]
             pos = torch.cat([p.positions for p in parts])
             assert torch.equal(pos.sort().values, torch.arange(S))  # each position exactly once
             assert all(p.input_ids.numel() == S // cp for p in parts)
@@ -154,11 +147,11 @@ def test_zigzag_windows_and_balance():
 def test_dummy_micro_batch_tensors():
     rng = np.random.default_rng(3)
     samples = inline_batch(rng, 1, 8)
-    plan = prepare_batch(samples, seq_len=16, dp_size=3, cp_size=2, cp_layout="zigzag")
+    plan = prepare_batch(samples, PlanConfig(seq_len=16, cp_size=2, cp_layout="zigzag"), dp_size=3)
     dummies = [mb for r in plan for mb in r if mb.is_dummy]
     assert len(dummies) == 2 and plan.metrics["dummy_micro_batches"] == 2
     for r in range(2):
-        t = to_tensor_micro_batch(dummies[0], cp_rank=r, cp_size=2, cp_layout="zigzag")
+        t = to_tensor_micro_batch(dummies[0], cp_rank=r)
         assert t.is_dummy and t.fields == {} and t.input_ids.shape == (2,)
         assert not t.loss_mask.any() and (t.labels == IGNORE_INDEX).all()
         assert torch.equal(t.cu_seqlens, torch.tensor([0, 4], dtype=torch.int32))

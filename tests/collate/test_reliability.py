@@ -17,6 +17,7 @@ import pytest
 
 from rollfeed.collate import (
     CollateError,
+    PlanConfig,
     Sample,
     SampleDtypeError,
     SampleLengthError,
@@ -139,7 +140,8 @@ def test_sample_claiming_huge_width_is_refused_before_allocating():
         """
         import json, resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-        from rollfeed.collate import CollateError, Sample, prepare_batch, to_tensor_micro_batch
+        from rollfeed.collate import (CollateError, PlanConfig, Sample, prepare_batch,
+                                      to_tensor_micro_batch)
         base = {"token_ids": list(range(25)), "loss_mask": [0] + [1] * 24,
                 "advantages": [0.5] * 25, "inference_logprobs": [-0.1] * 25}
         out = {}
@@ -147,8 +149,8 @@ def test_sample_claiming_huge_width_is_refused_before_allocating():
             line = json.dumps({**base, "fields": {
                 ("sampling_mask" if "counts" in field else "routed_experts"): field}})
             try:
-                plan = prepare_batch([Sample.from_json(line)], seq_len=32, dp_size=1)
-                to_tensor_micro_batch(plan[0][0])
+                plan = prepare_batch([Sample.from_json(line)], PlanConfig(seq_len=32), dp_size=1)
+                to_tensor_micro_batch(plan[0][0], cp_rank=0)
                 out[name] = "accepted"
             except CollateError as err:
                 out[name] = "typed " + type(err).__name__
@@ -207,9 +209,9 @@ def test_readme_collate_loop_runs_on_every_micro_batch_dummies_included():
         counts = rng.integers(0, 3, n)
         sample = Sample(
             rng.integers(0, 100, n),
-            np.arange(n) > 0,
-            np.ones(n, np.float32),
-            -np.ones(n, np.float32),
+            loss_mask=np.arange(n) > 0,
+            advantages=np.ones(n, np.float32),
+            inference_logprobs=-np.ones(n, np.float32),
             fields={
                 "routed_experts": rng.integers(0, 8, (n, 2, 2)).astype(np.uint8),
                 "sampling_mask": (counts, rng.integers(0, 100, int(counts.sum()))),
@@ -218,7 +220,8 @@ def test_readme_collate_loop_runs_on_every_micro_batch_dummies_included():
         )
         lines.append(sample.to_json())
     code = compile(_readme_collate_loop(), str(README), "exec")
-    plan = prepare_batch([Sample.from_json(x) for x in lines], seq_len=16_384, dp_size=8)
+    config = PlanConfig(seq_len=16_384, cp_size=2, cp_layout="zigzag")
+    plan = prepare_batch([Sample.from_json(x) for x in lines], config, dp_size=8)
     assert plan.metrics["dummy_micro_batches"] > 0  # the snippet's own plan has the same shape
     for dp_rank in range(8):
         for cp_rank in range(2):

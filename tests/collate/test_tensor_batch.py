@@ -1,18 +1,19 @@
 import numpy as np
 import torch
 
-from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
 
 
 def micro_batch():
     sample = Sample(
         np.arange(5),
-        np.array([0, 1, 1, 1, 1], bool),
-        np.ones(5, np.float32),
-        np.zeros(5, np.float32),
+        loss_mask=np.array([0, 1, 1, 1, 1], bool),
+        advantages=np.ones(5, np.float32),
+        inference_logprobs=np.zeros(5, np.float32),
         fields={"routed_experts": np.arange(10, dtype=np.uint8).reshape(5, 2)},
     )
-    return to_tensor_micro_batch(prepare_batch([sample], seq_len=8, dp_size=1)[0][0])
+    plan = prepare_batch([sample], PlanConfig(seq_len=8), dp_size=1)
+    return to_tensor_micro_batch(plan[0][0], cp_rank=0)
 
 
 def test_apply_maps_every_tensor_in_order_and_keeps_the_rest():
