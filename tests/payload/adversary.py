@@ -1210,7 +1210,7 @@ def family_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     raise typed errors; an accepted line holds exactly its JSON values, and goes through
     ``prepare_batch`` and ``to_tensor_micro_batch`` with typed errors only (non-finite
     advantages or logprobs on loss-bearing tokens must be refused on the way)."""
-    from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
+    from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
     from rollfeed.loaders.step_files import read_step_file
     from rollfeed.loaders.step_index import build_step_index, parse_sample, read_step_index
 
@@ -1227,9 +1227,9 @@ def family_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
             ids = data.get("token_ids") if isinstance(data, dict) else None
             if isinstance(ids, list) and sample.token_ids.tolist() != ids:
                 raise Wrong(f"token_ids {data['token_ids']} became {sample.token_ids.tolist()}")
-            plan = prepare_batch([sample], seq_len=64, dp_size=1)
+            plan = prepare_batch([sample], PlanConfig(seq_len=64), dp_size=1)
             for mb in plan[0]:
-                to_tensor_micro_batch(mb, root=corpus.root)
+                to_tensor_micro_batch(mb, cp_rank=0, root=corpus.root)
             if _loss_bearing_nonfinite(data):
                 raise Wrong("a non-finite advantage or logprob on a loss-bearing token passed")
 
