@@ -1,11 +1,14 @@
 """MicroBatchCollator: the ``collate_fn`` that turns one micro batch's samples into tensors.
 
 It receives the samples of the indices :class:`~rollfeed.loaders.sampler.MicroBatchSampler`
-yielded (packing order, ``[]`` for a dummy), rebuilds the planner's micro batch
-(:func:`rollfeed.loaders.plan.rebuild_micro_batch`), and calls
+yielded (packing order, ``[]`` for a dummy), places the planner's micro batch
+(:func:`rollfeed.collate.place_micro_batch`), and calls
 :func:`rollfeed.collate.to_tensor_micro_batch` for this rank's CP coordinate — so the payload bytes
 are read here, inside a worker process when ``num_workers > 0``. The result equals, bitwise, the
-single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank, cp_rank)``.
+single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank, cp_rank)``. Samples
+that come with the sampler's config (:class:`~rollfeed.loaders.plan.Planned`, through the
+dataset's ``__getitems__``) are refused with :class:`~rollfeed.loaders.errors.PlanMismatchError`
+when it is not the collator's.
 
 Inside a worker the result's tensors are copied into **one** shared-memory buffer (views at
 aligned offsets): a DataLoader sends every storage to the main process as its own file descriptor
@@ -19,65 +22,66 @@ process and keeps them open across micro batches of that worker.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Sequence
 
 import torch
 from torch.utils.data import get_worker_info
 
-from rollfeed.collate import Sample, TensorMicroBatch, to_tensor_micro_batch
-from rollfeed.collate.balance import DEFAULT_QUADRATIC
-from rollfeed.loaders.plan import PlanSpec, rebuild_micro_batch
+from rollfeed.collate import (
+    PlanConfig,
+    Sample,
+    TensorMicroBatch,
+    place_micro_batch,
+    to_tensor_micro_batch,
+)
+from rollfeed.loaders.errors import PlanMismatchError
+from rollfeed.loaders.plan import Planned
+from rollfeed.loaders.sampler import check_cp_size
 from rollfeed.loaders.topology import Topology
-from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadRoot
+from rollfeed.payload import PayloadRoot
 
 
 class MicroBatchCollator:
     """``collate_fn(samples) -> TensorMicroBatch`` for ``topology``'s CP rank; see module doc.
 
-    ``root``: payload root (a path or one shared :class:`PayloadRoot`; ``None`` when every field
-    is inline). ``width``: static ragged width. ``whole_fields``: read fields over the whole row.
-    The planner options must match the sampler's (``build_dataloader`` wires both from one set).
+    Args:
+        topology: this rank's place; its ``cp_rank`` picks the rank's part of the row, and its
+            ``cp_size`` must be ``config.cp_size``.
+        config: the planner's options, the sampler's too (checked per micro batch).
+        root: payload root (a path or one shared :class:`PayloadRoot`; ``None`` when every
+            field is inline).
+        width: static ragged width (default: each micro batch's widest row).
+        whole_fields: read fields over the whole row (models that shard inside the forward).
     """
 
     def __init__(
         self,
         topology: Topology,
+        config: PlanConfig,
         *,
-        seq_len: int,
         root: PayloadRoot | str | os.PathLike[str] | None,
-        cp_layout: Literal["contiguous", "zigzag"] = "contiguous",
         width: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        overlong: Literal["truncate", "drop", "error"] = "truncate",
-        quadratic_cost: float = DEFAULT_QUADRATIC,
         whole_fields: bool = False,
-        fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
     ) -> None:
-        self.topology = topology
-        self.spec = PlanSpec(
-            seq_len=seq_len,
-            cp_size=topology.cp_size,
-            cp_layout=cp_layout,
-            pad_to_multiple_of=pad_to_multiple_of,
-            overlong=overlong,
-            quadratic_cost=quadratic_cost,
-            fields=fields,
-        )
+        check_cp_size(topology, config)
+        self.topology, self.config = topology, config
         self.root = root if root is None or isinstance(root, PayloadRoot) else PayloadRoot(root)
         self.width, self.whole_fields = width, whole_fields
 
     def __call__(self, samples: Sequence[Sample]) -> TensorMicroBatch:
-        mb = rebuild_micro_batch(samples, self.spec)
+        if isinstance(samples, Planned) and samples.config != self.config:
+            raise PlanMismatchError(
+                "the sampler planned this micro batch with another config than the collator's ("
+                f"sampler vs collator: {'; '.join(samples.config.differences(self.config))}); "
+                "build both from one PlanConfig"
+            )
+        mb = place_micro_batch(samples, self.config)
         tmb = to_tensor_micro_batch(
             mb,
             cp_rank=self.topology.cp_rank,
-            cp_size=self.spec.cp_size,
-            cp_layout=self.spec.cp_layout,
             root=self.root,
             width=self.width,
             whole_fields=self.whole_fields,
-            fields=self.spec.fields,
         )
         return tmb if get_worker_info() is None else share_as_one_storage(tmb)
 

@@ -35,6 +35,7 @@ from torch.utils.data import Dataset
 
 from rollfeed.collate import Sample
 from rollfeed.loaders.errors import LoaderConfigError, StepFileError
+from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.step_files import list_steps, read_step_file, step_file_name, wait_for_step
 from rollfeed.loaders.step_index import (
     StepIndex,
@@ -141,6 +142,11 @@ class RolloutDataset(Dataset[Sample]):
             f = self._files[step] = open(self._path(step), "rb", buffering=0)  # noqa: SIM115
         self._counts["lines_parsed"] += 1
         return read_indexed_sample(f.fileno(), entry, line, file=f.name)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
+        """The samples of one batch of indices; a :class:`~rollfeed.loaders.plan.Planned` batch
+        keeps its planner config, which the collator checks against its own."""
+        return Planned.like(indices, [self[i] for i in indices])
 
     def _path(self, step: int) -> str:
         assert self.directory is not None

@@ -31,3 +31,7 @@ class LoaderStateError(LoaderError):
 
 class EmptyStepError(LoaderError):
     """A step has no micro batch to train on: its file holds no samples, or all were dropped."""
+
+
+class PlanMismatchError(LoaderConfigError):
+    """The collator's planner config is not the one the sampler planned the micro batch with."""

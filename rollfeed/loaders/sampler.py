@@ -1,10 +1,11 @@
 """MicroBatchSampler: the ``batch_sampler`` yielding, per micro step, one micro batch's indices.
 
-For each training step it plans the step with the batches planner from ``dataset.lengths(step)``
-(:func:`rollfeed.loaders.plan.plan_step`; the same plan on every rank) and yields this DP rank's
+For each training step it plans the step from ``dataset.lengths(step)`` alone
+(:func:`rollfeed.collate.plan_lengths`; the same plan on every rank) and yields this DP rank's
 micro batches as lists of dataset indices **in packing order** — empty for a dummy micro batch of
-a rank that came up short. :class:`~rollfeed.loaders.collator.MicroBatchCollator` rebuilds the
-exact micro batch from the samples in that order.
+a rank that came up short — each a :class:`~rollfeed.loaders.plan.Planned` carrying the config.
+:class:`~rollfeed.loaders.collator.MicroBatchCollator` places the exact micro batch from the
+samples in that order, after checking that its config is the sampler's.
 
 One pass (``iter`` once) is one training step. An in-memory list is the same samples every step;
 a step directory has one file per step: a pass covers the next step file present (a gap in the
@@ -16,7 +17,8 @@ A trainer ahead of its rollouts waits or fails; it never trains on a quiet empty
 
 Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
 
-    list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), seq_len=8)) -> [[2, 3]]
+    list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), PlanConfig(seq_len=8)))
+    -> [[2, 3]]
 
 State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*: the right count when the
 sampler runs in the trainer's loop or under ``StatefulDataLoader``, which snapshots it in step with
@@ -30,19 +32,18 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from rollfeed.collate.balance import DEFAULT_QUADRATIC
+from rollfeed.collate import BatchPlan, PlanConfig, plan_lengths
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError, StepTimeoutError
-from rollfeed.loaders.plan import MicroPlan, PlanSpec, plan_step
+from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
 from rollfeed.loaders.step_files import step_file_name
 from rollfeed.loaders.topology import Topology
-from rollfeed.payload import PAYLOAD_FIELDS, PayloadField
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
@@ -51,22 +52,28 @@ _POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
 class MicroBatchSampler(Sampler[list[int]]):
     """Batch sampler over training steps; see the module doc.
 
-    ``shuffle``: present a step's samples to the planner in an order drawn from
-    ``(seed, step)`` (the same on every rank); otherwise in dataset order.
-    ``start_step``: first step (default: the oldest step file present, 0 for a list).
+    Args:
+        dataset: the samples of each step.
+        topology: this rank's place; ``(dp_rank, dp_size)`` selects its micro batches, and its
+            ``cp_size`` must be ``config.cp_size``.
+        config: the planner's options, the collator's too.
+        seed: seed of ``shuffle``.
+        shuffle: present a step's samples to the planner in an order drawn from
+            ``(seed, step)`` (the same on every rank); otherwise in dataset order.
+        stream: every pass is exactly the next step's file (a step directory only).
+        step_timeout_s: how long a pass waits for its step file before
+            :class:`StepTimeoutError`.
+        start_step: first step (default: the oldest step file present, 0 for a list).
+        on_reshard: what ``load_state_dict`` does with a state saved at another world shape
+            (:mod:`rollfeed.loaders.state`).
     """
 
     def __init__(
         self,
         dataset: RolloutDataset,
         topology: Topology,
+        config: PlanConfig,
         *,
-        seq_len: int,
-        cp_layout: Literal["contiguous", "zigzag"] = "contiguous",
-        pad_to_multiple_of: int | None = None,
-        overlong: Literal["truncate", "drop", "error"] = "truncate",
-        quadratic_cost: float = DEFAULT_QUADRATIC,
-        fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
         seed: int = 0,
         shuffle: bool = False,
         stream: bool = False,
@@ -82,24 +89,16 @@ class MicroBatchSampler(Sampler[list[int]]):
             raise LoaderConfigError(
                 f"step_timeout_s must be >= 0 seconds, got {step_timeout_s}; 600 is the default"
             )
-        self.dataset, self.topology = dataset, topology
-        self.spec = PlanSpec(
-            seq_len=seq_len,
-            cp_size=topology.cp_size,
-            cp_layout=cp_layout,
-            pad_to_multiple_of=pad_to_multiple_of,
-            overlong=overlong,
-            quadratic_cost=quadratic_cost,
-            fields=fields,
-        )
+        check_cp_size(topology, config)
+        self.dataset, self.topology, self.config = dataset, topology, config
         self.seed, self.shuffle, self.stream = seed, shuffle, stream
         self.step_timeout_s, self.on_reshard = step_timeout_s, on_reshard
         self._step = dataset.first_step() if start_step is None else start_step
         self._consumed = 0
         self._step_size: int | None = None  # micro steps of self._step once planned
-        self._plan: tuple[int, MicroPlan, np.ndarray] | None = None
+        self._plan: tuple[int, BatchPlan, np.ndarray] | None = None
 
-    def plan(self, step: int) -> tuple[MicroPlan, np.ndarray]:
+    def plan(self, step: int) -> tuple[BatchPlan, np.ndarray]:
         """``(plan, order)``: ``plan[dp][k]`` positions into ``order``, the step's indices."""
         if self._plan is None or self._plan[0] != step:
             order = self.dataset.step_indices(step)
@@ -107,14 +106,16 @@ class MicroBatchSampler(Sampler[list[int]]):
             if self.shuffle:
                 perm = np.random.default_rng([self.seed, step]).permutation(len(order))
                 order, lengths = order[perm], lengths[perm]
-            plan = plan_step(lengths, self.spec, dp_size=self.topology.dp_size)
+            plan = plan_lengths(lengths, self.config, dp_size=self.topology.dp_size)
             self._plan = (step, plan, order)
         return self._plan[1], self._plan[2]
 
-    def step_micro_batches(self, step: int) -> list[list[int]]:
+    def step_micro_batches(self, step: int) -> list[Planned]:
         """This DP rank's micro batches of ``step`` as dataset indices (packing order)."""
         plan, order = self.plan(step)
-        return [order[list(mb)].tolist() for mb in plan[self.topology.dp_rank]]
+        return [
+            Planned(order[list(mb)].tolist(), self.config) for mb in plan[self.topology.dp_rank]
+        ]
 
     def _normalize(self) -> None:
         if self._consumed and self._consumed == self._step_size:  # finished: resume at the next
@@ -174,7 +175,7 @@ class MicroBatchSampler(Sampler[list[int]]):
         why = (
             "its step file holds no samples"
             if samples == 0
-            else f"all {samples} samples were dropped as longer than seq_len={self.spec.seq_len} "
+            else f"all {samples} samples were dropped as longer than seq_len={self.config.seq_len} "
             "(overlong='drop'; use 'truncate' to keep them)"
         )
         directory = self.dataset.directory
@@ -208,3 +209,12 @@ class MicroBatchSampler(Sampler[list[int]]):
             on_reshard=self.on_reshard,
         )
         self._step_size = None
+
+
+def check_cp_size(topology: Topology, config: PlanConfig) -> None:
+    """The rank's ``cp`` axis must be the one the plan splits rows over."""
+    if topology.cp_size != config.cp_size:
+        raise LoaderConfigError(
+            f"topology.cp_size={topology.cp_size} but config.cp_size={config.cp_size}: rows "
+            "are planned for the cp axis the trainer runs; pass the same size to both"
+        )

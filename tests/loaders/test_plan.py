@@ -1,21 +1,22 @@
-"""Sampler + collator in one process equal prepare_batch + to_tensor_micro_batch, bitwise."""
+"""Sampler + collator equal prepare_batch + to_tensor_micro_batch bitwise, under one config."""
 
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from torch.utils.data import DataLoader
 
-from rollfeed.collate import prepare_batch
+from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfigError,
     MicroBatchCollator,
     MicroBatchSampler,
-    PlanSpec,
+    PlanMismatchError,
     RolloutDataset,
     Topology,
-    plan_step,
-    rebuild_micro_batch,
 )
 from tests.collate.gen import inline_batch
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
@@ -35,6 +36,7 @@ def test_sampler_and_collator_equal_reference(data, dp_size, cp_size, cp_layout,
     ref, plan = reference(
         samples, dp_size=dp_size, cp_size=cp_size, cp_layout=cp_layout, root=root, overlong=overlong
     )
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=cp_size, cp_layout=cp_layout, overlong=overlong)
     dataset = RolloutDataset(samples)
     seen: list[int] = []
     dummies = 0
@@ -42,15 +44,15 @@ def test_sampler_and_collator_equal_reference(data, dp_size, cp_size, cp_layout,
         sampler = None
         for cp in range(cp_size):
             topo = Topology(dp_rank=dp, dp_size=dp_size, cp_rank=cp, cp_size=cp_size)
-            kw = dict(seq_len=SEQ_LEN, cp_layout=cp_layout, overlong=overlong)
-            sampler = MicroBatchSampler(dataset, topo, **kw)
+            sampler = MicroBatchSampler(dataset, topo, config)
             # the collate_fn crosses into workers by pickle
-            collate = pickle.loads(pickle.dumps(MicroBatchCollator(topo, root=root, **kw)))
+            collate = pickle.loads(pickle.dumps(MicroBatchCollator(topo, config, root=root)))
             batches = list(sampler)
             assert batches == [list(mb.indices) for mb in plan[dp]]
             assert len(batches) == len(ref[dp, cp]) == plan.metrics["micro_steps"]
             for k, idx in enumerate(batches):
-                assert_bitwise(collate([dataset[i] for i in idx]), ref[dp, cp][k], (dp, cp, k))
+                got = collate(dataset.__getitems__(idx))  # as a DataLoader fetches them
+                assert_bitwise(got, ref[dp, cp][k], (dp, cp, k))
         assert sampler is not None
         for idx in sampler.step_micro_batches(0):
             seen += idx
@@ -63,24 +65,38 @@ def test_sampler_and_collator_equal_reference(data, dp_size, cp_size, cp_layout,
         assert len(kept) < len(samples)  # the grid does exercise dropping
 
 
-def test_plan_step_is_prepare_batch_indices():
-    samples = inline_batch(np.random.default_rng(5), 40, 70)
-    spec = PlanSpec(seq_len=32, cp_size=2, cp_layout="zigzag")
-    for dp_size in (1, 2, 3, 7):
-        plan = prepare_batch(samples, seq_len=32, dp_size=dp_size, cp_size=2, cp_layout="zigzag")
-        got = plan_step([len(s) for s in samples], spec, dp_size=dp_size)
-        assert got == [[mb.indices for mb in rank] for rank in plan]
-        for rank in plan:
-            for mb in rank:
-                again = rebuild_micro_batch([samples[i] for i in mb.indices], spec)
-                for name in ("starts", "cu_seqlens", "length", "cost", "label_fields"):
-                    assert getattr(again, name) == getattr(mb, name), name
+def test_a_collator_with_another_config_than_the_sampler_is_refused(data):
+    root, samples = data
+    dataset = RolloutDataset(samples)
+    topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
+    planned = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
+    sampler = MicroBatchSampler(dataset, topo, planned)
+    equal = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")  # another, equal object
+    same = MicroBatchCollator(topo, equal, root=root)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=same)
+    assert [t.cp_layout for t in loader] == ["zigzag"] * len(sampler)
+    # a worker receives the yielded indices by pickle: the config travels with them
+    (first, *_) = sampler.step_micro_batches(0)
+    assert pickle.loads(pickle.dumps(first)).config == planned
+    for other, named in (
+        (PlanConfig(seq_len=SEQ_LEN, cp_size=2), r"cp_layout: 'zigzag' != 'contiguous'"),
+        (PlanConfig(seq_len=2 * SEQ_LEN, cp_size=2, cp_layout="zigzag"), r"seq_len: 48 != 96"),
+        (replace(planned, overlong="drop"), "overlong: 'truncate' != 'drop'"),
+    ):
+        collate = MicroBatchCollator(topo, other, root=root)
+        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+        with pytest.raises(PlanMismatchError, match=named):
+            next(iter(loader))
 
 
-def test_worked_example_of_plan_step():
-    spec = PlanSpec(seq_len=8)
-    assert plan_step([5, 3, 6, 2], spec, dp_size=2) == [[(2, 3)], [(0, 1)]]
-    assert plan_step([], spec, dp_size=2) == [[], []]
+def test_a_topology_on_another_cp_axis_than_the_plan_is_refused():
+    dataset = RolloutDataset(inline_batch(np.random.default_rng(0), 4, 8))
+    topo = Topology(dp_rank=0, dp_size=1, cp_rank=0, cp_size=2)
+    config = PlanConfig(seq_len=16, cp_size=4)
+    with pytest.raises(LoaderConfigError, match=r"topology\.cp_size=2 but config\.cp_size=4"):
+        MicroBatchSampler(dataset, topo, config)
+    with pytest.raises(LoaderConfigError, match=r"topology\.cp_size=2 but config\.cp_size=4"):
+        MicroBatchCollator(topo, config, root=None)
 
 
 def test_shuffle_is_seeded_same_on_every_rank_and_covers_once():
@@ -89,7 +105,8 @@ def test_shuffle_is_seeded_same_on_every_rank_and_covers_once():
 
     def rank_batches(seed, dp, step=0):
         topo = Topology(dp_rank=dp, dp_size=2)
-        s = MicroBatchSampler(ds, topo, seq_len=24, seed=seed, shuffle=True, start_step=step)
+        config = PlanConfig(seq_len=24)
+        s = MicroBatchSampler(ds, topo, config, seed=seed, shuffle=True, start_step=step)
         return s.step_micro_batches(step)
 
     a = rank_batches(0, 0) + rank_batches(0, 1)
