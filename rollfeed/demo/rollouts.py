@@ -132,9 +132,9 @@ def generate_rollouts(
                 samples.append(
                     Sample(
                         c.token_ids,
-                        c.loss_mask,
-                        np.where(c.loss_mask, adv, 0.0).astype(np.float32),
-                        c.inference_logprobs,
+                        loss_mask=c.loss_mask,
+                        advantages=np.where(c.loss_mask, adv, 0.0).astype(np.float32),
+                        inference_logprobs=c.inference_logprobs,
                         temperatures=np.full(c.length, settings.temperature, np.float32),
                         payload=c.segments,
                         uid=f"p{i}-s{j}",

@@ -56,9 +56,9 @@ def make_samples(
         samples.append(
             Sample(
                 ids,
-                loss,
-                rng.standard_normal(T).astype(np.float32),
-                -rng.random(T, dtype=np.float32),
+                loss_mask=loss,
+                advantages=rng.standard_normal(T).astype(np.float32),
+                inference_logprobs=-rng.random(T, dtype=np.float32),
                 temperatures=rng.choice([0.7, 1.0], T).astype(np.float32),
                 fields=fields,
                 uid=f"s{i}",

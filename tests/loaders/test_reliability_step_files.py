@@ -32,9 +32,9 @@ def _samples(n: int = N) -> list[Sample]:
         out.append(
             Sample(
                 rng.integers(0, 100, T),
-                np.arange(T) > 0,
-                rng.standard_normal(T).astype(np.float32),
-                -rng.random(T, dtype=np.float32),
+                loss_mask=np.arange(T) > 0,
+                advantages=rng.standard_normal(T).astype(np.float32),
+                inference_logprobs=-rng.random(T, dtype=np.float32),
                 fields={"sampling_mask": (np.ones(T, np.int64), rng.integers(0, 100, T))},
                 uid=f"s{i}",
             )
