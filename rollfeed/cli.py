@@ -30,9 +30,9 @@ def _finding(err: PayloadError) -> str:
     return f"{_shown(err.file or '.')}: {_shown(err.message)}{where}"
 
 
-def _scan(root: str) -> RootScan | None:
+def _scan(root: str, *, checksums: bool) -> RootScan | None:
     """The scan of ``root``, or ``None`` (after saying why) when it holds no payload files."""
-    scan = scan_root(root)
+    scan = scan_root(root, checksums=checksums)
     if not scan.entries:
         print(
             f"no payload files found under {_shown(root)} (payload files end in .rfp)",
@@ -48,7 +48,7 @@ def inspect(root: str) -> int:
     Exits 1 when anything under the root is corrupted or unreadable, listing each finding (the
     summary then covers only the regions before each file's first problem).
     """
-    scan = _scan(root)
+    scan = _scan(root, checksums=False)
     if scan is None:
         return 1
     per_field: dict[str, list[int]] = collections.defaultdict(
@@ -88,8 +88,9 @@ def inspect(root: str) -> int:
 
 
 def verify(root: str) -> int:
-    """Check every file's headers, region chain, sizes and CSR indexes; list the bad ones."""
-    scan = _scan(root)
+    """Check every file's headers, region chain, sizes, CSR indexes and block checksums; list the
+    bad ones."""
+    scan = _scan(root, checksums=True)
     if scan is None:
         return 1
     for err in scan.problems:

@@ -1,41 +1,54 @@
-"""rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP)."""
+"""rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP, cp).
 
-from rollfeed.models.candidates import (
+Metrics convention: every ``metrics`` dict of this package (:class:`SupportScores`, the counters of
+:meth:`RouterReplay.set`) maps a counter's name to a 0-d int64 tensor on the device of the inputs.
+Nothing is read back to the host until the caller reads it (``int(v)``, ``v.item()``, or one
+``torch.stack`` of the values and one ``.tolist()``), so a training step that never logs pays no
+sync for them. Counters are this rank's own (under ``cp``, its shard of the row); sum them over a
+group to count the whole row.
+
+Errors are :class:`ModelError` subclasses (a :class:`~rollfeed.errors.RollfeedError`), placed by
+input tensor, row position, sample and layer as far as they are known.
+"""
+
+from rollfeed.models.cp_group import CPGroup
+from rollfeed.models.errors import (
+    CPGroupError,
+    CPMismatchError,
+    ModelError,
+    PackingError,
+    RoutingReplayError,
     SupportInputError,
     SupportLabelError,
     TemperatureError,
+    UlyssesShapeError,
+    UnpackableAttentionError,
     VocabularyRangeError,
 )
 from rollfeed.models.fused import fused_support_logprobs
 from rollfeed.models.packing_attention import (
     PACKED_ATTENTION,
     PackedLayout,
-    PackingError,
-    UnpackableAttentionError,
     packed_layout,
     register_packed_attention,
 )
-from rollfeed.models.policy import PolicyScorer, PolicyScores
-from rollfeed.models.router_replay import RouterReplay, Routing, RoutingReplayError
+from rollfeed.models.policy import PolicyScorer
+from rollfeed.models.router_replay import RouterReplay, Routing
 from rollfeed.models.support import SupportScores, support_logprobs
-from rollfeed.models.ulysses import (
-    SequenceParallel,
-    UlyssesShapeError,
-    gather_sequence,
-    heads_to_seq,
-    seq_to_heads,
-)
+from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
 
 __all__ = [
     "PACKED_ATTENTION",
+    "CPGroup",
+    "CPGroupError",
+    "CPMismatchError",
+    "ModelError",
     "PackedLayout",
     "PackingError",
     "PolicyScorer",
-    "PolicyScores",
     "RouterReplay",
     "Routing",
     "RoutingReplayError",
-    "SequenceParallel",
     "SupportInputError",
     "SupportLabelError",
     "SupportScores",

@@ -31,26 +31,15 @@ from typing import Literal
 
 import torch
 
-from rollfeed.errors import RollfeedError
+from rollfeed.models.errors import (
+    SupportInputError,
+    SupportLabelError,
+    TemperatureError,
+    VocabularyRangeError,
+)
 from rollfeed.models.tp import ProcessGroup, all_reduce_max, all_reduce_sum_local_grad
 
 MissingLabel = Literal["error", "full_vocab"]
-
-
-class SupportInputError(RollfeedError):
-    """Bad shapes, dtypes, options or ids given to a support scorer."""
-
-
-class SupportLabelError(SupportInputError):
-    """A scored row's label is not a member of its recorded support."""
-
-
-class VocabularyRangeError(SupportInputError):
-    """A token id (input, label or support id) outside the model's vocabulary ``[0, V)``."""
-
-
-class TemperatureError(SupportInputError):
-    """A scored row's temperature is not finite and ``> 0`` (its scores would be inf or NaN)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -174,24 +163,28 @@ def _check(
     if support.dim() != 2 or support.shape[0] != rows:
         raise SupportInputError(
             f"support must be [N, W] with N={rows} rows, got shape {tuple(support.shape)}; "
-            "flatten leading dims before scoring"
+            "flatten leading dims before scoring",
+            tensor="support",
         )
     if support.dtype not in (torch.int32, torch.int64) or support.shape[1] == 0:
         raise SupportInputError(
             f"support must be int32/int64 with W >= 1 columns, got {support.dtype} with "
-            f"W={support.shape[1]}; pad empty rows with -1"
+            f"W={support.shape[1]}; pad empty rows with -1",
+            tensor="support",
         )
     if labels.shape != (rows,) or labels.dtype not in (torch.int32, torch.int64):
         raise SupportInputError(
             f"labels must be int32/int64 of shape ({rows},), "
-            f"got {labels.dtype} {tuple(labels.shape)}"
+            f"got {labels.dtype} {tuple(labels.shape)}",
+            tensor="labels",
         )
     if fallback_mask is not None and (
         fallback_mask.shape != (rows,) or fallback_mask.dtype != torch.bool
     ):
         raise SupportInputError(
             f"fallback_mask must be bool of shape ({rows},), got "
-            f"{fallback_mask.dtype} {tuple(fallback_mask.shape)}"
+            f"{fallback_mask.dtype} {tuple(fallback_mask.shape)}",
+            tensor="fallback_mask",
         )
     if missing_label not in ("error", "full_vocab"):
         raise SupportInputError(
@@ -215,26 +208,34 @@ def _raise(
         n, k = (int(i) for i in bad_support.nonzero()[0])
         raise VocabularyRangeError(
             f"support[{n}, {k}] = {int(support[n, k])} is not a token id of the vocabulary "
-            f"[0, {vocab}); pad with -1, and score with the model the ids were sampled from"
+            f"[0, {vocab}); pad with -1, and score with the model the ids were sampled from",
+            tensor="support",
+            pos=n,
         )
     if bool(bad_label.any()):
         n = int(bad_label.nonzero()[0, 0])
         raise VocabularyRangeError(
             f"labels[{n}] = {int(labels[n])} is outside the vocabulary [0, {vocab}) on a scored "
-            "row; give the row an empty support (all -1) if it should not be scored"
+            "row; give the row an empty support (all -1) if it should not be scored",
+            tensor="labels",
+            pos=n,
         )
     if bool(bad_missing.any()):
         bad = bad_missing.nonzero().squeeze(1)[:8].tolist()
         raise SupportLabelError(
             f"{int(bad_missing.sum())} row(s) have a label outside their support, first rows "
             f"{bad} (labels {labels[bad].tolist()}); fix the capture, or pass "
-            "missing_label='full_vocab' to score those rows over the full vocabulary"
+            "missing_label='full_vocab' to score those rows over the full vocabulary",
+            tensor="labels",
+            pos=bad[0],
         )
     bad = bad_temperature.nonzero().squeeze(1)[:8].tolist()
     raise TemperatureError(
         f"{int(bad_temperature.sum())} scored row(s) have a temperature that is not finite and "
         f"> 0, first rows {bad} (temperatures {t[bad].tolist()}); record the sampler's "
-        "temperature for every sampled token"
+        "temperature for every sampled token",
+        tensor="temperature",
+        pos=bad[0],
     )
 
 
@@ -244,13 +245,18 @@ def _temperatures(
     if not isinstance(temperature, torch.Tensor) and not (
         math.isfinite(temperature) and temperature > 0
     ):
-        raise TemperatureError(f"temperature must be > 0 and finite, got {temperature}")
+        raise TemperatureError(
+            f"temperature must be > 0 and finite, got {temperature}; pass the sampler's "
+            "temperature",
+            tensor="temperature",
+        )
     t = torch.as_tensor(temperature, dtype=dtype, device=device)
     if t.dim() == 0:
         t = t.expand(rows)
     if t.shape != (rows,):
         raise SupportInputError(
-            f"temperature must be a scalar or [N={rows}], got shape {tuple(t.shape)}"
+            f"temperature must be a scalar or [N={rows}], got shape {tuple(t.shape)}",
+            tensor="temperature",
         )
     return t
 

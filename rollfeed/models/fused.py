@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
+from rollfeed.models.errors import SupportInputError
 from rollfeed.models.support import SupportScores
 from rollfeed.models.tp import ProcessGroup, full_vocab_size, sum_grad_over_tp
 
@@ -160,12 +161,13 @@ def fused_support_logprobs(
     Costs one host sync to list the candidate pairs (their count sets the shapes).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(
+        raise SupportInputError(
             f"hidden must be [N, H] and weight [V_local, H], got {tuple(hidden.shape)} and "
-            f"{tuple(weight.shape)}"
+            f"{tuple(weight.shape)}; pass the final hidden states and the LM-head weight",
+            tensor="hidden",
         )
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise SupportInputError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     rows, width = hidden.shape[0], weight.shape[0]
     cdt = compute_dtype(hidden.dtype, weight.dtype)
     if vocab_size is None:

@@ -1,10 +1,10 @@
-"""Attention over packed micro batches, optionally under Ulysses sequence parallelism.
+"""Attention over packed micro batches, optionally split over the ``cp`` group (Ulysses).
 
 A packed row holds several samples back to back. A token may attend only to earlier tokens of its
 own sample (block-diagonal causal attention). Rather than a dense ``[S, S]`` mask (256 MiB at
 S = 16,384, and it keeps SDPA off its fused kernels), attention puts the tokens in *canonical
 order* (their positions in the whole pre-split row), runs causal SDPA on each sample's slice and
-puts the result back in the order the tokens arrived in (rank order under SP, zigzag included).
+puts the result back in the order the tokens arrived in (rank order under cp > 1, zigzag included).
 Samples of equal length share one batched SDPA call. Memory is ``O(S)`` outside SDPA; the fused
 CPU/GPU kernels never hold a sample's ``[L, L]`` scores either.
 
@@ -27,42 +27,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rollfeed.errors import RollfeedError
-from rollfeed.models.ulysses import (
-    SequenceParallel,
-    gather_rank_order,
-    heads_to_seq,
-    seq_to_heads,
-)
+from rollfeed.models.cp_group import CPGroup
+from rollfeed.models.errors import PackingError, UnpackableAttentionError
+from rollfeed.models.ulysses import gather_rank_order, heads_to_seq, seq_to_heads
 
 logger = logging.getLogger(__name__)
 
 PACKED_ATTENTION = "rollfeed_packed"
-
-
-class PackingError(RollfeedError):
-    """Packing metadata (positions, cu_seqlens, canonical indices) not describing the row."""
-
-
-class UnpackableAttentionError(PackingError):
-    """Layers whose attention packed scoring cannot reproduce exactly (the row's samples would
-    leak into each other, or a feature would be dropped). ``findings``: ``(layer, feature)``
-    pairs, every one that was detected."""
-
-    def __init__(self, model: str, findings: list[tuple[str, str]]) -> None:
-        self.model, self.findings = model, tuple(findings)
-        by_layer: dict[str, list[str]] = {}
-        for layer, feature in findings:
-            by_layer.setdefault(layer, []).append(feature)
-        listed = "; ".join(f"{layer}: {', '.join(f)}" for layer, f in by_layer.items())
-        super().__init__(
-            f"packed scoring cannot run {model} exactly: {listed}. Packed attention supports "
-            "causal full attention (GQA, rope from position_ids, sliding windows no shorter "
-            "than any sample); score such a model with one sample per row instead"
-        )
-
-    def __reduce__(self):  # keep the findings through pickling
-        return (type(self), (self.model, list(self.findings)))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,8 +44,8 @@ class PackedLayout:
     ``inverse [S]`` long: the arriving token at each canonical index (``None`` when the tokens
     arrive in canonical order). ``bounds``: sample boundaries in canonical order, strictly
     increasing from 0 to ``S`` (empty samples dropped). ``groups``: ``(length, starts)`` per
-    distinct sample length, the samples one batched SDPA call covers. ``sp``: the
-    sequence-parallel group (size 1 when the whole row is local). Build it once per forward with
+    distinct sample length, the samples one batched SDPA call covers. ``cp``: the ``cp`` group
+    the row is split over (size 1 when the whole row is local). Build it once per forward with
     :func:`packed_layout`; attention then needs no host sync.
     """
 
@@ -82,7 +53,7 @@ class PackedLayout:
     inverse: torch.Tensor | None
     bounds: tuple[int, ...]
     groups: tuple[tuple[int, tuple[int, ...]], ...]
-    sp: SequenceParallel
+    cp: CPGroup
 
     @property
     def length(self) -> int:
@@ -114,7 +85,7 @@ def _sample_lengths(
     local: torch.Tensor,
     order: torch.Tensor,
     inverse: torch.Tensor | None,
-    sp: SequenceParallel,
+    cp: CPGroup,
     cu_seqlens: torch.Tensor | None,
 ) -> list[int]:
     """Lengths of the row's non-empty samples, canonical order."""
@@ -124,12 +95,13 @@ def _sample_lengths(
         if bounds[0] != 0 or bounds[-1] < total or (bounds.diff() < 0).any():
             raise PackingError(
                 f"cu_seqlens must start at 0, be non-decreasing and reach the row length "
-                f"{total}; got {bounds.tolist()}"
+                f"{total}; got {bounds.tolist()}",
+                tensor="cu_seqlens",
             )
         # Samples past the row's end were truncated away: clip them to the row.
         lengths = bounds.clamp(max=total).diff()
     else:
-        positions = gather_rank_order(local, sp)
+        positions = gather_rank_order(local, cp)
         canonical = positions if inverse is None else positions[inverse]
         lengths = torch.bincount(segment_ids_from_positions(canonical))
     return [n for n in lengths.tolist() if n > 0]
@@ -138,38 +110,42 @@ def _sample_lengths(
 def packed_layout(
     position_ids: torch.Tensor,
     *,
-    sp: SequenceParallel | None = None,
+    cp: CPGroup | None = None,
     canonical_index: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
 ) -> PackedLayout:
-    """The attention layout of this rank's tokens ``position_ids [S/sp]``.
+    """The attention layout of this rank's tokens ``position_ids [S/cp]``.
 
-    ``canonical_index [S/sp]``: each local token's index in the whole row (default: contiguous
-    shards, ``sp.rank * S/sp + arange``). ``cu_seqlens [B+1]``: sample boundaries of the whole row;
+    ``cp``: the ``cp`` group the row is split over (default: none, the whole row is local).
+    ``canonical_index [S/cp]``: each local token's index in the whole row (default: contiguous
+    shards, ``cp.rank * S/cp + arange``). ``cu_seqlens [B+1]``: sample boundaries of the whole row;
     without it, samples are read off the position ids (a reset to 0 opens a sample), which needs the
     tokens of each sample in canonical order, so give ``cu_seqlens`` for zigzag layouts.
 
-    Example: positions [0, 1, 2, 0, 1, 0, 1], sp 1 -> bounds (0, 3, 5, 7),
+    Example: positions [0, 1, 2, 0, 1, 0, 1], cp 1 -> bounds (0, 3, 5, 7),
     groups ((2, (3, 5)), (3, (0,))), inverse None.
     """
-    sp = sp or SequenceParallel()
+    cp = cp or CPGroup()
     local = position_ids.reshape(-1).to(torch.long)
     if canonical_index is None:
-        canonical_index = sp.rank * local.numel() + torch.arange(local.numel(), device=local.device)
+        canonical_index = cp.rank * local.numel() + torch.arange(local.numel(), device=local.device)
     elif canonical_index.numel() != local.numel():
         raise PackingError(
-            f"canonical_index has {canonical_index.numel()} entries for {local.numel()} tokens"
+            f"canonical_index has {canonical_index.numel()} entries for {local.numel()} tokens; "
+            "give one canonical index per local token",
+            tensor="canonical_index",
         )
-    order = gather_rank_order(canonical_index.reshape(-1).to(torch.long), sp)
+    order = gather_rank_order(canonical_index.reshape(-1).to(torch.long), cp)
     ranks = torch.arange(order.numel(), device=order.device)
     sorted_order, inverse = torch.sort(order)
     if not torch.equal(sorted_order, ranks):
         raise PackingError(
-            f"canonical_index must be a permutation of 0..{order.numel() - 1} across the "
-            "sequence-parallel group; got duplicates or gaps"
+            f"canonical_index must be a permutation of 0..{order.numel() - 1} across the cp "
+            "group; got duplicates or gaps",
+            tensor="canonical_index",
         )
     in_canonical_order = torch.equal(order, ranks)
-    lengths = _sample_lengths(local, order, None if in_canonical_order else inverse, sp, cu_seqlens)
+    lengths = _sample_lengths(local, order, None if in_canonical_order else inverse, cp, cu_seqlens)
     bounds = [0]
     by_length: dict[int, list[int]] = {}
     for n in lengths:
@@ -180,7 +156,7 @@ def packed_layout(
         inverse=None if in_canonical_order else inverse,
         bounds=tuple(bounds),
         groups=tuple((n, tuple(starts)) for n, starts in sorted(by_length.items())),
-        sp=sp,
+        cp=cp,
     )
 
 
@@ -231,8 +207,8 @@ def packed_attention_forward(
     dropout: float = 0.0,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: q ``[B, H, S/sp, d]``, k/v ``[B, KV, S/sp, d]`` ->
-    ``[B, S/sp, H, d]``. ``attention_mask`` from transformers is ignored: ``packing`` replaces it.
+    """transformers attention function: q ``[B, H, S/cp, d]``, k/v ``[B, KV, S/cp, d]`` ->
+    ``[B, S/cp, H, d]``. ``attention_mask`` from transformers is ignored: ``packing`` replaces it.
     """
     del attention_mask
     window = kwargs.get("sliding_window")
@@ -250,20 +226,21 @@ def packed_attention_forward(
                 )
             ],
         )
-    sp = packing.sp
+    cp = packing.cp
     heads, kv_heads = query.shape[1], key.shape[1]
-    if sp.enabled and kv_heads % sp.size:
+    if cp.enabled and kv_heads % cp.size:
         # Fewer KV heads than ranks: replicate each KV head for its query group so the split lines
         # up with the query heads' split (costs bandwidth, keeps the math exact).
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
-    query = seq_to_heads(query, sp, seq_dim=2, head_dim=1)
-    key = seq_to_heads(key, sp, seq_dim=2, head_dim=1)
-    value = seq_to_heads(value, sp, seq_dim=2, head_dim=1)
+    query = seq_to_heads(query, cp, seq_dim=2, head_dim=1)
+    key = seq_to_heads(key, cp, seq_dim=2, head_dim=1)
+    value = seq_to_heads(value, cp, seq_dim=2, head_dim=1)
     if packing.length != query.shape[2]:
         raise PackingError(
             f"packing layout covers {packing.length} tokens, attention sees "
-            f"{query.shape[2]}; build the layout from this forward's position ids"
+            f"{query.shape[2]}; build the layout from this forward's position ids",
+            layer=getattr(module, "layer_idx", None),
         )
     if packing.inverse is not None:
         query, key, value = (x.index_select(2, packing.inverse) for x in (query, key, value))
@@ -277,7 +254,7 @@ def packed_attention_forward(
     )
     if packing.inverse is not None:
         out = out.index_select(2, packing.order)
-    out = heads_to_seq(out, sp, seq_dim=2, head_dim=1)
+    out = heads_to_seq(out, cp, seq_dim=2, head_dim=1)
     return out.transpose(1, 2).contiguous(), None
 
 

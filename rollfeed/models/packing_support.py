@@ -30,7 +30,7 @@ import re
 
 from torch import nn
 
-from rollfeed.models.packing_attention import UnpackableAttentionError
+from rollfeed.models.errors import UnpackableAttentionError
 
 SUPPORTED_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 

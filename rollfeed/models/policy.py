@@ -1,37 +1,43 @@
 """PolicyScorer: score a micro batch with an HF causal LM over the recorded sampling support.
 
 One call runs the forward on this rank's tokens (packed block-causal attention, the Ulysses
-all-to-all inside attention when a sequence-parallel group is given, router replay when routing is
-given), scores the labels window with :func:`fused_support_logprobs` straight from the last hidden
-states (no ``[N, V]`` logits), and gathers the per-token results into canonical coordinates of the
-whole row.
+all-to-all inside attention when the row is split over a ``cp`` group, router replay when routing
+is given), scores the labels window with :func:`fused_support_logprobs` straight from the last
+hidden states (no ``[N, V]`` logits), and gathers the per-token results into canonical coordinates
+of the whole row, as one :class:`~rollfeed.models.SupportScores`.
 
-Coordinates, for ``S = 6``, ``sp = 2``, contiguous shards (``rollfeed.collate.TensorMicroBatch``)::
+Coordinates, for ``S = 6``, ``cp = 2``, contiguous shards (``rollfeed.collate.TensorMicroBatch``)::
 
     rank 0: positions [0, 1, 2]   rank 1: positions [3, 4, 5]
     result.logprobs [6]: entry j scores labels[j] = input_ids[j + 1] under the support of row j
 
-Every rank of the SP group gets the same ``[S]`` result; compute the same loss from it on each rank
-and sum parameter gradients over the SP group (as a data-parallel all-reduce would).
+Every rank of the ``cp`` group gets the same ``[S]`` result; compute the same loss from it on each
+rank and sum parameter gradients over the ``cp`` group (as a data-parallel all-reduce would).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from rollfeed.models.candidates import MissingLabel, TemperatureError, VocabularyRangeError
+from rollfeed.models.candidates import MissingLabel
+from rollfeed.models.cp_group import CPGroup
+from rollfeed.models.errors import (
+    CPMismatchError,
+    RoutingReplayError,
+    TemperatureError,
+    VocabularyRangeError,
+)
 from rollfeed.models.fused import DEFAULT_CHUNK_SIZE, fused_support_logprobs
 from rollfeed.models.packing_attention import packed_layout, register_packed_attention
 from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.support import SupportScores, support_logprobs
 from rollfeed.models.tp import ProcessGroup, full_vocab_size
-from rollfeed.models.ulysses import SequenceParallel, gather_rank_order, gather_sequence
+from rollfeed.models.ulysses import gather_rank_order, gather_sequence
 
 if TYPE_CHECKING:
     from rollfeed.collate import TensorMicroBatch
@@ -39,26 +45,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PolicyScores:
-    """Per-token scores of a whole packed row, canonical coordinates.
-
-    ``logprobs [S]`` (0 where not valid), ``entropy [S]`` or None, ``valid_mask [S]`` bool.
-    ``metrics``: this rank's counters: ``rows_replayed``, ``rows_fallen_back`` (routing rows that
-    kept the model's own routing), plus the scorer's 0-d tensors (``rows_valid``, ...).
-    """
-
-    logprobs: torch.Tensor
-    entropy: torch.Tensor | None
-    valid_mask: torch.Tensor
-    metrics: dict[str, int | torch.Tensor] = field(default_factory=dict)
-
-
 class PolicyScorer:
     """Wraps an HF causal LM (``...ForCausalLM``) for support-conditioned scoring.
 
-    ``sp``: this rank's sequence-parallel group (built from the trainer's topology, e.g.
-    ``SequenceParallel(group=pg, rank=topo.sp_rank, size=topo.sp_size)``). ``tp_group`` /
+    ``cp``: this rank's :class:`~rollfeed.models.CPGroup`, the ranks a packed row is split over
+    (``CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)``; default: none, the whole row
+    is local); attention runs Ulysses over it. ``tp_group`` /
     ``vocab_start``: a vocabulary-parallel LM head whose local weight holds rows
     ``[vocab_start, vocab_start + V_local)`` (the body is not split here). ``replay_weights``:
     replay recorded routing weights too, when the micro batch carries them. Switches the model's
@@ -75,7 +67,7 @@ class PolicyScorer:
         self,
         model: nn.Module,
         *,
-        sp: SequenceParallel | None = None,
+        cp: CPGroup | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         compute_entropy: bool = False,
         entropy_requires_grad: bool = False,
@@ -85,7 +77,7 @@ class PolicyScorer:
         vocab_start: int = 0,
     ) -> None:
         self.model = model
-        self.sp = sp or SequenceParallel()
+        self.cp = cp or CPGroup()
         self.chunk_size = chunk_size
         self.compute_entropy = compute_entropy
         self.entropy_requires_grad = entropy_requires_grad
@@ -112,8 +104,8 @@ class PolicyScorer:
         canonical_index: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         fallback_mask: torch.Tensor | None = None,
-    ) -> PolicyScores:
-        """Score this rank's ``N`` tokens and gather the row.
+    ) -> SupportScores:
+        """Score this rank's ``N`` tokens and gather the row (``[S]``, ``S = N * cp.size``).
 
         ``input_ids, position_ids [N]``; ``labels [N]`` (next token of each input position);
         ``support [N, W]`` int, ``-1`` padded; ``temperature`` scalar or ``[N]``; ``routing`` over
@@ -122,13 +114,16 @@ class PolicyScorer:
         over the full vocabulary.
         """
         layout = packed_layout(
-            position_ids, sp=self.sp, canonical_index=canonical_index, cu_seqlens=cu_seqlens
+            position_ids, cp=self.cp, canonical_index=canonical_index, cu_seqlens=cu_seqlens
         )
-        metrics: dict[str, int | torch.Tensor] = {"rows_replayed": 0, "rows_fallen_back": 0}
+        zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
+        metrics = {"rows_replayed": zero, "rows_fallen_back": zero}
         if routing is not None:
             if self.replay is None:
-                raise ValueError(
-                    f"routing given but {type(self.model).__name__} has no MoE router to replay"
+                raise RoutingReplayError(
+                    f"routing given but {type(self.model).__name__} has no MoE router to replay; "
+                    "score a dense model without routing",
+                    tensor="routed_experts",
                 )
             metrics.update(self.replay.set(routing))
         elif self.replay is not None:
@@ -165,7 +160,7 @@ class PolicyScorer:
 
     def score(
         self, micro_batch: TensorMicroBatch, *, fallback_unsupported: bool = False
-    ) -> PolicyScores:
+    ) -> SupportScores:
         """:meth:`score_tokens` on this rank's :class:`rollfeed.collate.TensorMicroBatch`.
 
         Support comes from ``fields["sampling_mask"]`` (all rows invalid when absent), routing from
@@ -177,20 +172,12 @@ class PolicyScorer:
         are compared with this scorer's vocabulary: a token id outside ``[0, V)`` raises
         :class:`~rollfeed.models.VocabularyRangeError`, an invalid temperature on a scored row
         :class:`~rollfeed.models.TemperatureError`, both naming the place. Plain Python values:
-        no device sync.
+        no device sync. A micro batch split for another ``cp`` rank or size than this scorer's
+        ``cp`` group raises :class:`~rollfeed.models.CPMismatchError`.
         """
         mb = micro_batch
+        self._check_cp(mb)
         self._check_recorded(mb)
-        if mb.fields_whole:
-            raise ValueError(
-                "score() needs fields over this rank's windows; build the TensorMicroBatch with "
-                "whole_fields=False"
-            )
-        if mb.cp_size != self.sp.size or mb.cp_rank != self.sp.rank:
-            raise ValueError(
-                f"micro batch is for cp_rank {mb.cp_rank}/{mb.cp_size}, scorer is sp rank "
-                f"{self.sp.rank}/{self.sp.size}; split with cp_size = sp size"
-            )
         support = mb.fields.get("sampling_mask")
         if support is None:
             support = torch.full((mb.input_ids.numel(), 1), -1, dtype=torch.int32)
@@ -215,6 +202,20 @@ class PolicyScorer:
             fallback_mask=fallback,
         )
 
+    def _check_cp(self, mb: TensorMicroBatch) -> None:
+        cp = self.cp
+        if (mb.cp_rank, mb.cp_size) != (cp.rank, cp.size):
+            raise CPMismatchError(
+                f"the micro batch was split for cp rank {mb.cp_rank} of {mb.cp_size} "
+                f"({mb.cp_layout}), this scorer runs cp rank {cp.rank} of {cp.size}; plan with "
+                f"PlanConfig(cp_size={cp.size}) and read with this rank's Topology.cp_rank"
+            )
+        if mb.fields_whole:
+            raise CPMismatchError(
+                "score() needs fields over this rank's cp windows, the micro batch holds them over "
+                "the whole row; build the TensorMicroBatch with whole_fields=False"
+            )
+
     def _check_recorded(self, mb: TensorMicroBatch) -> None:
         checks = mb.checks
         if checks is None:  # built by hand: the scorer's checks of the tensors still apply
@@ -225,13 +226,19 @@ class PolicyScorer:
                 raise VocabularyRangeError(
                     f"token id {found.value} in {found} is outside the vocabulary [0, {vocab}) "
                     f"of {type(self.model).__name__}; score with the model (and tokenizer) the "
-                    "rollout was sampled with"
+                    "rollout was sampled with",
+                    tensor=found.tensor,
+                    pos=found.pos,
+                    sample=found.sample,
                 )
         bad = checks.bad_temperature
         if bad is not None:
             raise TemperatureError(
                 f"temperature {bad.value} in {bad} is not finite and > 0 on a scored row; record "
-                "the sampler's temperature for every sampled token"
+                "the sampler's temperature for every sampled token",
+                tensor=bad.tensor,
+                pos=bad.pos,
+                sample=bad.sample,
             )
 
     def score_logits(
@@ -250,22 +257,22 @@ class PolicyScorer:
         self,
         scores: SupportScores,
         canonical_index: torch.Tensor | None,
-        metrics: dict[str, int | torch.Tensor],
-    ) -> PolicyScores:
-        sp = self.sp
-        if canonical_index is None and sp.enabled:
+        metrics: dict[str, torch.Tensor],
+    ) -> SupportScores:
+        cp = self.cp
+        if canonical_index is None and cp.enabled:
             n = scores.logprobs.shape[0]
-            canonical_index = sp.rank * n + torch.arange(n)
-        valid = gather_rank_order(scores.valid_mask.to(torch.uint8), sp)
+            canonical_index = cp.rank * n + torch.arange(n)
+        valid = gather_rank_order(scores.valid_mask.to(torch.uint8), cp)
         if canonical_index is not None:
-            order = gather_rank_order(canonical_index.to(torch.long), sp)
+            order = gather_rank_order(canonical_index.to(torch.long), cp)
             valid = valid[torch.argsort(order)]
         entropy = scores.entropy
-        return PolicyScores(
-            logprobs=gather_sequence(scores.logprobs, sp, canonical_index=canonical_index),
+        return SupportScores(
+            logprobs=gather_sequence(scores.logprobs, cp, canonical_index=canonical_index),
             entropy=None
             if entropy is None
-            else gather_sequence(entropy, sp, canonical_index=canonical_index),
+            else gather_sequence(entropy, cp, canonical_index=canonical_index),
             valid_mask=valid.bool(),
             metrics=metrics,
         )

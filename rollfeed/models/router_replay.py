@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rollfeed.errors import RollfeedError
+from rollfeed.models.errors import RoutingReplayError
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,6 @@ SOFTMAX_TOPK_ROUTERS = frozenset(
         "OlmoeTopKRouter",
     }
 )
-
-
-class RoutingReplayError(RollfeedError):
-    """Recorded routing that does not fit the model (shape, expert id range, coverage)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,7 +95,9 @@ def infer_coverage(experts: torch.Tensor) -> torch.Tensor:
         rows = mixed.nonzero()[:, 0].tolist()
         raise RoutingReplayError(
             f"routed_experts rows {rows[:10]} repeat ids in some layers only (corrupt routing); "
-            "fill rows repeat them in every layer"
+            "fill rows repeat them in every layer",
+            tensor="routed_experts",
+            pos=rows[0],
         )
     return covered
 
@@ -155,14 +153,19 @@ class RouterReplay:
             for layer, router in enumerate(self.routers)
         ]
 
-    def set(self, routing: Routing) -> dict[str, int]:
-        """Replay ``routing`` in every forward until :meth:`clear`; returns the row counters."""
+    def set(self, routing: Routing) -> dict[str, torch.Tensor]:
+        """Replay ``routing`` in every forward until :meth:`clear`.
+
+        Returns the row counters ``rows_replayed`` and ``rows_fallen_back``, 0-d int64 tensors
+        (the convention of :mod:`rollfeed.models`).
+        """
         experts = routing.experts
         layers, top_k = len(self.routers), self.routers[0].top_k
         if experts.ndim != 3 or tuple(experts.shape[1:]) != (layers, top_k):
             raise RoutingReplayError(
                 f"routed_experts shape {tuple(experts.shape)} does not match the model's "
-                f"[N, {layers} MoE layers, top_k {top_k}]"
+                f"[N, {layers} MoE layers, top_k {top_k}]; record the routing with this model",
+                tensor="routed_experts",
             )
         if self.replay_weights and (
             routing.weights is None or routing.weights.shape != experts.shape
@@ -170,27 +173,34 @@ class RouterReplay:
             raise RoutingReplayError(
                 "replay_weights=True needs routed_expert_weights of the routed_experts shape "
                 f"{tuple(experts.shape)}; got "
-                f"{None if routing.weights is None else tuple(routing.weights.shape)}"
+                f"{None if routing.weights is None else tuple(routing.weights.shape)}",
+                tensor="routed_expert_weights",
             )
         covered = infer_coverage(experts) if routing.covered is None else routing.covered.bool()
         if covered.shape != experts.shape[:1]:
-            raise RoutingReplayError(f"covered must be [N={experts.shape[0]}] bool")
+            raise RoutingReplayError(
+                f"covered must be [N={experts.shape[0]}] bool, got {tuple(covered.shape)}",
+                tensor="covered",
+            )
         num_experts = self.routers[0].num_experts
         bad = covered & (experts.to(torch.long) >= num_experts).flatten(1).any(dim=1)
         if bad.any():
+            rows = bad.nonzero()[:, 0].tolist()
             raise RoutingReplayError(
-                f"routed_experts rows {bad.nonzero()[:, 0].tolist()[:10]} name experts >= "
-                f"{num_experts}; was the routing recorded with another model?"
+                f"routed_experts rows {rows[:10]} name experts >= {num_experts}; was the routing "
+                "recorded with another model?",
+                tensor="routed_experts",
+                pos=rows[0],
             )
         self._routing, self._covered = routing, covered
-        replayed = int(covered.sum())
-        return {"rows_replayed": replayed, "rows_fallen_back": int(covered.numel()) - replayed}
+        replayed = covered.sum()
+        return {"rows_replayed": replayed, "rows_fallen_back": covered.numel() - replayed}
 
     def clear(self) -> None:
         self._routing = self._covered = None
 
     @contextmanager
-    def replaying(self, routing: Routing) -> Iterator[dict[str, int]]:
+    def replaying(self, routing: Routing) -> Iterator[dict[str, torch.Tensor]]:
         """Context form of :meth:`set` / :meth:`clear`; yields the row counters."""
         metrics = self.set(routing)
         try:
@@ -233,7 +243,9 @@ class RouterReplay:
                 if experts.shape[0] != indices.shape[0]:
                     raise RoutingReplayError(
                         f"routing has {experts.shape[0]} rows, the router sees "
-                        f"{indices.shape[0]} tokens; pass the routing of this forward's tokens"
+                        f"{indices.shape[0]} tokens; pass the routing of this forward's tokens",
+                        tensor="routed_experts",
+                        layer=layer,
                     )
                 weights = self._routing.weights
                 scores, indices = replayed_router_output(

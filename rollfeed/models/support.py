@@ -17,20 +17,27 @@ import dataclasses
 import torch
 
 from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
+from rollfeed.models.errors import SupportInputError
 from rollfeed.models.tp import ProcessGroup, full_vocab_size
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class SupportScores:
-    """Result of a support scorer.
+    """Result of every support scorer: :func:`support_logprobs` and
+    :func:`~rollfeed.models.fused_support_logprobs` score ``N`` given rows;
+    :class:`~rollfeed.models.PolicyScorer` scores a whole packed row of ``S`` tokens, gathered over
+    the ``cp`` group into canonical coordinates (``N = S``, entry ``j`` scores ``labels[j]``).
 
     Attributes:
         logprobs: ``[N]`` label logprob normalised over the row's support (0 on invalid rows).
         entropy: ``[N]`` entropy of the support-restricted distribution, or None when not asked.
         valid_mask: ``[N]`` bool, rows that were scored (a recorded support, or a fallback row).
-        metrics: 0-d int64 tensors (no host sync until ``.item()``): ``rows_valid``,
-            ``rows_fallback`` (full-vocab rows, including missing labels), ``rows_missing_label``,
-            ``rows_singleton``, ``duplicate_ids``; the fused path adds ``pairs_projected``.
+        metrics: counters, 0-d int64 tensors (the models' convention, see :mod:`rollfeed.models`):
+            ``rows_valid``, ``rows_fallback`` (full-vocab rows, including missing labels),
+            ``rows_missing_label``, ``rows_singleton``, ``duplicate_ids``; the fused path adds
+            ``pairs_projected``; :class:`~rollfeed.models.PolicyScorer` adds ``rows_replayed``
+            and ``rows_fallen_back`` (routing rows that kept the model's own routing). The
+            scorers count this rank's rows (under ``cp``, its own shard).
     """
 
     logprobs: torch.Tensor
@@ -84,7 +91,11 @@ def support_logprobs(
         logp   = 2 − logsumexp([2, 3]) = −1.3133
     """
     if logits.dim() != 2:
-        raise ValueError(f"logits must be [N, V_local], got shape {tuple(logits.shape)}")
+        raise SupportInputError(
+            f"logits must be [N, V_local], got shape {tuple(logits.shape)}; flatten leading dims "
+            "before scoring",
+            tensor="logits",
+        )
     rows, width = logits.shape
     cdt = compute_dtype(logits.dtype)
     if vocab_size is None:

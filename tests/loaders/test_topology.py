@@ -10,14 +10,14 @@ from rollfeed.loaders import LoaderConfigError, Topology
 
 
 def test_from_rank_covers_grid_once_tp_innermost():
-    world, cp, sp, tp = 24, 2, 3, 2
+    world, cp, tp = 24, 3, 2
     seen = set()
     for rank in range(world):
-        t = Topology.from_rank(rank, world, cp_size=cp, sp_size=sp, tp_size=tp)
-        assert t.dp_size == 2 and t.world_size == world
-        assert rank == ((t.dp_rank * cp + t.cp_rank) * sp + t.sp_rank) * tp + t.tp_rank
-        seen.add((t.dp_rank, t.cp_rank, t.sp_rank, t.tp_rank))
-    assert seen == set(itertools.product(range(2), range(cp), range(sp), range(tp)))
+        t = Topology.from_rank(rank, world, cp_size=cp, tp_size=tp)
+        assert t.dp_size == 4 and t.world_size == world
+        assert rank == (t.dp_rank * cp + t.cp_rank) * tp + t.tp_rank
+        seen.add((t.dp_rank, t.cp_rank, t.tp_rank))
+    assert seen == set(itertools.product(range(4), range(cp), range(tp)))
     assert Topology.from_rank(5, 8, cp_size=2, tp_size=2) == Topology(
         dp_rank=1, dp_size=2, cp_rank=0, cp_size=2, tp_rank=1, tp_size=2
     )
@@ -28,6 +28,18 @@ def test_rejects_bad_sizes_and_ranks():
         Topology(dp_rank=0, dp_size=1, cp_rank=2, cp_size=2)
     with pytest.raises(LoaderConfigError, match="multiple"):
         Topology.from_rank(0, 6, cp_size=4)
+    with pytest.raises(LoaderConfigError, match="tp_size must be an int >= 1, got 0"):
+        Topology.from_rank(0, 6, tp_size=0)
+
+
+def test_the_sequence_axis_is_cp_only():
+    # One axis a row is split over: there is no second name for it to disagree with.
+    with pytest.raises(TypeError, match="sp_rank"):
+        Topology(dp_rank=0, dp_size=1, sp_rank=0, sp_size=2)
+    with pytest.raises(TypeError, match="sp_size"):
+        Topology.from_rank(0, 4, sp_size=2)
+    with pytest.raises(LoaderConfigError, match="'sp'"):
+        Topology.from_mesh(_Mesh(("dp", "sp"), (2, 2), (0, 1)))
     with pytest.raises(LoaderConfigError, match="not initialised"):
         Topology.from_process_group(cp_size=2)
 

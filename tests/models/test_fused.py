@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rollfeed.models import fused_support_logprobs
+from rollfeed.models import SupportInputError, fused_support_logprobs
 from tests.models.reference import random_batch, reference_scores
 
 N, V, H, W = 47, 123, 16, 5
@@ -141,7 +141,7 @@ def test_singletons_give_zero_and_no_gradient_to_hidden_or_weight() -> None:
 
 
 def test_bad_shapes_raise() -> None:
-    with pytest.raises(ValueError, match="weight \\[V_local, H\\]"):
+    with pytest.raises(SupportInputError, match="weight \\[V_local, H\\]"):
         fused_support_logprobs(
             torch.randn(2, 4),
             torch.randn(9, 5),

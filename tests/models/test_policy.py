@@ -5,10 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollfeed.collate import IGNORE_INDEX, prepare_batch, to_tensor_micro_batch
-from rollfeed.models.policy import PolicyScorer
-from rollfeed.models.router_replay import Routing
-from rollfeed.models.support import support_logprobs
+from rollfeed.collate import IGNORE_INDEX, PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.models import (
+    CPGroup,
+    CPMismatchError,
+    PolicyScorer,
+    Routing,
+    RoutingReplayError,
+    SupportScores,
+    support_logprobs,
+)
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing, reference
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
@@ -17,7 +23,7 @@ LENGTHS = [9, 4, 12, 6]
 
 
 def _one_micro_batch(samples, seq_len: int = 40):
-    plan = prepare_batch(samples, seq_len=seq_len, dp_size=1, pad_to_multiple_of=8)
+    plan = prepare_batch(samples, PlanConfig(seq_len=seq_len, pad_to_multiple_of=8), dp_size=1)
     (mb,) = plan[0]
     return mb
 
@@ -34,7 +40,11 @@ def _grads(model) -> dict[str, torch.Tensor]:
 def _check_against_reference(build, mb, seed: int) -> dict:
     assert mb.length > sum(LENGTHS)  # the row ends in padding
     scorer = PolicyScorer(build(seed=seed), compute_entropy=True, entropy_requires_grad=True)
-    out = scorer.score(to_tensor_micro_batch(mb))
+    out = scorer.score(to_tensor_micro_batch(mb, cp_rank=0))
+    assert type(out) is SupportScores  # one scores type for every scorer
+    for name, value in out.metrics.items():  # the models' convention: 0-d int64 tensors
+        assert isinstance(value, torch.Tensor) and value.shape == (), name
+        assert value.dtype == torch.int64, name
     ref_model = _sdpa(build(seed=seed))
     ref_lp, ref_ent, ref_valid = reference(ref_model, mb)
     assert torch.equal(out.valid_mask, ref_valid)
@@ -73,7 +83,7 @@ def test_replay_changes_the_scores() -> None:
     token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
     routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
     mb = _one_micro_batch(make_samples(1, LENGTHS, own_routing=routing))
-    tmb = to_tensor_micro_batch(mb)
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
     scorer = PolicyScorer(tiny_qwen3_moe(seed=12))
     with torch.no_grad():
         replayed = scorer.score(tmb).logprobs
@@ -90,7 +100,7 @@ def test_replay_changes_the_scores() -> None:
 
 def test_fallback_unsupported_scores_unmasked_loss_rows_over_the_vocab() -> None:
     mb = _one_micro_batch(make_samples(2, LENGTHS))
-    tmb = to_tensor_micro_batch(mb)
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
     scorer = PolicyScorer(tiny_qwen3(seed=13))
     ref_model = _sdpa(tiny_qwen3(seed=13))
     with torch.no_grad():
@@ -124,9 +134,9 @@ def test_score_logits_is_support_logprobs_with_the_scorers_options() -> None:
 
 def test_misuse_is_refused() -> None:
     samples = make_samples(3, LENGTHS)
-    tmb = to_tensor_micro_batch(_one_micro_batch(samples))
+    tmb = to_tensor_micro_batch(_one_micro_batch(samples), cp_rank=0)
     dense = PolicyScorer(tiny_qwen3())
-    with pytest.raises(ValueError, match="no MoE router"):
+    with pytest.raises(RoutingReplayError, match="no MoE router"):
         dense.score_tokens(
             tmb.input_ids,
             tmb.position_ids,
@@ -134,14 +144,35 @@ def test_misuse_is_refused() -> None:
             tmb.fields["sampling_mask"],
             routing=Routing(experts=torch.zeros(tmb.input_ids.numel(), 2, 2, dtype=torch.uint8)),
         )
-    plan = prepare_batch(samples, seq_len=40, dp_size=1, cp_size=2, pad_to_multiple_of=8)
-    with pytest.raises(ValueError, match="cp_rank 1/2, scorer is sp rank 0/1"):
-        dense.score(to_tensor_micro_batch(plan[0][0], cp_rank=1, cp_size=2))
+    config = PlanConfig(seq_len=40, cp_size=2, pad_to_multiple_of=8)
+    (mb,) = prepare_batch(samples, config, dp_size=1)[0]
+    with pytest.raises(
+        CPMismatchError, match=r"cp rank 1 of 2 .*, this scorer runs cp rank 0 of 1"
+    ):
+        dense.score(to_tensor_micro_batch(mb, cp_rank=1))
+    whole = to_tensor_micro_batch(_one_micro_batch(samples), cp_rank=0, whole_fields=True)
+    with pytest.raises(CPMismatchError, match="whole_fields=False"):
+        dense.score(whole)
+
+
+def test_micro_batch_split_for_another_cp_size_than_the_group_is_refused() -> None:
+    # A micro batch split for cp_size 2 handed to a scorer over a cp group of 4 (and the reverse,
+    # rank for rank): refused before any collective, so a stand-in group is enough here.
+    samples = make_samples(3, LENGTHS)
+    two = prepare_batch(samples, PlanConfig(seq_len=40, cp_size=2), dp_size=1)[0][0]
+    four = prepare_batch(samples, PlanConfig(seq_len=40, cp_size=4), dp_size=1)[0][0]
+    for rank in range(2):
+        scorer = PolicyScorer(tiny_qwen3(), cp=CPGroup(group=object(), rank=rank, size=4))
+        with pytest.raises(CPMismatchError, match=rf"cp rank {rank} of 2 .* cp rank {rank} of 4"):
+            scorer.score(to_tensor_micro_batch(two, cp_rank=rank))
+        scorer = PolicyScorer(tiny_qwen3(), cp=CPGroup(group=object(), rank=rank, size=2))
+        with pytest.raises(CPMismatchError, match=rf"cp rank {rank} of 4 .* cp rank {rank} of 2"):
+            scorer.score(to_tensor_micro_batch(four, cp_rank=rank))
 
 
 def test_dummy_micro_batch_scores_nothing_and_backprops() -> None:
-    plan = prepare_batch(make_samples(4, [6]), seq_len=16, dp_size=2)
-    dummy = to_tensor_micro_batch(plan[1][0])
+    plan = prepare_batch(make_samples(4, [6]), PlanConfig(seq_len=16), dp_size=2)
+    dummy = to_tensor_micro_batch(plan[1][0], cp_rank=0)
     assert dummy.is_dummy and dummy.fields == {}
     scorer = PolicyScorer(tiny_qwen3(), compute_entropy=True)
     out = scorer.score(dummy)
@@ -152,7 +183,8 @@ def test_dummy_micro_batch_scores_nothing_and_backprops() -> None:
 def test_activation_checkpointing_replays_in_the_recomputed_forward() -> None:
     token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
     routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
-    tmb = to_tensor_micro_batch(_one_micro_batch(make_samples(1, LENGTHS, own_routing=routing)))
+    samples = make_samples(1, LENGTHS, own_routing=routing)
+    tmb = to_tensor_micro_batch(_one_micro_batch(samples), cp_rank=0)
     w = loss_weights(tmb.input_ids.numel())
 
     def unrouted(scorer):
@@ -189,7 +221,7 @@ def test_recorded_routing_weights_reach_the_experts() -> None:
     token_lists = [s.token_ids for s in make_samples(1, LENGTHS)]
     routing = own_routing(_sdpa(tiny_qwen3_moe(seed=12)), token_lists)
     samples = make_samples(1, LENGTHS, own_routing=routing, routing_weights=True)
-    tmb = to_tensor_micro_batch(_one_micro_batch(samples))
+    tmb = to_tensor_micro_batch(_one_micro_batch(samples), cp_rank=0)
     model = tiny_qwen3_moe(seed=12)
     seen = []
     for name, module in model.named_modules():

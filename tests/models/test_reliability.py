@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from rollfeed import models
-from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders.collator import share_as_one_storage
 from rollfeed.models import PolicyScorer, fused_support_logprobs, support_logprobs
 from rollfeed.models import tp as tp_module
@@ -49,18 +49,18 @@ def _samples(*, support_id: int = 120, temperature: float = 0.0) -> list[Sample]
     the given temperature; token 2 kept set {9}."""
     a = Sample(
         np.array([3, 4, 5, 6]),
-        np.array([0, 1, 1, 1]),
-        np.zeros(4, np.float32),
-        np.zeros(4, np.float32),
+        loss_mask=np.array([0, 1, 1, 1]),
+        advantages=np.zeros(4, np.float32),
+        inference_logprobs=np.zeros(4, np.float32),
         temperatures=np.ones(4, np.float32),
         fields={"sampling_mask": (np.array([0, 2, 1, 0]), np.array([4, support_id, 5], np.int32))},
         uid="a",
     )
     b = Sample(
         np.array([7, 8, 9]),
-        np.array([0, 0, 1]),
-        np.zeros(3, np.float32),
-        np.zeros(3, np.float32),
+        loss_mask=np.array([0, 0, 1]),
+        advantages=np.zeros(3, np.float32),
+        inference_logprobs=np.zeros(3, np.float32),
         temperatures=np.array([1.0, temperature, 1.0], np.float32),
         fields={"sampling_mask": (np.array([0, 1, 1]), np.array([8, 9], np.int32))},
         uid="b",
@@ -69,7 +69,9 @@ def _samples(*, support_id: int = 120, temperature: float = 0.0) -> list[Sample]
 
 
 def _micro_batch(samples, **options):
-    (mb,) = prepare_batch(samples, seq_len=8, dp_size=1, pad_to_multiple_of=8, **options)[0]
+    (mb,) = prepare_batch(
+        samples, PlanConfig(seq_len=8, pad_to_multiple_of=8, **options), dp_size=1
+    )[0]
     return mb
 
 
@@ -88,7 +90,7 @@ def test_collator_records_largest_id_and_invalid_temperature_as_plain_values_tha
 
     mb = _micro_batch(_samples())
     a, b = _start(mb, "a"), _start(mb, "b")
-    checks = to_tensor_micro_batch(mb).checks
+    checks = to_tensor_micro_batch(mb, cp_rank=0).checks
     # The largest id is the kept-set id 120 for token 1 of a (label coordinate a + 0).
     assert checks.max_id == Located(value=120, tensor="sampling_mask", pos=a, sample="a", token=1)
     assert checks.min_id.value == 0 and checks.min_id.sample is None  # the row's padding token
@@ -96,7 +98,7 @@ def test_collator_records_largest_id_and_invalid_temperature_as_plain_values_tha
         value=0.0, tensor="temperatures", pos=b, sample="b", token=1
     )
     assert not checks.temperatures_valid
-    tmb = to_tensor_micro_batch(mb)
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
     for copy in (
         tmb.to("cpu"),
         tmb.apply(torch.clone),
@@ -106,19 +108,25 @@ def test_collator_records_largest_id_and_invalid_temperature_as_plain_values_tha
         assert copy.checks == checks
     # Each CP rank records what it holds: the rank without sample a's kept sets has a smaller max.
     per_rank = [
-        to_tensor_micro_batch(_micro_batch(_samples(), cp_size=2), cp_rank=r, cp_size=2).checks
+        to_tensor_micro_batch(_micro_batch(_samples(), cp_size=2), cp_rank=r).checks
         for r in range(2)
     ]
     assert sorted(c.max_id.value for c in per_rank) == [9, 120]
-    valid = to_tensor_micro_batch(_micro_batch(_samples(temperature=0.7))).checks
+    valid = to_tensor_micro_batch(_micro_batch(_samples(temperature=0.7)), cp_rank=0).checks
     assert valid.temperatures_valid
 
 
 def test_scorer_refuses_non_positive_temperature_recorded_by_the_collator() -> None:
     mb = _micro_batch(_samples(temperature=0.0))
     scorer = PolicyScorer(tiny_qwen3())
-    with refused("TemperatureError", match=rf"row position {_start(mb, 'b')} \(sample b"):
-        scorer.score(to_tensor_micro_batch(mb))
+    with refused("TemperatureError", match=rf"row position {_start(mb, 'b')} \(sample b") as err:
+        scorer.score(to_tensor_micro_batch(mb, cp_rank=0))
+    assert err.value.place == {
+        "tensor": "temperatures",
+        "pos": _start(mb, "b"),
+        "sample": "b",
+        "layer": None,
+    }
 
 
 def test_scorer_refuses_id_outside_the_vocabulary_under_tp_recorded_by_the_collator(
@@ -131,14 +139,14 @@ def test_scorer_refuses_id_outside_the_vocabulary_under_tp_recorded_by_the_colla
         match=rf"token id {VOCAB + 2} in sampling_mask at row position {_start(mb, 'a')} "
         rf"\(sample a, token 1\) is outside the vocabulary \[0, {VOCAB}\)",
     ):
-        scorer.score(to_tensor_micro_batch(mb))
+        scorer.score(to_tensor_micro_batch(mb, cp_rank=0))
     assert scorer.vocab_size == VOCAB  # the shards' widths summed over the TP group
 
 
 def test_scorer_checks_the_recorded_values_not_the_tensors(tp_group, monkeypatch) -> None:
     from rollfeed.collate.token_checks import Located
 
-    tmb = to_tensor_micro_batch(_micro_batch(_samples(temperature=1.0)))
+    tmb = to_tensor_micro_batch(_micro_batch(_samples(temperature=1.0)), cp_rank=0)
     scorer = PolicyScorer(tiny_qwen3(), tp_group=tp_group)
     calls = []
     monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: calls.append(a) or None)
@@ -298,8 +306,9 @@ LENGTHS = [9, 4, 12, 6]
 
 
 def test_sliding_window_no_shorter_than_any_sample_is_exact_and_a_shorter_one_is_refused():
-    (mb,) = prepare_batch(make_samples(0, LENGTHS), seq_len=40, dp_size=1, pad_to_multiple_of=8)[0]
-    tmb = to_tensor_micro_batch(mb)
+    config = PlanConfig(seq_len=40, pad_to_multiple_of=8)
+    (mb,) = prepare_batch(make_samples(0, LENGTHS), config, dp_size=1)[0]
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
     window = dict(use_sliding_window=True, max_window_layers=0)
     scorer = PolicyScorer(tiny_qwen3(seed=3, sliding_window=max(LENGTHS), **window))
     ref_model = tiny_qwen3(seed=3, sliding_window=max(LENGTHS), **window)

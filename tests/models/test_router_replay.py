@@ -63,7 +63,7 @@ def test_replaying_own_routing_reproduces_outputs_and_grads_exactly(build) -> No
     with replay.replaying(Routing(experts=own.experts.to(torch.uint8))) as metrics:
         replayed = _logits(model, ids, pos)
     replayed.sum().backward()
-    assert metrics == {"rows_replayed": N, "rows_fallen_back": 0}
+    assert {k: int(v) for k, v in metrics.items()} == {"rows_replayed": N, "rows_fallen_back": 0}
     assert torch.equal(plain, replayed)
     for name, p in model.named_parameters():
         if name in plain_grads:
@@ -106,7 +106,10 @@ def test_uncovered_rows_keep_the_models_own_choice() -> None:
     spy = ExpertSpy(model)
     with replay.replaying(Routing(experts=stored)) as metrics:
         _logits(model, ids, pos)
-    assert metrics == {"rows_replayed": N - 2, "rows_fallen_back": 2}
+    assert {k: int(v) for k, v in metrics.items()} == {
+        "rows_replayed": N - 2,
+        "rows_fallen_back": 2,
+    }
     covered = torch.ones(N, dtype=torch.bool)
     covered[fill] = False
     ran0 = spy.calls[0][0]
@@ -153,16 +156,18 @@ def test_bad_routing_is_refused() -> None:
         replay.set(Routing(experts=good + 6))
     corrupt = good.clone()
     corrupt[2, 0] = torch.tensor([4, 4])
-    with pytest.raises(RoutingReplayError, match=r"rows \[2\] repeat ids in some layers"):
+    with pytest.raises(RoutingReplayError, match=r"rows \[2\] repeat ids in some layers") as err:
         replay.set(Routing(experts=corrupt))
+    assert (err.value.tensor, err.value.pos) == ("routed_experts", 2)
     with pytest.raises(RoutingReplayError, match="routed_expert_weights"):
         RouterReplay(model, replay_weights=True).set(Routing(experts=good))
     with pytest.raises(RoutingReplayError, match="top_k = 1"):
         infer_coverage(good[..., :1])
     ids, pos = _inputs()
-    with pytest.raises(RoutingReplayError, match="4 rows, the router sees 11"):
+    with pytest.raises(RoutingReplayError, match="4 rows, the router sees 11") as err:
         replay.set(Routing(experts=good))
         _logits(model, ids, pos)
+    assert err.value.layer == 0
     replay.clear()
     with pytest.raises(RoutingReplayError, match="no MoE router"):
         RouterReplay(tiny_qwen3())

@@ -114,8 +114,9 @@ def test_label_outside_support_raises_naming_rows_or_falls_back() -> None:
     logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]] * 3, dtype=torch.float64)
     labels = torch.tensor([0, 2, 2])
     support = torch.tensor([[0, 1, -1], [0, 1, -1], [-1, -1, -1]])
-    with pytest.raises(SupportLabelError, match=r"first rows \[1\] \(labels \[2\]\)"):
+    with pytest.raises(SupportLabelError, match=r"first rows \[1\] \(labels \[2\]\)") as err:
         support_logprobs(logits, labels, support)
+    assert (err.value.tensor, err.value.pos) == ("labels", 1)
     got = support_logprobs(logits, labels, support, missing_label="full_vocab")
     torch.testing.assert_close(got.logprobs[1], torch.log_softmax(logits[1], 0)[2])
     assert got.valid_mask.tolist() == [True, True, False]

@@ -1,22 +1,22 @@
-"""Single-process checks of packed attention and the Ulysses helpers (real ranks: tests/dist)."""
+"""Single-process checks of packed attention, the cp group and the Ulysses helpers (real ranks:
+tests/dist)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rollfeed.models.packing_attention import (
+from rollfeed.models import (
+    CPGroup,
+    CPGroupError,
     PackingError,
-    packed_layout,
-    segment_ids_from_positions,
-)
-from rollfeed.models.ulysses import (
-    SequenceParallel,
     UlyssesShapeError,
     gather_sequence,
     heads_to_seq,
+    packed_layout,
     seq_to_heads,
 )
+from rollfeed.models.packing_attention import segment_ids_from_positions
 from tests.models.tiny import VOCAB, tiny_qwen3
 
 TOL = 1e-12  # float64: packed and per-sample runs differ only by summation order
@@ -100,23 +100,35 @@ def test_bad_cu_seqlens_is_refused() -> None:
 
 
 def test_uneven_heads_and_lengths_are_refused() -> None:
-    sp = SequenceParallel(group=object(), rank=0, size=3)  # never reaches a collective
-    with pytest.raises(UlyssesShapeError, match="4 heads, sp=3"):
-        seq_to_heads(torch.zeros(1, 4, 2, 8), sp, seq_dim=2, head_dim=1)
-    with pytest.raises(UlyssesShapeError, match="S=5, sp=3"):
-        heads_to_seq(torch.zeros(1, 3, 5, 8), sp, seq_dim=2, head_dim=1)
-    with pytest.raises(ValueError, match="needs a process group"):
-        SequenceParallel(rank=0, size=2)
+    cp = CPGroup(group=object(), rank=0, size=3)  # never reaches a collective
+    with pytest.raises(UlyssesShapeError, match="4 heads, cp=3"):
+        seq_to_heads(torch.zeros(1, 4, 2, 8), cp, seq_dim=2, head_dim=1)
+    with pytest.raises(UlyssesShapeError, match="S=5, cp=3"):
+        heads_to_seq(torch.zeros(1, 3, 5, 8), cp, seq_dim=2, head_dim=1)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"rank": 0, "size": 2}, "needs the process group"),
+        ({"group": object(), "rank": 2, "size": 2}, "0 <= rank < size"),
+        ({"rank": 0, "size": 0}, "size >= 1"),
+        ({"rank": True}, "rank must be an int"),
+    ],
+)
+def test_invalid_cp_group_is_refused(options, match) -> None:
+    with pytest.raises(CPGroupError, match=match):
+        CPGroup(**options)
 
 
 def test_gather_sequence_local_reorders_to_canonical() -> None:
     x = torch.tensor([[10.0], [13.0], [11.0], [12.0]], requires_grad=True)
-    out = gather_sequence(x, SequenceParallel(), canonical_index=torch.tensor([0, 3, 1, 2]))
+    out = gather_sequence(x, CPGroup(), canonical_index=torch.tensor([0, 3, 1, 2]))
     assert out[:, 0].tolist() == [10.0, 11.0, 12.0, 13.0]
     (out[:, 0] * torch.tensor([1.0, 2.0, 3.0, 4.0])).sum().backward()
     assert x.grad[:, 0].tolist() == [1.0, 4.0, 2.0, 3.0]
-    with pytest.raises(ValueError, match="permutation"):
-        gather_sequence(x, SequenceParallel(), canonical_index=torch.tensor([0, 0, 1, 2]))
+    with pytest.raises(PackingError, match="permutation"):
+        gather_sequence(x, CPGroup(), canonical_index=torch.tensor([0, 0, 1, 2]))
 
 
 def test_sliding_window_layers_are_refused() -> None:

@@ -1,8 +1,22 @@
-"""Tiny HF causal LMs built locally from a config (random weights, no downloads)."""
+"""Tiny HF causal LMs built locally from a config (random weights, no downloads).
+
+The model classes are imported with this module, not when a model is built: rank scripts import it
+before ``init_process_group``, so no module that takes ``group.WORLD`` as a default argument
+(transformers' model code imports ``torch.distributed.nn.functional``) captures the default process
+group and keeps it alive past ``destroy_process_group`` (see ``tests/dist/launch.py``).
+"""
 
 from __future__ import annotations
 
 import torch
+from transformers import (
+    MixtralConfig,
+    MixtralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 from rollfeed.models.packing_attention import register_packed_attention
 
@@ -34,15 +48,11 @@ def _finish(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def tiny_qwen3(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides: object):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     torch.manual_seed(seed)
     return _finish(Qwen3ForCausalLM(Qwen3Config(**_common(**overrides))), dtype)
 
 
 def tiny_qwen3_moe(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides: object):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     torch.manual_seed(seed)
     cfg = _common(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
@@ -59,8 +69,6 @@ def tiny_qwen3_moe(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overr
 
 
 def tiny_mixtral(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides: object):
-    from transformers import MixtralConfig, MixtralForCausalLM
-
     torch.manual_seed(seed)
     cfg = _common(num_local_experts=4, num_experts_per_tok=2)
     cfg.update(overrides)
