@@ -102,7 +102,7 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
         f"payload    {rollouts['payload_bytes']:,} B = {report.bytes_per_token:.1f} B per "
         f"completion token; the step file (token arrays and segment records) "
         f"{rollouts['step_file_bytes']:,} B",
-        f"trainer    {report.ranks} ranks ({dp} DP x {report.cp} CP/SP, gloo), "
+        f"trainer    {report.ranks} ranks ({dp} DP x {report.cp} CP, gloo), "
         f"{report.micro_batches} micro batches in all; loader wait "
         f"{report.loader_wait_ms:.1f} ms, scoring {report.score_ms:.1f} ms per micro batch",
         "",

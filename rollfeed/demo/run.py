@@ -3,7 +3,7 @@
 1. build the tiny Qwen3-MoE and its tokenizer into the cache (once);
 2. rollouts: vLLM samples, the capture writes kept sets by handle and a step file
    (:mod:`rollfeed.demo.rollouts`, its own process);
-3. trainer: ``torchrun`` starts 2 DP x 2 CP/SP gloo ranks that load the step with
+3. trainer: ``torchrun`` starts 2 DP x 2 CP gloo ranks that load the step with
    ``build_dataloader`` and score it with the ``PolicyScorer`` (:mod:`rollfeed.demo.trainer`);
 4. report: text and a PNG (:mod:`rollfeed.demo.report`).
 
@@ -91,7 +91,7 @@ def _run_stages(run: DemoRun, *, prompts: int, samples: int, max_tokens: int) ->
         raise SystemExit(f"rollouts failed with exit code {proc.returncode}")
     print(f"      payload root {work / 'payload'} ({time.perf_counter() - t0:.1f} s)")
 
-    t0 = _stage(3, f"trainer: torchrun {RANKS} ranks ({RANKS // CP} DP x {CP} CP/SP, gloo)")
+    t0 = _stage(3, f"trainer: torchrun {RANKS} ranks ({RANKS // CP} DP x {CP} CP, gloo)")
     tenv = dict(env, OMP_NUM_THREADS="1")
     if sys.platform.startswith("linux"):
         tenv.setdefault("GLOO_SOCKET_IFNAME", "lo")

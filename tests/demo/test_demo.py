@@ -81,7 +81,7 @@ def test_report_arithmetic():
     ]
     text = format_report(ROLLOUTS, r)
     assert "25.0 B per completion token" in text and "singletons 25.0%" in text
-    assert "2 ranks (1 DP x 2 CP/SP" in text
+    assert "2 ranks (1 DP x 2 CP, gloo)" in text
     assert Mismatch.of(np.zeros(0)).tokens == 0
 
 

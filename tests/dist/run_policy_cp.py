@@ -1,22 +1,27 @@
-"""PolicyScorer under Ulysses SP 2 (2 ranks) or SP 2 x TP 2 (4 ranks, vocabulary-parallel LM head).
+"""PolicyScorer over a cp group of 2 (2 ranks) or cp 2 x tp 2 (4 ranks, vocabulary-parallel head).
 
-TensorMicroBatches come from the planner, split for CP/SP 2. For a dense Qwen3 and a Qwen3-MoE with
+TensorMicroBatches come from the planner, split for cp 2. For a dense Qwen3 and a Qwen3-MoE with
 replayed routing, contiguous and zigzag layouts, every rank's canonical-coordinate logprobs,
 entropies and valid mask equal the single-rank scorer's on the whole row, and the parameter
-gradients summed over the SP group equal the single-rank gradients (the LM-head shard: its rows of
+gradients summed over the cp group equal the single-rank gradients (the LM-head shard: its rows of
 the single-rank gradient). Float64, tolerance 1e-10 absolute. The single-rank result is itself
-checked against the independent per-sample reference.
+checked against the independent per-sample reference. On 4 ranks the groups are built from the
+loader's ``Topology`` (rank order dp, cp, tp), and a cp group or micro batch that disagrees with it
+is refused with a typed error.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 import torch.distributed as dist
 
-from rollfeed.collate import prepare_batch, to_tensor_micro_batch
-from rollfeed.models.policy import PolicyScorer
-from rollfeed.models.ulysses import SequenceParallel
-from tests.dist.launch import exit_rank
+from rollfeed.collate import MicroBatch, PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.loaders import Topology
+from rollfeed.models import CPGroup, CPGroupError, CPMismatchError, PolicyScorer
+from tests.dist.launch import run_rank
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing, reference
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
@@ -35,7 +40,13 @@ def shard_lm_head(model, tp_rank: int, tp_size: int) -> int:
     return tp_rank * rows
 
 
-def run(build, layout: str, sp: SequenceParallel, routed: bool, tp=None) -> None:
+def whole_row(mb: MicroBatch):
+    """The same row read whole, as one rank does with no cp group (the single-rank reference)."""
+    one = dataclasses.replace(mb.config, cp_size=1, cp_layout="contiguous")
+    return to_tensor_micro_batch(dataclasses.replace(mb, config=one), cp_rank=0)
+
+
+def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
     name = f"{build.__name__}/{layout}/tp={'none' if tp is None else tp[1]}"
     samples = make_samples(5, LENGTHS)
     if routed:
@@ -43,13 +54,14 @@ def run(build, layout: str, sp: SequenceParallel, routed: bool, tp=None) -> None
         sdpa.set_attn_implementation("sdpa")
         routing = own_routing(sdpa, [s.token_ids for s in samples])
         samples = make_samples(5, LENGTHS, own_routing=routing)
-    plan = prepare_batch(samples, seq_len=48, dp_size=1, cp_size=sp.size, cp_layout=layout)
+    plan = prepare_batch(
+        samples, PlanConfig(seq_len=48, cp_size=cp.size, cp_layout=layout), dp_size=1
+    )
     (mb,) = plan[0]
     w = loss_weights(mb.length, seed=3)
 
     single = PolicyScorer(build(seed=21), compute_entropy=True, entropy_requires_grad=True)
-    whole = to_tensor_micro_batch(mb)  # cp_size 1: the whole row
-    one = single.score(whole)
+    one = single.score(whole_row(mb))
     ((one.logprobs * w[0]).sum() + (one.entropy * w[1]).sum()).backward()
 
     ref_model = build(seed=21)
@@ -65,9 +77,9 @@ def run(build, layout: str, sp: SequenceParallel, routed: bool, tp=None) -> None
         tp_group, tp_rank, tp_size = tp
         tp_options = {"tp_group": tp_group, "vocab_start": shard_lm_head(model, tp_rank, tp_size)}
     scorer = PolicyScorer(
-        model, sp=sp, compute_entropy=True, entropy_requires_grad=True, **tp_options
+        model, cp=cp, compute_entropy=True, entropy_requires_grad=True, **tp_options
     )
-    tmb = to_tensor_micro_batch(mb, cp_rank=sp.rank, cp_size=sp.size, cp_layout=layout)
+    tmb = to_tensor_micro_batch(mb, cp_rank=cp.rank)
     out = scorer.score(tmb)
     ((out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()).backward()
     assert torch.equal(out.valid_mask, one.valid_mask), name
@@ -81,7 +93,7 @@ def run(build, layout: str, sp: SequenceParallel, routed: bool, tp=None) -> None
         q = single_params[pname]
         assert (p.grad is None) == (q.grad is None), (name, pname)
         if p.grad is not None:
-            dist.all_reduce(p.grad, group=sp.group)
+            dist.all_reduce(p.grad, group=cp.group)
             want = q.grad
             if pname == "lm_head.weight" and tp is not None:
                 start = tp_options["vocab_start"]
@@ -90,28 +102,46 @@ def run(build, layout: str, sp: SequenceParallel, routed: bool, tp=None) -> None
     assert worst < TOL, (name, worst)
 
 
+def check_refusals(topo: Topology, cp: CPGroup, cp_group) -> None:
+    """A cp group that is not the topology's, and micro batches split for another cp size."""
+    with pytest.raises(CPGroupError, match=f"rank {1 - topo.cp_rank} of 2 disagrees"):
+        CPGroup(group=cp_group, rank=1 - topo.cp_rank, size=2)
+    with pytest.raises(CPGroupError, match="of 4 disagrees"):
+        CPGroup(group=cp_group, rank=topo.cp_rank, size=4)
+    samples = make_samples(5, LENGTHS)
+    (mb4,) = prepare_batch(samples, PlanConfig(seq_len=48, cp_size=4), dp_size=1)[0]
+    scorer = PolicyScorer(tiny_qwen3(seed=21), cp=cp)
+    with pytest.raises(CPMismatchError, match=f"of 4 .* cp rank {cp.rank} of 2"):
+        scorer.score(to_tensor_micro_batch(mb4, cp_rank=cp.rank))
+    # A micro batch split for cp 2 handed to a scorer over the whole world (a cp group of 4).
+    world = CPGroup(group=dist.group.WORLD, rank=dist.get_rank(), size=4)
+    (mb2,) = prepare_batch(samples, PlanConfig(seq_len=48, cp_size=2), dp_size=1)[0]
+    with pytest.raises(CPMismatchError, match=f"of 2 .* cp rank {world.rank} of 4"):
+        PolicyScorer(tiny_qwen3(seed=21), cp=world).score(
+            to_tensor_micro_batch(mb2, cp_rank=topo.cp_rank)
+        )
+
+
 def main() -> None:
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world == 2:
-        sp = SequenceParallel(group=dist.group.WORLD, rank=rank, size=2)
+        cp = CPGroup(group=dist.group.WORLD, rank=rank, size=2)
         for layout in ("contiguous", "zigzag"):
-            run(tiny_qwen3, layout, sp, routed=False)
-            run(tiny_qwen3_moe, layout, sp, routed=True)
-    else:
-        assert world == 4
-        # rank = 2 * tp_rank + sp_rank; every rank creates every group, in the same order.
-        sp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        tp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-        tp_rank, sp_rank = divmod(rank, 2)
-        sp = SequenceParallel(group=sp_groups[tp_rank], rank=sp_rank, size=2)
-        tp = (tp_groups[sp_rank], tp_rank, 2)
-        run(tiny_qwen3, "contiguous", sp, routed=False, tp=tp)
-        run(tiny_qwen3_moe, "zigzag", sp, routed=True, tp=tp)
-    dist.barrier()
-    dist.destroy_process_group()
+            run(tiny_qwen3, layout, cp, routed=False)
+            run(tiny_qwen3_moe, layout, cp, routed=True)
+        return
+    assert world == 4
+    # The loader's rank order (dp, cp, tp; tp innermost): rank = cp_rank * 2 + tp_rank. Every
+    # rank creates every group, in the same order.
+    topo = Topology.from_rank(rank, world, cp_size=2, tp_size=2)
+    cp_groups = [dist.new_group([t, 2 + t]) for t in range(2)]  # one per tp coordinate
+    tp_groups = [dist.new_group([2 * c, 2 * c + 1]) for c in range(2)]  # one per cp coordinate
+    cp = CPGroup(group=cp_groups[topo.tp_rank], rank=topo.cp_rank, size=topo.cp_size)
+    tp = (tp_groups[topo.cp_rank], topo.tp_rank, topo.tp_size)
+    check_refusals(topo, cp, cp_groups[topo.tp_rank])
+    run(tiny_qwen3, "contiguous", cp, routed=False, tp=tp)
+    run(tiny_qwen3_moe, "zigzag", cp, routed=True, tp=tp)
 
 
 if __name__ == "__main__":
-    main()
-    exit_rank()
+    run_rank(main)

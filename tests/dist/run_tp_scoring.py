@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from rollfeed.models import VocabularyRangeError, fused_support_logprobs, support_logprobs
-from tests.dist.launch import exit_rank
+from tests.dist.launch import run_rank
 from tests.models.reference import random_batch
 
 N, V, H, W = 47, 123, 16, 5
@@ -39,7 +39,6 @@ def _shard(rank: int, size: int) -> tuple[int, int]:
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
     dist.all_reduce = _counting_all_reduce  # type: ignore[assignment]
     rank, size = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(size)))
@@ -143,9 +142,7 @@ def main() -> None:
     _all_reduce(gh, group=group)
     torch.testing.assert_close(gh, ref_gh, rtol=1e-10, atol=1e-12)
     print(f"rank {rank}/{size} shard [{v0}, {v1}) ok", flush=True)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
-    exit_rank()
+    run_rank(main)

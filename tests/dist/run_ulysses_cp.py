@@ -1,8 +1,8 @@
-"""Ulysses SP under real ranks: a tiny Qwen3 over one packed row, sharded contiguously and zigzag.
+"""Ulysses over a real cp group: a tiny Qwen3 over one packed row, split contiguously and zigzag.
 
-Each rank compares its SP run with the whole-row run on one rank (SP 1): per-token logprobs and
+Each rank compares its cp run with the whole-row run on one rank (cp 1): per-token logprobs and
 entropies (full vocabulary) in canonical coordinates and, after summing parameter gradients over the
-SP group, every parameter gradient. Float64; tolerance 1e-10 absolute.
+cp group, every parameter gradient. Float64; tolerance 1e-10 absolute.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from rollfeed.models.packing_attention import packed_layout
-from rollfeed.models.ulysses import SequenceParallel, gather_sequence, heads_to_seq, seq_to_heads
-from tests.dist.launch import exit_rank
+from rollfeed.models import CPGroup, gather_sequence, heads_to_seq, packed_layout, seq_to_heads
+from tests.dist.launch import run_rank
 from tests.models.tiny import tiny_qwen3
 
 TOL = 1e-10
@@ -46,25 +45,23 @@ def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def check_all_to_all(sp: SequenceParallel) -> None:
-    """[S/sp, H, d] <-> [S, H/sp, d] against slicing a tensor every rank knows, values and grads."""
+def check_all_to_all(cp: CPGroup) -> None:
+    """[S/cp, H, d] <-> [S, H/cp, d] against slicing a tensor every rank knows, values and grads."""
     full = torch.arange(6 * 4 * 3, dtype=torch.float64).reshape(6, 4, 3)
-    rows, heads = 6 // sp.size, 4 // sp.size
-    local = full[sp.rank * rows : (sp.rank + 1) * rows].clone().requires_grad_(True)
-    by_heads = seq_to_heads(local, sp, seq_dim=0, head_dim=1)
-    assert torch.equal(by_heads, full[:, sp.rank * heads : (sp.rank + 1) * heads])
-    back = heads_to_seq(by_heads, sp, seq_dim=0, head_dim=1)
+    rows, heads = 6 // cp.size, 4 // cp.size
+    local = full[cp.rank * rows : (cp.rank + 1) * rows].clone().requires_grad_(True)
+    by_heads = seq_to_heads(local, cp, seq_dim=0, head_dim=1)
+    assert torch.equal(by_heads, full[:, cp.rank * heads : (cp.rank + 1) * heads])
+    back = heads_to_seq(by_heads, cp, seq_dim=0, head_dim=1)
     assert torch.equal(back, local)
     # d/dlocal of sum(by_heads * g) with g = the same slice of a known tensor: its own rows of G,
     # gathered from every rank's head slice.
     g_full = torch.randn(6, 4, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    (by_heads * g_full[:, sp.rank * heads : (sp.rank + 1) * heads]).sum().backward()
-    assert torch.equal(local.grad, g_full[sp.rank * rows : (sp.rank + 1) * rows])
+    (by_heads * g_full[:, cp.rank * heads : (cp.rank + 1) * heads]).sum().backward()
+    assert torch.equal(local.grad, g_full[cp.rank * rows : (cp.rank + 1) * rows])
 
 
-def check_layout(
-    name: str, local_index: torch.Tensor, sp: SequenceParallel, use_cu: bool, **config
-) -> None:
+def check_layout(name: str, local_index: torch.Tensor, cp: CPGroup, use_cu: bool, **config) -> None:
     ids, pos, cu, w = row()
     ref_model = tiny_qwen3(seed=1, **config)
     logp, ent = token_scores(ref_model, ids, pos, packed_layout(pos))
@@ -74,44 +71,40 @@ def check_layout(
 
     model = tiny_qwen3(seed=1, **config)
     layout = packed_layout(
-        pos[local_index], sp=sp, canonical_index=local_index, cu_seqlens=cu if use_cu else None
+        pos[local_index], cp=cp, canonical_index=local_index, cu_seqlens=cu if use_cu else None
     )
     logp_l, ent_l = token_scores(model, ids[local_index], pos[local_index], layout)
-    logp_full = gather_sequence(logp_l, sp, canonical_index=local_index)
-    ent_full = gather_sequence(ent_l, sp, canonical_index=local_index)
+    logp_full = gather_sequence(logp_l, cp, canonical_index=local_index)
+    ent_full = gather_sequence(ent_l, cp, canonical_index=local_index)
     lp, loss = loss_of(logp_full, ent_full, ids, w)
     loss.backward()
-    sp_grads = grads(model)
-    for g in sp_grads.values():
-        dist.all_reduce(g, group=sp.group)
+    cp_grads = grads(model)
+    for g in cp_grads.values():
+        dist.all_reduce(g, group=cp.group)
     assert torch.allclose(lp, ref_lp, atol=TOL, rtol=0), (name, (lp - ref_lp).abs().max())
     assert torch.allclose(ent_full, ent, atol=TOL, rtol=0), name
-    assert sp_grads.keys() == ref_grads.keys(), name
-    worst = max((sp_grads[k] - ref_grads[k]).abs().max().item() for k in ref_grads)
+    assert cp_grads.keys() == ref_grads.keys(), name
+    worst = max((cp_grads[k] - ref_grads[k]).abs().max().item() for k in ref_grads)
     assert worst < TOL, (name, worst)
-    # The comparison is not vacuous: the SP loss has gradients everywhere the reference has.
+    # The comparison is not vacuous: the cp loss has gradients everywhere the reference has.
     assert all(ref_grads[k].abs().sum() > 0 for k in ref_grads), name
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    sp = SequenceParallel(group=dist.group.WORLD, rank=rank, size=size)
+    cp = CPGroup(group=dist.group.WORLD, rank=rank, size=size)
     half = S // size
     contiguous = torch.arange(rank * half, (rank + 1) * half)
-    check_all_to_all(sp)
-    check_layout("contiguous", contiguous, sp, use_cu=False)
+    check_all_to_all(cp)
+    check_layout("contiguous", contiguous, cp, use_cu=False)
     # One KV head for two ranks: replicated to the query heads before the all-to-all.
-    check_layout("contiguous/1-kv-head", contiguous, sp, use_cu=False, num_key_value_heads=1)
-    check_layout("contiguous+cu", contiguous, sp, use_cu=True)
+    check_layout("contiguous/1-kv-head", contiguous, cp, use_cu=False, num_key_value_heads=1)
+    check_layout("contiguous+cu", contiguous, cp, use_cu=True)
     quarter = S // (2 * size)
     chunks = torch.arange(S).reshape(2 * size, quarter)
     zigzag = torch.cat([chunks[rank], chunks[2 * size - 1 - rank]])
-    check_layout("zigzag", zigzag, sp, use_cu=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    check_layout("zigzag", zigzag, cp, use_cu=True)
 
 
 if __name__ == "__main__":
-    main()
-    exit_rank()
+    run_rank(main)
