@@ -6,6 +6,7 @@ routed experts, the vLLM adapter, turn assembly) is :mod:`rollfeed.capture`.
 """
 
 from rollfeed.payload.errors import (
+    PayloadChecksumError,
     PayloadDtypeError,
     PayloadError,
     PayloadHeaderError,
@@ -23,13 +24,15 @@ from rollfeed.payload.errors import (
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
 from rollfeed.payload.layout import ragged_bytes
-from rollfeed.payload.reader import read_field
+from rollfeed.payload.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
 from rollfeed.payload.writer import PayloadWriter
 
 __all__ = [
     "PAYLOAD_FIELDS",
+    "FieldRead",
+    "PayloadChecksumError",
     "PayloadDtypeError",
     "PayloadError",
     "PayloadField",
@@ -53,6 +56,7 @@ __all__ = [
     "lookup_field",
     "ragged_bytes",
     "read_field",
+    "read_fields",
     "register_field",
     "shift_segments",
 ]

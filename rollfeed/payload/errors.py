@@ -69,3 +69,13 @@ class PayloadStaleFileError(PayloadError):
 class PayloadIOError(PayloadError):
     """The operating system failed a read or write of a payload file (disk full, I/O error); the
     message names the file, the offset and the OS error."""
+
+
+class PayloadChecksumError(PayloadError):
+    """Bytes of a region differ from what its writer wrote: the CRC-32C of a block (or of the
+    region header) does not match the checksum table after the region body. Names the file, the
+    field, ``region`` (the byte offset of the region's body: the ``offset`` its records carry),
+    ``block`` (``"header"``, ``"rows k"``, ``"index k"`` or ``"values k"``) and ``offset`` (the
+    block's first byte in the file)."""
+
+    PLACE = ("file", "field", "offset", "pos", "region", "block")

@@ -1,23 +1,27 @@
 """Byte layouts of payload files.
 
-A payload file is a file header followed by regions, each a region header and a body. Readers go
-straight to a body through the segment record (``offset`` is the body's byte offset) and check the
-region header right before it, read in the same batch, against the record; the region headers also
-make a file self-describing for ``verify`` and ``inspect``.
+A payload file is a file header followed by regions, each a region header, a body and (version 2)
+a checksum table. Readers go straight to a body through the segment record (``offset`` is the
+body's byte offset) and check the region header right before it, read in the same batch, against
+the record; the region headers also make a file self-describing for ``verify`` and ``inspect``.
 
 Format version 2 (written; version 1 stays readable):
 
 - file header ``<8sHHIQ`` (24 bytes): magic ``b"RFPAYLD\\0"``, version 2, flags (0), reserved (0),
   file id (random, ``1 <= id < 2**63``; every region header and every record repeats it, so a
   reader holding a descriptor of a replaced file notices from the bytes it reads anyway);
-- region header ``<4sBBBBIQQQQB3x4I`` (64 bytes): magic ``b"RGN2"``, kind (0 fixed, 1 ragged),
+- region header ``<4sBBBBIQQQQBB2x4I`` (64 bytes): magic ``b"RGN2"``, kind (0 fixed, 1 ragged),
   count bytes, dtype code, field name length, block rows, rows, values, body bytes, file id, row
-  ndim (at most 4), row dims (u32, unused ones 0); then the field name (UTF-8), then the body.
+  ndim (at most 4), checksum kind (1: CRC-32C), row dims (u32, unused ones 0); then the field name
+  (UTF-8), then the body, then the checksum table (:mod:`rollfeed.payload.checksum`): one
+  little-endian u32 CRC-32C of the header and name, then one per block of the body.
 
 Version 1: file header ``<8sHHI`` (16 bytes, no id); region header ``<4sBBBBIQQQ4x`` (40 bytes,
-magic ``b"RGN1"``, no file id, no row shape), then the name, then the body.
+magic ``b"RGN1"``, no file id, no row shape, no checksums), then the name, then the body.
 
-Fixed-width body: C-contiguous ``[rows, *shape]`` at the stored dtype (little endian).
+Fixed-width body: C-contiguous ``[rows, *shape]`` at the stored dtype (little endian). Its blocks
+are ``block_rows = max(1, 65536 // row_bytes)`` rows (the last one shorter), so a checking read of
+a window reads at most one block beyond each end of it.
 
 Ragged (CSR) body, everything relative to the body start, so no file-size cap::
 
@@ -26,15 +30,22 @@ Ragged (CSR) body, everything relative to the body start, so no file-size cap::
     pad to 4 bytes
     values: int32 (int fill) or float32 (float fill), row after row
 
-With B = 128 and 1-byte lengths the index costs 1 + 8/128 = 1.06 bytes per row, so a mask with a
-mean of 1.7 kept ids per token costs about 1.06 + 1.7 * 4 = 7.9 bytes per token (a padded
-``[T, 32]`` int32 layout costs 128). Reading rows ``[a, b)`` of a region takes one read of the
-index blocks covering them and one read of their values; no second pass over values for widths.
+Its checksum blocks follow the index blocks: per block k of B rows, one CRC of index block k (the
+last one with the padding) and one of the values of its rows, so a window checks the index and
+values blocks of the rows it reads and nothing else.
+
+With B = 128 and 1-byte lengths the index costs 1 + 8/128 = 1.06 bytes per row and its checksums
+8/128 = 0.06, so a mask with a mean of 1.7 kept ids per token costs about 1.13 + 1.7 * 4 = 7.9
+bytes per token (a padded ``[T, 32]`` int32 layout costs 128); routing ``[T, 48, 8]`` uint8 costs
+384 + 4/170 bytes per token. Reading rows ``[a, b)`` of a region takes one read of the index
+blocks covering them and one read of their values; no second pass over values for widths.
 
 Worked example (B = 2, counts [2, 0, 1], values [7, 9, 4])::
 
     block 0: offset=0, lengths [2, 0]      block 1: offset=2, lengths [1]
     index bytes = 2 * 8 + 3 * 1 = 19 -> values start at 20 -> body is 20 + 3 * 4 = 32 bytes
+    checksum table (5 u32): crc(header + name), crc(body[0:10]), crc(body[20:28]),
+                            crc(body[10:20]) (index block 1 and the padding), crc(body[28:32])
 """
 
 from __future__ import annotations
@@ -54,9 +65,10 @@ FILE_HEADER = struct.Struct("<8sHHIQ")
 FILE_HEADER_V1 = struct.Struct("<8sHHI")
 REGION_MAGIC = b"RGN2"
 REGION_MAGIC_V1 = b"RGN1"
-REGION_HEADER = struct.Struct("<4sBBBBIQQQQB3x4I")
+REGION_HEADER = struct.Struct("<4sBBBBIQQQQBB2x4I")
 REGION_HEADER_V1 = struct.Struct("<4sBBBBIQQQ4x")
 MAX_NDIM = 4  # row dims a version-2 region header holds
+CHECKSUM_CRC32C = 1  # the checksum kind of every version-2 region
 KIND_FIXED, KIND_RAGGED = 0, 1
 DTYPE_CODES = (
     "uint8",
@@ -88,7 +100,8 @@ REGION_RECORD = np.dtype(
         ("body_bytes", "<u8"),
         ("file_id", "<u8"),
         ("ndim", "u1"),
-        ("pad", "V3"),
+        ("checksum", "u1"),
+        ("pad", "V2"),
         ("dims", "<u4", (MAX_NDIM,)),
     ]
 )
@@ -147,7 +160,13 @@ def parse_file_header(raw: bytes) -> FileHeader:
         raise PayloadHeaderError(
             f"file header cut short: {len(raw)} of {FILE_HEADER.size} bytes", offset=0
         )
-    file_id = FILE_HEADER.unpack_from(raw)[4]
+    _, _, flags, reserved, file_id = FILE_HEADER.unpack_from(raw)
+    if flags or reserved:
+        raise PayloadHeaderError(
+            f"file header flags {flags} / reserved {reserved}: version {VERSION} writes 0 (a "
+            "damaged header, or a newer writer's flags this reader does not know)",
+            offset=4,
+        )
     if not 0 < file_id < 1 << 63:
         raise PayloadHeaderError(f"file id {file_id} is outside [1, 2**63)", offset=0)
     return FileHeader(version=VERSION, file_id=file_id, size=FILE_HEADER.size)
@@ -160,8 +179,9 @@ def region_struct(version: int) -> struct.Struct:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegionHeader:
-    """One region header. ``file_id`` and ``shape`` (a fixed-width row's dims; ``()`` for ragged
-    regions) are ``None`` in version 1, which does not record them."""
+    """One region header. ``file_id``, ``shape`` (a fixed-width row's dims; ``()`` for ragged
+    regions) and ``checksum`` (the checksum kind) are ``None`` in version 1, which does not record
+    them."""
 
     field: str
     kind: int
@@ -173,6 +193,7 @@ class RegionHeader:
     body_bytes: int
     file_id: int | None = None
     shape: tuple[int, ...] | None = None
+    checksum: int | None = CHECKSUM_CRC32C
     version: int = VERSION
 
     @property
@@ -198,6 +219,7 @@ class RegionHeader:
                 self.body_bytes,
                 self.file_id,
                 len(self.shape),
+                self.checksum,
                 *dims,
             )
             + name
@@ -220,10 +242,12 @@ class RegionHeader:
             field = name.decode()
         except UnicodeDecodeError:
             return None
-        file_id = shape = None
+        file_id = shape = checksum = None
         if version == VERSION:
-            file_id, ndim, *dims = rest
+            file_id, ndim, checksum, *dims = rest
             if ndim > MAX_NDIM or any(dims[ndim:]) or (kind == KIND_RAGGED and ndim):
+                return None
+            if checksum != CHECKSUM_CRC32C:
                 return None
             shape = tuple(dims[:ndim])
         return cls(
@@ -237,6 +261,7 @@ class RegionHeader:
             body_bytes=body,
             file_id=file_id,
             shape=shape,
+            checksum=checksum,
             version=version,
         )
 
@@ -371,11 +396,15 @@ class RowIndex:
 
     counts ``[sum(hi - lo)]``, starts ``[sum(hi - lo)]`` (value index relative to the region's
     values); request ``i``'s rows begin at ``row_base[i]`` (``row_base`` is ``[R + 1]``).
+    ``block_start`` / ``block_end`` ``[table blocks]``: the values of each index block read
+    (requests one after another, as in :class:`IndexTable`), ``[start, end)`` in value units.
     """
 
     counts: np.ndarray
     starts: np.ndarray
     row_base: np.ndarray
+    block_start: np.ndarray
+    block_end: np.ndarray
 
 
 def decode_index(t: IndexTable) -> RowIndex:
@@ -414,5 +443,9 @@ def decode_index(t: IndexTable) -> RowIndex:
     first = t.block_base[:-1] * bs + t.lo % bs
     idx = np.repeat(first - row_base[:-1], n) + np.arange(row_base[-1])
     return RowIndex(
-        counts=lengths.reshape(-1)[idx], starts=starts.reshape(-1)[idx], row_base=row_base
+        counts=lengths.reshape(-1)[idx],
+        starts=starts.reshape(-1)[idx],
+        row_base=row_base,
+        block_start=offsets,
+        block_end=ends,
     )

@@ -1,9 +1,12 @@
 """A lease: the files of one read held open, and the batched ``preadv`` that reads them.
 
-:meth:`Lease.read` takes a batch of byte ranges as arrays (file, offset, length, destination),
-coalesces ranges that touch within a file into one ``os.preadv`` with several destination buffers,
-and issues the files concurrently on the root's thread pool when there is enough to read. Planning
-stays in NumPy so a 64-file window costs little more than its system calls. A lease holds a
+:meth:`Lease.read` takes a batch of byte ranges as arrays (file, offset, length, destination; a
+:class:`Reads`), coalesces ranges of a file that touch or lie at most 4 KiB apart into one
+``os.preadv`` with several destination buffers (the bytes between them land in a scratch buffer:
+one system call costs more than reading a page), and issues the files concurrently on the root's
+thread pool when there is enough to read. Several fields read together (one :class:`Reads` each,
+concatenated) share those calls: the regions one request wrote lie side by side in its file.
+Planning stays in NumPy so a 64-file window costs little more than its system calls. A lease holds a
 reference on each file's cache entry (:mod:`rollfeed.payload.root`), so no descriptor it uses is
 closed or reused before it lets go.
 """
@@ -16,6 +19,7 @@ import os
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +30,38 @@ if TYPE_CHECKING:
     from rollfeed.payload.root import PayloadRoot
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_GAP = 4096  # ranges of a file at most this far apart are read in one call
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reads:
+    """A batch of byte ranges for :meth:`Lease.read`: ``[K]`` columns ``file_idx`` (into the
+    lease's files), ``offsets``, ``lengths``, ``dest_idx`` (into ``dests``) and ``dest_offsets``
+    (bytes into that destination)."""
+
+    file_idx: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    dests: list[np.ndarray]
+    dest_idx: np.ndarray
+    dest_offsets: np.ndarray
+
+    @staticmethod
+    def concat(parts: Sequence[Reads]) -> Reads:
+        """One batch holding every range of ``parts``, in order."""
+        base = np.cumsum([0] + [len(p.dests) for p in parts])
+        cols = [
+            np.concatenate([getattr(p, k) for p in parts])
+            for k in ("file_idx", "offsets", "lengths", "dest_offsets")
+        ]
+        return Reads(
+            file_idx=cols[0],
+            offsets=cols[1],
+            lengths=cols[2],
+            dests=[d for p in parts for d in p.dests],
+            dest_idx=np.concatenate([p.dest_idx + b for p, b in zip(parts, base, strict=False)]),
+            dest_offsets=cols[3],
+        )
 
 
 class Lease:
@@ -70,43 +106,45 @@ class Lease:
         self.root._proc().release([old])
         self._columns()
 
-    def read(
-        self,
-        file_idx: np.ndarray,
-        offsets: np.ndarray,
-        lengths: np.ndarray,
-        dests: Sequence[np.ndarray],
-        dest_idx: np.ndarray | int,
-        dest_offsets: np.ndarray,
-    ) -> None:
-        """Read ``lengths[i]`` bytes of file ``file_idx[i]`` at ``offsets[i]`` into the bytes of
-        ``dests[dest_idx[i]]`` (contiguous arrays) at ``dest_offsets[i]``; index arrays ``[K]``.
+    def read(self, reads: Reads) -> None:
+        """Read every range of ``reads``: ``lengths[i]`` bytes of file ``file_idx[i]`` at
+        ``offsets[i]`` into the bytes of ``dests[dest_idx[i]]`` (contiguous arrays) at
+        ``dest_offsets[i]``.
 
-        Ranges that touch within a file become one ``os.preadv`` with several destinations. A
-        short read is :class:`PayloadTruncatedError` naming the file's real size.
+        Ranges of a file that touch, or lie at most 4 KiB apart, become one ``os.preadv`` with
+        several destinations. A short read is :class:`PayloadTruncatedError` naming the file's
+        real size.
         """
-        dest_idx = np.broadcast_to(np.asarray(dest_idx, np.int64), offsets.shape)
-        keep = lengths > 0
-        if not keep.all():
-            file_idx, offsets, lengths, dest_idx, dest_offsets = (
-                a[keep] for a in (file_idx, offsets, lengths, dest_idx, dest_offsets)
-            )
-        if not len(offsets):
+        order = np.lexsort((reads.offsets, reads.file_idx))
+        order = order[reads.lengths[order] > 0]
+        if not len(order):
             return
-        order = np.lexsort((offsets, file_idx))
-        cols = (file_idx, offsets, lengths, dest_idx, dest_offsets)
+        cols = (reads.file_idx, reads.offsets, reads.lengths, reads.dest_idx, reads.dest_offsets)
         fi, off, ln, di, do = (a[order] for a in cols)
+        gap = np.zeros(len(off), np.int64)
+        gap[1:] = off[1:] - off[:-1] - ln[:-1]
         cut = np.ones(len(off), bool)
-        cut[1:] = (fi[1:] != fi[:-1]) | (off[1:] != off[:-1] + ln[:-1])
-        cut[::_IOV_MAX] = True  # preadv takes at most IOV_MAX buffers
+        cut[1:] = (fi[1:] != fi[:-1]) | (gap[1:] < 0) | (gap[1:] > _GAP)
+        cut[:: _IOV_MAX // 2] = True  # preadv takes at most IOV_MAX buffers (gaps add one each)
+        gap[cut] = 0
         bounds = [*np.flatnonzero(cut).tolist(), len(off)]
-        views = [memoryview(d.reshape(-1).view(np.uint8)) for d in dests]
+        views = [memoryview(d.reshape(-1).view(np.uint8)) for d in reads.dests]
         bufs = [
             views[d][a:b]
             for d, a, b in zip(di.tolist(), do.tolist(), (do + ln).tolist(), strict=True)
         ]
+        if gap.any():  # the bytes between two ranges of one call land in a scratch buffer
+            scratch = memoryview(bytearray(_GAP))
+            at = np.flatnonzero(gap)
+            for j, g in zip(at[::-1].tolist(), gap[at[::-1]].tolist(), strict=True):
+                bufs.insert(j, scratch[:g])
+            bounds = (np.array(bounds) + np.searchsorted(at, bounds, side="left")).tolist()
         fi_l, off_l = fi.tolist(), off.tolist()
-        runs = [(fi_l[s], off_l[s], bufs[s:e]) for s, e in itertools.pairwise(bounds)]
+        firsts = np.flatnonzero(cut).tolist()
+        runs = [
+            (fi_l[f], off_l[f], bufs[s:e])
+            for f, (s, e) in zip(firsts, itertools.pairwise(bounds), strict=True)
+        ]
         root = self.root
         if len(self.files) < 2 or root.threads < 2 or int(ln.sum()) < root.parallel_min_bytes:
             self._read_runs(runs)
@@ -152,3 +190,50 @@ class Lease:
                     file=entry.rel,
                     offset=offset,
                 )
+
+
+class FieldFiles:
+    """One field's files inside a lease that several fields share: the lease's columns, and
+    batches of ranges, indexed by the field's own file numbers (``fmap [F]``: lease index of
+    each; the field's records never point at an unmapped one)."""
+
+    def __init__(self, lease: Lease, fmap: np.ndarray) -> None:
+        self.lease, self.fmap = lease, fmap
+
+    @property
+    def size(self) -> np.ndarray:
+        return self.lease.size[self.fmap]
+
+    @property
+    def version(self) -> np.ndarray:
+        return self.lease.version[self.fmap]
+
+    @property
+    def file_id(self) -> np.ndarray:
+        return self.lease.file_id[self.fmap]
+
+    @property
+    def header_size(self) -> np.ndarray:
+        return self.lease.header_size[self.fmap]
+
+    def refresh(self, idx: np.ndarray) -> None:
+        self.lease.refresh(self.fmap[idx])
+
+    def reads(
+        self,
+        file_idx: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dests: list[np.ndarray],
+        dest_idx: np.ndarray | int,
+        dest_offsets: np.ndarray,
+    ) -> Reads:
+        """A batch of this field's ranges (``file_idx`` in its own numbering; ``[K]`` columns)."""
+        return Reads(
+            file_idx=self.fmap[file_idx],
+            offsets=offsets,
+            lengths=lengths,
+            dests=dests,
+            dest_idx=np.broadcast_to(np.asarray(dest_idx, np.int64), offsets.shape),
+            dest_offsets=dest_offsets,
+        )

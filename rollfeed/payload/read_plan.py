@@ -1,7 +1,8 @@
-"""Planning a read as NumPy columns: which rows of which records a window takes, where region
-headers lie, and whether every byte range a record claims fits its file.
+"""Planning a read as NumPy columns: which rows of which records a window takes, which window
+rows hold data, where region headers lie, and whether every byte range a record claims fits its
+file.
 
-Shared by the fixed-width reader (:mod:`rollfeed.payload.reader`) and the ragged one
+Shared by the fixed-width reader (:mod:`rollfeed.payload.fixed_read`) and the ragged one
 (:mod:`rollfeed.payload.ragged_read`); no function here reads a byte.
 """
 
@@ -14,7 +15,7 @@ import numpy as np
 from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.errors import PayloadTruncatedError
 from rollfeed.payload.layout import REGION_HEADER, REGION_HEADER_V1, VERSION
-from rollfeed.payload.lease import Lease
+from rollfeed.payload.lease import FieldFiles
 from rollfeed.payload.regions import check_room
 
 
@@ -30,7 +31,36 @@ def overlaps(t: RecordTable, ranges: list[tuple[int, int]]):
         at += hi - lo
 
 
-def header_ranges(t: RecordTable, lease: Lease, key: bytes):
+def coverage(t: RecordTable, ranges: list[tuple[int, int]], n: int) -> np.ndarray:
+    """``[n]`` bool: the window rows some record's rows cover (``t``: live records by position);
+    every other row reads as the field's fill.
+
+    Example: records at positions [2, 5) and [7, 8), window [(0, 4), (6, 9)] -> rows of
+    positions 0 1 2 3 6 7 8 -> ``[F, F, T, T, F, T, F]``.
+    """
+    out = np.zeros(n, bool)
+    for at, lo, _, _, a, b in overlaps(t, ranges):
+        out[spread(at + a - lo, b - a)] = True
+    return out
+
+
+def inside(t: RecordTable, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """``[S]`` bool: records whose every row the window reads (``[pos, end)`` within the union
+    of ``ranges``)."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    if not merged:
+        return t.rows == 0
+    lo, hi = np.array(merged, np.int64).T
+    k = np.maximum(np.searchsorted(lo, t.pos, side="right") - 1, 0)
+    return (lo[k] <= t.pos) & (t.end <= hi[k])
+
+
+def header_ranges(t: RecordTable, lease: FieldFiles, key: bytes):
     """Version ``[S]``, region header size ``[S]`` and start ``[S]`` of each record's region."""
     version = lease.version[t.file_idx]
     hsize = np.where(version == VERSION, REGION_HEADER.size, REGION_HEADER_V1.size) + len(key)
@@ -40,7 +70,7 @@ def header_ranges(t: RecordTable, lease: Lease, key: bytes):
 
 def fit(
     t: RecordTable,
-    lease: Lease,
+    lease: FieldFiles,
     fits: Callable[[np.ndarray], np.ndarray],
     needs: Callable[[int], str],
 ) -> np.ndarray:

@@ -1,22 +1,31 @@
-"""The reader: a trainer rank reads back only its window of a field.
+"""The reader: a trainer rank reads back only its window of each field.
 
-``read_field(segments, field, window, root=...)`` turns the segments of one micro batch into one
-tensor over the window's positions. It checks every record before touching a byte
+``read_fields(segments, {field: window, ...}, root=...)`` reads several fields of one micro batch
+in one go and returns, per field, its values over the window and which window rows came from data
+(:class:`FieldRead`). It checks every record before touching a byte
 (:mod:`rollfeed.payload.checks`) and every byte range a record claims against the real file size
-before allocating anything (:mod:`rollfeed.payload.regions`), then reads one range per fixed-width
-segment, one per ragged segment that spans its whole region (index and values together: the
-common case), and two small ones per clipped ragged segment (its index blocks, then the window's
-values; :mod:`rollfeed.payload.ragged_read`), planned as NumPy columns
-(:mod:`rollfeed.payload.read_plan`), coalesced per file and issued concurrently
-(:class:`~rollfeed.payload.lease.Lease`). The region header right before each body is read in the
-same batch (adjacent to the body, so in the same ``preadv``) and every record read is held to it
-before any byte is handed out.
+before allocating anything (:mod:`rollfeed.payload.regions`). Each field is planned as NumPy
+columns (:mod:`rollfeed.payload.fixed_read`, :mod:`rollfeed.payload.ragged_read`) and runs in
+steps; the ranges every field needs at a step (its bodies and, right before each body, its region
+header) are read together: grouped per file, one ``preadv`` per contiguous range, files issued
+concurrently (:class:`~rollfeed.payload.lease.Lease`). Every record read is held to its region
+header before any byte is handed out. A fixed-width field takes one step (two when checking); a
+ragged one two (index, then the values of clipped regions).
 
-Worked example (routing ids, rows ``[T, 2]``; a segment covers positions 2..5)::
+With ``PayloadRoot(..., verify_checksums=True)`` a read also checks the CRC-32C of every block it
+reads (:mod:`rollfeed.payload.checksum`): the whole blocks around a window, nothing else; a
+mismatch is :class:`~rollfeed.payload.errors.PayloadChecksumError` naming the file, the field, the
+region and the block.
+
+Worked example (routing ids, rows ``[T, 2]``; a segment covers positions 2..5; a mask segment
+covers positions 1..3)::
 
     read_field(segs, "routed_experts", (0, 4), root=r)       -> uint8 [4, 2]:
         [[0, 0], [0, 0], [a2, b2], [a3, b3]]                  (positions 0, 1 read as fill 0)
     read_field(segs, "routed_experts", [(0, 1), (4, 6)], root=r) -> rows of positions 0, 4, 5
+    got = read_fields(segs, {"routed_experts": (0, 4), "sampling_mask": (1, 5)}, root=r)
+    got["routed_experts"].coverage -> [False, False, True, True]
+    got["sampling_mask"].coverage  -> [True, True, False, False]   (positions 1, 2 of 1..4)
 
 Ragged fields come back as ``[n, W]`` padded with the fill, where ``W = max(1, widest row among
 all rows of the given segments)`` (not only the window), so every CP rank passing the same
@@ -25,29 +34,40 @@ micro batch's segments gets the same ``W``; or ``width`` for static shapes.
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rollfeed.payload.checks import RecordTable, check_fill, common_dtype, field_segments
-from rollfeed.payload.errors import PayloadError
+from rollfeed.payload.checks import field_segments
+from rollfeed.payload.errors import PayloadError, PayloadInputError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
-from rollfeed.payload.layout import DTYPE_CODES, REGION_HEADER
-from rollfeed.payload.lease import Lease
-from rollfeed.payload.ragged_read import read_ragged
-from rollfeed.payload.read_plan import fit, header_ranges, overlaps, slots
-from rollfeed.payload.regions import check_file_ids, check_regions
+from rollfeed.payload.fixed_read import FixedJob
+from rollfeed.payload.lease import FieldFiles, Lease, Reads
+from rollfeed.payload.ragged_read import RaggedJob
 from rollfeed.payload.root import PayloadRoot, as_root
-from rollfeed.payload.segment import ITEMSIZE, PayloadSegment
+from rollfeed.payload.segment import PayloadSegment
 
 Window = tuple[int, int] | Sequence[tuple[int, int]]
 
 
-def _ranges(window: Window) -> list[tuple[int, int]]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FieldRead:
+    """One field over a window of ``n`` rows.
+
+    ``values``: fixed width ``[n, *shape]`` at the stored dtype, ragged ``[n, W]`` int32 /
+    float32; ``coverage``: bool ``[n]``, True where a record's row was read, False where the
+    field's fill stands (no record covers the position). Inline fields build the same coverage
+    from the rows each sample carries (:func:`rollfeed.collate.to_tensor_micro_batch`).
+    """
+
+    values: torch.Tensor
+    coverage: torch.Tensor
+
+
+def _ranges(window: Window, field: str) -> list[tuple[int, int]]:
     ranges = (
         [window]
         if len(window) == 2 and all(isinstance(x, int | np.integer) for x in window)
@@ -56,8 +76,74 @@ def _ranges(window: Window) -> list[tuple[int, int]]:
     out = [(int(lo), int(hi)) for lo, hi in ranges]  # type: ignore[misc]
     for lo, hi in out:
         if lo < 0 or hi < lo:
-            raise ValueError(f"read_field window ranges need 0 <= lo <= hi, got ({lo}, {hi})")
+            raise PayloadInputError(
+                f"window ranges need 0 <= lo <= hi, got ({lo}, {hi})", field=field
+            )
     return out
+
+
+def read_fields(
+    segments: Sequence[PayloadSegment],
+    windows: Mapping[str, Window],
+    *,
+    root: PayloadRoot | str | os.PathLike[str],
+    width: int | None = None,
+    fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
+) -> dict[str, FieldRead]:
+    """Read every field of ``windows`` over its own window from ``segments`` in one go.
+
+    Args:
+        segments: the records of any fields (a micro batch's, in micro-batch positions); each
+            field reads those that carry it.
+        windows: field name -> ``(lo, hi)`` or a list of ``(lo, hi)`` ranges, read in order
+            (``n`` = total length); e.g. a CP rank's ``inputs`` window for routing and its
+            ``labels`` window for the mask.
+        root: the payload root (a path, or a :class:`PayloadRoot` for its read policy: retries,
+            descriptor cache, threads, ``verify_checksums``).
+        width: static width of every ragged field (default: each one's widest row).
+        fields: the field registry.
+
+    Returns ``{field: FieldRead}`` for each field of ``windows`` that some segment carries (a
+    field no segment carries is left out). Errors are typed :class:`PayloadError`\\ s naming the
+    file, field, byte offset and position.
+    """
+    if width is not None and (isinstance(width, bool) or width < 1):
+        raise PayloadInputError(f"width must be >= 1 (or None), got {width}")
+    jobs: dict[str, FixedJob | RaggedJob] = {}
+    for name, window in windows.items():
+        spec = lookup_field(name, fields)
+        t = field_segments(segments, name, spec)
+        if t is None:
+            continue
+        ranges = _ranges(window, name)
+        n = sum(hi - lo for lo, hi in ranges)
+        try:
+            jobs[name] = (
+                RaggedJob(t, ranges, n, name, spec, width)
+                if spec.ragged
+                else FixedJob(t, ranges, n, name, spec)
+            )
+        except PayloadError as err:
+            raise err.with_place(field=name) from None
+    proot = as_root(root)
+    files = list(dict.fromkeys(f for job in jobs.values() for f in _needed(job)))
+    try:
+        if files:
+            out = proot.run(files, lambda lease: _drive(lease, jobs, proot.verify_checksums))
+        else:  # only placeholders: nothing to open
+            out = _drive(None, jobs, proot.verify_checksums)
+    except PayloadError as err:
+        if err.field is not None or err.file is None:
+            raise
+        owner = next((n for n, job in jobs.items() if err.file in _needed(job)), None)
+        raise err.with_place(field=owner) from None
+    return {
+        name: FieldRead(
+            values=torch.from_numpy(_shaped(out[name], job)),
+            coverage=torch.from_numpy(job.coverage),
+        )
+        for name, job in jobs.items()
+    }
 
 
 def read_field(
@@ -70,134 +156,65 @@ def read_field(
     fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor | None:
-    """Read ``field`` over ``window`` from ``segments``.
+    """Read ``field`` over ``window`` from ``segments``: :func:`read_fields` for one field.
 
     window: ``(lo, hi)`` or a list of ``(lo, hi)`` ranges, read in order (n = total length).
     Returns fixed width ``[n, *shape]`` at the stored dtype (or ``dtype``); ragged ``[n, W]`` int32
     / float32 padded with fill; ``None`` when no segment carries the field.
     """
-    spec = lookup_field(field, fields)
-    t = field_segments(segments, field, spec)
-    if t is None:
+    got = read_fields(segments, {field: window}, root=root, width=width, fields=fields)
+    if field not in got:
         return None
-    ranges = _ranges(window)
-    n = sum(hi - lo for lo, hi in ranges)
-    if width is not None and width < 1:
-        raise ValueError(f"read_field width must be >= 1, got {width}")
-    proot = as_root(root)
-    try:
-        if spec.ragged:
-            out = read_ragged(t, ranges, n, field, spec, proot, width)
-        else:
-            out = _read_fixed(t, ranges, n, field, spec, proot)
-    except PayloadError as err:
-        raise err.with_place(field=field) from None  # the I/O layer knows files, not fields
-    return out if dtype is None else out.to(dtype)
+    values = got[field].values
+    return values if dtype is None else values.to(dtype)
 
 
-def _read_fixed(t: RecordTable, ranges, n, name, spec, root) -> torch.Tensor:
-    dtype, shape = common_dtype(t, name)
-    check_fill(dtype, spec.fill, t.segs[0], name)
-    elems, key = math.prod(shape), name.encode()
-    live = t.rows > 0
-    plans, read = [], []  # per stored dtype (more than one only when integer ids widen)
-    for code in sorted(set(t.dtype[live].tolist())):
-        idx = np.flatnonzero(live & (t.dtype == code))
-        g = t if len(idx) == len(t.segs) else t.take(idx)
-        plan = _plan_fixed(g, ranges, ITEMSIZE[DTYPE_CODES[code]] * elems)
-        plans.append((DTYPE_CODES[code], plan))
-        read.append(idx[plan.segs])
-    # Only records whose bytes are read are held to their headers (a rank's window skips most);
-    # when none is, the first one's header still pins the row shape of the fill.
-    checked = read[0] if len(read) == 1 else np.unique(np.concatenate(read or [np.zeros(0, int)]))
-    c = t if len(checked) == len(t.segs) else t.take(checked if len(checked) else np.zeros(1, int))
-    row_bytes = c.itemsize * elems
-    reading = len(checked) > 0
-
-    def fits(size: np.ndarray) -> np.ndarray:
-        room = size - c.offset
-        return (room >= 0) & (c.first + c.rows <= room // row_bytes)
-
-    def needs(i: int) -> str:
-        s, rb = c.segs[i], int(row_bytes[i])
-        end = s.offset + (s.first + s.rows) * rb
-        return f"rows [{s.first}, {s.first + s.rows}) of {rb}-byte rows end at byte {end}"
-
-    def attempt(lease: Lease) -> np.ndarray:
-        check_file_ids(c, lease.file_id[c.file_idx])
-        version, hsize, hstart = header_ranges(c, lease, key)
-        size = fit(c, lease, fits, needs)  # every record read lies inside its file
-        hbuf = np.zeros((len(c.segs), REGION_HEADER.size + len(key)), np.uint8)
-        dests = [hbuf]
-        parts = [(c.file_idx, hstart, hsize, np.zeros(len(c.segs), np.int64), slots(hbuf))]
-        out = np.empty((n, elems), dtype) if reading else None
-        for stored, plan in plans if reading else ():
-            target = out if len(plans) == 1 else np.empty((n, elems), stored)
-            for r0, r1 in plan.gaps:
-                target[r0:r1] = spec.fill
-            parts.append((plan.fi, plan.src, plan.ln, np.full(len(plan.fi), len(dests)), plan.dst))
-            dests.append(target)
-        fi, src, ln, di, dst = (np.concatenate(p) for p in zip(*parts, strict=True))
-        lease.read(fi, src, ln, dests, di, dst)
-        check_regions(
-            c,
-            hbuf,
-            version,
-            name=key,
-            size=size,
-            file_id=lease.file_id[c.file_idx],
-            shape=shape,
-            ragged=None,
-        )
-        if out is None:  # no record read: the shape is now the header's own
-            return np.full((n, elems), spec.fill, dtype)
-        if len(plans) > 1:
-            covered = np.zeros(n, bool)
-            for target, (_, plan) in zip(dests[1:], plans, strict=True):
-                mask = np.zeros(n, bool)
-                for r0, r1 in plan.written:
-                    mask[r0:r1] = True
-                out[mask] = target[mask]
-                covered |= mask
-            out[~covered] = spec.fill
-        return out
-
-    out = root.run(c.files, attempt)
-    return torch.from_numpy(out.reshape(n, *shape))
+def _needed(job: FixedJob | RaggedJob) -> list[str]:
+    return [job.file_list[i] for i in job.files.tolist()]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _FixedPlan:
-    """The reads of same-dtype live records into an ``[n, row]`` output: ``[k]`` file index,
-    source offset, length and destination offset; ``segs`` the records read (sorted, unique);
-    ``written`` / ``gaps`` the output row ranges they fill / that take the fill."""
-
-    fi: np.ndarray
-    src: np.ndarray
-    ln: np.ndarray
-    dst: np.ndarray
-    segs: np.ndarray
-    written: list[tuple[int, int]]
-    gaps: list[tuple[int, int]]
+def _shaped(out: np.ndarray, job: FixedJob | RaggedJob) -> np.ndarray:
+    return out.reshape(job.n, *job.shape) if isinstance(job, FixedJob) else out
 
 
-def _plan_fixed(t: RecordTable, ranges, row_bytes: int) -> _FixedPlan:
-    parts, written, gaps = [], [], []
-    for at, lo, hi, seg, a, b in overlaps(t, ranges):
-        prev = np.concatenate([[lo], b[:-1]])
-        gaps += zip(
-            (at + prev[a > prev] - lo).tolist(), (at + a[a > prev] - lo).tolist(), strict=True
-        )
-        gaps.append((at + (int(b[-1]) if len(b) else lo) - lo, at + hi - lo))
-        src = t.offset[seg] + (t.first[seg] + a - t.pos[seg]) * row_bytes
-        parts.append((t.file_idx[seg], src, (b - a) * row_bytes, (at + a - lo) * row_bytes, seg))
-        written += zip((at + a - lo).tolist(), (at + b - lo).tolist(), strict=True)
-    if not parts:
-        empty = np.zeros(0, np.int64)
-        return _FixedPlan(
-            fi=empty, src=empty, ln=empty, dst=empty, segs=empty, written=written, gaps=gaps
-        )
-    fi, src, ln, dst, segs = (np.concatenate(p) for p in zip(*parts, strict=True))
-    if len(parts) > 1:  # one window range gives increasing records already
-        segs = np.unique(segs)
-    return _FixedPlan(fi=fi, src=src, ln=ln, dst=dst, segs=segs, written=written, gaps=gaps)
+def _drive(
+    lease: Lease | None, jobs: Mapping[str, FixedJob | RaggedJob], check: bool
+) -> dict[str, np.ndarray]:
+    """Run every job's steps in lockstep: the reads all of them need at a step are one batch."""
+    index = {f: i for i, f in enumerate(lease.files)} if lease is not None else {}
+    running: dict[str, Generator[Reads, None, np.ndarray]] = {}
+    for name, job in jobs.items():
+        fmap = np.array([index.get(f, -1) for f in job.file_list], np.int64)
+        running[name] = job.steps(FieldFiles(lease, fmap), check)
+    results: dict[str, np.ndarray] = {}
+    pending: dict[str, Reads] = {}
+
+    def advance(name: str) -> None:
+        try:
+            pending[name] = next(running[name])
+        except StopIteration as stop:
+            results[name] = stop.value
+        except PayloadError as err:
+            raise err.with_place(field=name) from None
+
+    for name in running:
+        advance(name)
+    while pending:
+        batch = dict(pending)
+        pending.clear()
+        try:
+            lease.read(Reads.concat(list(batch.values())))  # type: ignore[union-attr]
+        except PayloadError as err:  # a failed run: name the field whose range starts it
+            i = lease.index(err.file)  # type: ignore[union-attr]
+            owner = next(
+                (
+                    n
+                    for n, r in batch.items()
+                    if ((r.file_idx == i) & (r.offsets == err.offset)).any()
+                ),
+                None,
+            )
+            raise err.with_place(field=owner) from None
+        for name in batch:
+            advance(name)
+    return results

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollfeed.payload.checks import RecordTable
+from rollfeed.payload.checksum import fixed_block_rows
 from rollfeed.payload.errors import PayloadRegionError, PayloadStaleFileError
 from rollfeed.payload.layout import (
+    CHECKSUM_CRC32C,
     DTYPE_CODES,
     KIND_FIXED,
     KIND_RAGGED,
@@ -68,8 +70,8 @@ def check_file_ids(t: RecordTable, file_id: np.ndarray) -> None:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegionColumns:
     """``S`` region headers as ``[S]`` int64 columns (values past ``2**62`` clamp to it, which no
-    record value reaches; file ids are taken as they are). ``file_id`` 0 and ``ndim`` -1 for
-    version-1 headers (not recorded)."""
+    record value reaches; file ids are taken as they are). ``file_id`` 0, ``ndim`` -1 and
+    ``checksum`` 0 for version-1 headers (not recorded)."""
 
     magic_ok: np.ndarray
     name_ok: np.ndarray
@@ -82,6 +84,7 @@ class RegionColumns:
     body_bytes: np.ndarray
     file_id: np.ndarray
     ndim: np.ndarray
+    checksum: np.ndarray
     dims: np.ndarray  # [S, MAX_NDIM]
     pad_ok: np.ndarray  # 1 where the padding bytes are zero, as written
 
@@ -97,7 +100,7 @@ def parse_regions(hbuf: np.ndarray, version: np.ndarray, name: bytes) -> RegionC
             **{"pad_ok": np.ones(len(hbuf), np.int64), **_parse(hbuf, VERSION, name)}
         )
     n = len(hbuf)
-    cols = {k: np.zeros(n, np.int64) for k in _SMALL + _LARGE + ("file_id",)}
+    cols = {k: np.zeros(n, np.int64) for k in _SMALL + _LARGE + ("file_id", "checksum")}
     cols.update(
         ndim=np.full(n, -1, np.int64),
         dims=np.zeros((n, MAX_NDIM), np.int64),
@@ -127,8 +130,8 @@ def _parse(hbuf: np.ndarray, version: int, name: bytes) -> dict[str, np.ndarray]
     cols["name_ok"] = (h["name_len"] == len(name)) & (hbuf[:, k : k + len(name)] == want).all(1)
     if version == VERSION:  # file ids are < 2**63 when valid; others wrap around: a mismatch
         cols.update(file_id=h["file_id"].astype(np.int64), ndim=h["ndim"].astype(np.int64))
-        cols["dims"] = h["dims"].astype(np.int64)
-        cols["pad_ok"] = (hbuf[:, 45:48] == 0).all(axis=1).astype(np.int64)
+        cols.update(checksum=h["checksum"].astype(np.int64), dims=h["dims"].astype(np.int64))
+        cols["pad_ok"] = (hbuf[:, 46:48] == 0).all(axis=1).astype(np.int64)
     return cols
 
 
@@ -167,17 +170,21 @@ def _mismatch(t, hbuf, name, size, file_id, shape, ragged) -> bool:
         return True
     dims = [*(shape or ()), *[0] * (MAX_NDIM - ndim)]
     kind, cb, block = (KIND_FIXED, 0, 0) if ragged is None else (KIND_RAGGED, *ragged)
-    head = REGION_HEADER.pack(REGION_MAGIC, kind, cb, 0, len(name), block, 0, 0, 0, 0, ndim, *dims)
+    head = REGION_HEADER.pack(
+        REGION_MAGIC, kind, cb, 0, len(name), block, 0, 0, 0, 0, ndim, CHECKSUM_CRC32C, *dims
+    )
     diff = hbuf != np.frombuffer(head + name, np.uint8)
     diff[:, 6] = hbuf[:, 6] != t.dtype
     diff[:, 12:44] = False  # rows, values, body bytes and file id: compared as integers below
     got = hbuf[:, 12:44].view("<i8")  # [S, 4]; a value past 2**63 reads negative: refused
     rows, values, body = got[:, 0], got[:, 1], got[:, 2]
+    elems = math.prod(shape) if ragged is None else 0
+    row_bytes = t.itemsize * elems
+    if ragged is None:  # the checksum block follows each record's row bytes
+        diff[:, 8:12] = hbuf[:, 8:12].view("<u4") != fixed_block_rows(row_bytes)[:, None]
     bad = diff.any(axis=1) | (got[:, 3] != file_id) | (t.first + t.rows > rows)
     room = size - t.offset
     if ragged is None:
-        elems = math.prod(shape)
-        row_bytes = t.itemsize * elems
         q, r = np.divmod(body, row_bytes)
         # once body == rows * row_bytes <= room holds, rows * elems cannot wrap around
         bad |= (r != 0) | (q != rows) | (body > room) | (values != rows * elems)
@@ -199,13 +206,24 @@ def _explain(t, h: RegionColumns, size, file_id, shape, ragged) -> None:
         (h.kind != (KIND_RAGGED if ragged else KIND_FIXED), lambda i: f"kind {h.kind[i]}"),
         (h.dtype != t.dtype, lambda i: f"dtype: {_dtype_name(h.dtype[i])}"),
     ]
+    v2 = h.ndim >= 0
+    checks.append(
+        (v2 & (h.checksum != CHECKSUM_CRC32C), lambda i: f"checksum kind {h.checksum[i]}")
+    )
     if ragged is None:
         dims = np.zeros(MAX_NDIM, np.int64)
         dims[: min(len(shape), MAX_NDIM)] = shape[:MAX_NDIM]
         checks.append(
             (
-                (h.ndim >= 0) & ((h.ndim != len(shape)) | (h.dims != dims).any(axis=1)),
+                v2 & ((h.ndim != len(shape)) | (h.dims != dims).any(axis=1)),
                 lambda i: f"row shape {tuple(h.dims[i, : max(h.ndim[i], 0)].tolist())}",
+            )
+        )
+        want_block = fixed_block_rows(t.itemsize * math.prod(shape))
+        checks.append(
+            (
+                v2 & (h.block_rows != want_block),
+                lambda i: f"checksum blocks of {h.block_rows[i]} rows (not {want_block[i]})",
             )
         )
     checks += [

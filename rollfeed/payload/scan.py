@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rollfeed.payload.checksum import ENTRY, RegionSums, fixed_block_rows, table_entries
 from rollfeed.payload.errors import (
+    PayloadChecksumError,
     PayloadError,
     PayloadIOError,
     PayloadMissingFileError,
@@ -44,6 +46,7 @@ from rollfeed.payload.errors import (
 )
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
+    CHECKSUM_CRC32C,
     DTYPE_CODES,
     FILE_HEADER,
     FILE_HEADER_V1,
@@ -100,13 +103,15 @@ class RootScan:
         return self.refused + [s.problem for s in self.scans if s.problem is not None]
 
 
-def scan_root(root: str) -> RootScan:
-    """Walk ``root`` (never following a symlink) and scan every ``*.rfp`` file under it."""
+def scan_root(root: str, *, checksums: bool = True) -> RootScan:
+    """Walk ``root`` (never following a symlink) and scan every ``*.rfp`` file under it;
+    ``checksums``: also check every block of every region against its checksum (``verify``),
+    which reads every byte (``inspect`` reads headers and CSR indexes only)."""
     names, refused = _walk(root)
     scans = []
     for rel in names:
         try:
-            scans.append(scan_file(root, rel))
+            scans.append(scan_file(root, rel, checksums=checksums))
         except PayloadMissingFileError as err:
             refused.append(type(err)(f"{err.message}: it vanished during the scan", file=rel))
         except PayloadError as err:  # could not be opened: symlink swapped in, FIFO, ...
@@ -152,8 +157,9 @@ def _os_finding(err: OSError, rel: str, what: str) -> PayloadError:
     return PayloadPathError(f"{what} cannot be read: {err.strerror}", file=rel)
 
 
-def scan_file(root: str, rel: str) -> FileScan:
-    """Walk the region headers of ``rel`` and decode every CSR index; stop at the first problem.
+def scan_file(root: str, rel: str, *, checksums: bool = True) -> FileScan:
+    """Walk the region headers of ``rel``, decode every CSR index and (``checksums``) check every
+    block of every region; stop at the first problem.
 
     Raises a :class:`PayloadError` only when the file cannot be opened (missing, a symlink, not a
     regular file); problems with its bytes are returned in :attr:`FileScan.problem`.
@@ -163,7 +169,7 @@ def scan_file(root: str, rel: str) -> FileScan:
         st = os.fstat(fd)
         regions: list[tuple[int, RegionHeader]] = []
         try:
-            _walk_regions(fd, rel, st.st_size, regions)
+            _walk_regions(fd, rel, st.st_size, regions, checksums)
             problem = None
         except PayloadError as err:
             problem = err
@@ -194,7 +200,7 @@ def _read(fd: int, rel: str, size: int, at: int, n: int, what: str) -> bytes:
     return raw
 
 
-def _walk_regions(fd: int, rel: str, size: int, regions: list) -> None:
+def _walk_regions(fd: int, rel: str, size: int, regions: list, checksums: bool) -> None:
     if size < FILE_HEADER_V1.size:
         _read(fd, rel, size, 0, FILE_HEADER_V1.size, "file header")  # raises: cut short
     try:
@@ -220,9 +226,13 @@ def _walk_regions(fd: int, rel: str, size: int, regions: list) -> None:
                 offset=at,
             )
         body_at = at + header.size
-        _check_region(fd, rel, size, header, at, body_at, k)
+        _check_claims(rel, size, header, at, body_at, k)
+        try:
+            end = _check_bytes(fd, rel, size, header, fixed + name, at, body_at, k, checksums)
+        except PayloadChecksumError as err:
+            raise type(err)(f"region {k}: {err.message}", **err.place) from None
         regions.append((body_at, header))
-        at = body_at + header.body_bytes
+        at = end
 
 
 def _malformed(
@@ -242,6 +252,8 @@ def _malformed(
         what = f"header field ndim = {rec['ndim']} (a ragged region has 0, a fixed one <= 4)"
     elif v2 and rec["dims"][rec["ndim"] :].any():
         what = f"header field dims = {rec['dims'].tolist()} has dims past ndim = {rec['ndim']}"
+    elif v2 and rec["checksum"] != CHECKSUM_CRC32C:
+        what = f"header field checksum = {rec['checksum']}, expected {CHECKSUM_CRC32C} (CRC-32C)"
     else:
         what = f"field name {name!r} is not UTF-8"
     return PayloadRegionError(
@@ -249,9 +261,7 @@ def _malformed(
     )
 
 
-def _check_region(
-    fd: int, rel: str, size: int, h: RegionHeader, at: int, body_at: int, k: int
-) -> None:
+def _check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k: int) -> None:
     """Every size ``h`` claims, bounded by the file before anything is allocated for it."""
 
     def bad(what: str, kind: type[PayloadError] = PayloadRegionError) -> PayloadError:
@@ -266,10 +276,12 @@ def _check_region(
         )
     itemsize = ITEMSIZE[h.dtype]
     if h.kind == KIND_FIXED:
-        if h.count_bytes or h.block_rows:
+        # version 2: blocks of the checksum table; version 1 has none
+        block = 0 if h.shape is None else fixed_block_rows(itemsize * math.prod(h.shape))
+        if h.count_bytes or h.block_rows != block:
             raise bad(
-                f"header fields count_bytes = {h.count_bytes}, block_rows = {h.block_rows} "
-                "must be 0 in a fixed-width region"
+                f"header fields count_bytes = {h.count_bytes}, block_rows = {h.block_rows}: a "
+                f"fixed-width region has 0 and {block}"
             )
         if h.values * itemsize != h.body_bytes:
             raise bad(
@@ -301,10 +313,52 @@ def _check_region(
             f"header field body_bytes = {h.body_bytes}, but rows = {h.rows} and values = "
             f"{h.values} make {expected}"
         )
+    if h.rows == 0 and h.values:
+        raise bad(f"header field values = {h.values} in a region of 0 rows")
+
+
+def _check_bytes(
+    fd: int,
+    rel: str,
+    size: int,
+    h: RegionHeader,
+    head: bytes,
+    at: int,
+    body_at: int,
+    k: int,
+    checksums: bool,
+) -> int:
+    """Decode the CSR index of a region whose claims hold, and with ``checksums`` check every
+    block against the region's checksum table. Returns the offset where the region ends."""
+
+    def bad(what: str, kind: type[PayloadError] = PayloadRegionError) -> PayloadError:
+        return kind(f"region {k}: {what}", file=rel, field=h.field, offset=at)
+
+    def read(offset: int, n: int, what: str = f"body of region {k}") -> bytes:
+        return _read(fd, rel, size, offset, n, what)
+
+    end = body_at + h.body_bytes
+    sums = None
+    if h.version == VERSION:
+        n = 4 * table_entries(h.kind == KIND_RAGGED, h.rows, h.block_rows)
+        if end + n > size:
+            raise bad(
+                f"its {n}-byte checksum table runs past the end of the file (only {size - end} "
+                "bytes follow the body; cut short)",
+                PayloadTruncatedError,
+            )
+        if checksums:
+            stored = np.frombuffer(read(end, n, f"checksum table of region {k}"), ENTRY)
+            sums = RegionSums(file=rel, field=h.field, region_at=at, body_at=body_at, stored=stored)
+            sums.header(head)
+        end += n
+    if h.kind == KIND_FIXED:
+        if sums is not None:
+            row_bytes = ITEMSIZE[h.dtype] * math.prod(h.shape or ())
+            sums.fixed(read, h.rows, row_bytes, h.block_rows)
+        return end
     if h.rows == 0:
-        if h.values:
-            raise bad(f"header field values = {h.values} in a region of 0 rows")
-        return
+        return end
     one = np.ones(1, np.int64)
     table = index_table(
         0 * one,
@@ -315,10 +369,13 @@ def _check_region(
         block_rows=h.block_rows,
     )
     n = int(table.span_len[0])
-    table.table[:n] = np.frombuffer(
-        _read(fd, rel, size, body_at, n, f"index of region {k}"), np.uint8
-    )
+    table.table[:n] = np.frombuffer(read(body_at, n, f"index of region {k}"), np.uint8)
     try:
-        decode_index(table)
+        index = decode_index(table)  # a structural finding is named before a checksum one
     except PayloadError as err:
         raise bad(err.message, type(err)) from None
+    if sums is not None:
+        vs = values_start(h.rows, h.count_bytes, h.block_rows)
+        sums.index(table.table[:n], read(body_at + n, vs - n), 8 + h.block_rows * h.count_bytes)
+        sums.values(read, vs, index.block_start, index.block_end)
+    return end

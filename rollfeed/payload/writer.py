@@ -14,7 +14,9 @@ again from there, file header included when nothing was written yet.
 
 The file is created beneath the root without following any symlink (``O_NOFOLLOW`` relative to
 each parent directory's descriptor, ``O_EXCL`` on the file), with a random file id that its
-header, every region header and every record carry (:mod:`rollfeed.payload.layout`).
+header, every region header and every record carry (:mod:`rollfeed.payload.layout`). Each region
+body is followed by its checksum table (CRC-32C per block, :mod:`rollfeed.payload.checksum`),
+computed here from the bytes about to be written.
 
 Example::
 
@@ -30,15 +32,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 import numpy as np
 
 from rollfeed.payload.checks import stored_kinds
+from rollfeed.payload.checksum import fixed_block_rows, fixed_table, ragged_table
 from rollfeed.payload.errors import (
     PayloadDtypeError,
     PayloadInputError,
@@ -63,6 +67,7 @@ from rollfeed.payload.safe_open import _DIR_FLAGS, _open_component, handle_parts
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
 
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
+TableFn = Callable[[bytes, memoryview], bytes]  # checksum table from header+name and body
 _INT_STORAGE = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64")
 _MAX_ROW = 1 << 24  # elements in one fixed-width row (what a reader accepts)
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -267,13 +272,14 @@ class PayloadWriter:
             return segments
         with self._lock:
             bufs, offsets, at = [], [], 0
-            for _, _, header, body, _ in regions:
+            for _, _, header, body, _, table in regions:
                 head = dataclasses.replace(header, file_id=self.file_id).pack()
-                bufs += [memoryview(head), _byte_view(body)]
+                view = _byte_view(body)
+                bufs += [memoryview(head), view, memoryview(table(head, view))]
                 offsets.append(at + len(head))
-                at += len(head) + len(bufs[-1])
+                at += sum(len(b) for b in bufs[-3:])
             base = self._append(bufs)
-            for (name, first, header, _, shape), offset in zip(regions, offsets, strict=True):
+            for (name, first, header, _, shape, _), offset in zip(regions, offsets, strict=True):
                 layout = None
                 if header.kind == KIND_RAGGED:
                     layout = RaggedLayout(
@@ -299,7 +305,7 @@ class PayloadWriter:
 
     def _encode_fixed(
         self, name: str, field: PayloadField, arr: FieldArray
-    ) -> tuple[RegionHeader, np.ndarray, tuple]:
+    ) -> tuple[RegionHeader, np.ndarray, tuple, TableFn]:
         if isinstance(arr, tuple) or not isinstance(arr, np.ndarray) or arr.ndim < 1:
             raise PayloadInputError(
                 f"fixed-width field {name!r} needs an ndarray [rows, *shape]", field=name
@@ -339,22 +345,23 @@ class PayloadWriter:
                 field=name,
             )
         body = np.ascontiguousarray(arr, dtype=dtype.newbyteorder("<"))
+        row_bytes = dtype.itemsize * math.prod(shape)
         header = RegionHeader(
             field=name,
             kind=KIND_FIXED,
             count_bytes=0,
             dtype=dtype.name,
-            block_rows=0,
+            block_rows=fixed_block_rows(row_bytes),
             rows=len(arr),
             values=arr.size,
             body_bytes=body.nbytes,
             shape=shape,
         )
-        return header, body, shape
+        return header, body, shape, lambda head, view: fixed_table(head, view, len(arr), row_bytes)
 
     def _encode_ragged(
         self, name: str, field: PayloadField, arr: FieldArray
-    ) -> tuple[RegionHeader, bytes, tuple]:
+    ) -> tuple[RegionHeader, bytes, tuple, TableFn]:
         if not (isinstance(arr, tuple) and len(arr) == 2):
             raise PayloadInputError(
                 f"ragged field {name!r} needs a (counts, values) pair", field=name
@@ -383,4 +390,9 @@ class PayloadWriter:
             body_bytes=len(body),
             shape=(),
         )
-        return header, body, ()
+        return (
+            header,
+            body,
+            (),
+            lambda head, view: ragged_table(head, view, counts, count_bytes, BLOCK_ROWS),
+        )

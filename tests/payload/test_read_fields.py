@@ -1,0 +1,131 @@
+"""One call reads several fields over their windows: bitwise what ``read_field`` reads field by
+field, with a coverage per field that says which rows came from data, and one ``preadv`` per
+contiguous range of a file (region headers included)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from rollfeed.collate.cp import field_ranges, rank_ranges
+from rollfeed.payload import (
+    PayloadMissingFileError,
+    PayloadRoot,
+    PayloadWriter,
+    read_field,
+    read_fields,
+    shift_segments,
+)
+from rollfeed.payload.fields import PAYLOAD_FIELDS
+
+FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")
+
+
+def packed_micro_batch(tmp_path, rng, *, files=3, samples=7, unit=4, clip=True):
+    """Samples written by ``files`` writers, packed one after another into one row (each slot a
+    multiple of ``unit``, so both CP layouts split it); some fields are missing or clipped."""
+    writers = [PayloadWriter(tmp_path, group="g", name=f"w{i}") for i in range(files)]
+    segs, cu = [], [0]
+    for k in range(samples):
+        rows = int(rng.integers(1, 300))
+        counts = rng.integers(0, 6, rows)
+        arrays = {
+            "routed_experts": rng.integers(0, 200, (rows, 2, 3)),
+            "routed_expert_weights": rng.random((rows, 2)).astype(np.float32),
+            "sampling_mask": (counts, rng.integers(0, 5000, counts.sum())),
+            "sampling_mask_logprobs": (counts, -rng.random(counts.sum()).astype(np.float32)),
+        }
+        if k % 3 == 1:
+            del arrays["routed_expert_weights"]  # a field some samples lack
+        mine = writers[k % files].write(arrays, pos=0)
+        if clip and k % 4 == 2:  # a record clipped at its tail (truncation)
+            mine = [s.model_copy(update={"rows": s.rows // 2}) for s in mine]
+        slot = -(-(rows + 1) // unit) * unit
+        segs += shift_segments(mine, cu[-1] + 1)
+        cu.append(cu[-1] + slot)
+    for w in writers:
+        w.close()
+    return segs, cu
+
+
+def reference_coverage(segs, field, ranges) -> np.ndarray:
+    """From the records alone: a position is covered when a live record of the field holds it."""
+    pos = np.concatenate([np.arange(lo, hi) for lo, hi in ranges] or [np.zeros(0, int)])
+    out = np.zeros(len(pos), bool)
+    for s in segs:
+        if s.field == field and s.rows:
+            out |= (pos >= s.pos) & (pos < s.pos + s.rows)
+    return out
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_read_fields_equals_read_field_over_cp_windows_and_random_ranges(tmp_path, checked):
+    rng = np.random.default_rng(3)
+    segs, cu = packed_micro_batch(tmp_path, rng)
+    S = cu[-1]
+    root = PayloadRoot(tmp_path, verify_checksums=checked)
+    windows = []
+    for layout in ("contiguous", "zigzag"):
+        for cp_size in (1, 2):
+            for rank in range(cp_size):
+                windows.append(rank_ranges(cu, rank, cp_size, layout))
+    for _ in range(12):
+        lo = int(rng.integers(0, S))
+        windows.append([(lo, int(rng.integers(lo, S + 3))), (int(rng.integers(0, 5)), 7)])
+    for ranges in windows:
+        per_field = {f: field_ranges(ranges, PAYLOAD_FIELDS[f].window, S) for f in FIELDS}
+        got = read_fields(segs, per_field, root=root)
+        assert set(got) == set(FIELDS)
+        for f in FIELDS:
+            one = read_field(segs, f, per_field[f], root=root)
+            assert got[f].values.dtype == one.dtype and torch.equal(got[f].values, one), f
+            want = reference_coverage(segs, f, per_field[f])
+            assert got[f].coverage.dtype == torch.bool
+            np.testing.assert_array_equal(got[f].coverage.numpy(), want)
+            fill = PAYLOAD_FIELDS[f].fill
+            assert (one[~got[f].coverage] == fill).all()
+
+
+def test_fields_no_segment_carries_are_left_out(tmp_path):
+    rng = np.random.default_rng(0)
+    segs, _ = packed_micro_batch(tmp_path, rng, samples=2)
+    only_mask = [s for s in segs if s.field == "sampling_mask"]
+    got = read_fields(only_mask, {"sampling_mask": (0, 4), "routed_experts": (0, 4)}, root=tmp_path)
+    assert list(got) == ["sampling_mask"]
+    assert read_field(only_mask, "routed_experts", (0, 4), root=tmp_path) is None
+
+
+def test_placeholders_only_read_as_fill_with_no_coverage(tmp_path):
+    rng = np.random.default_rng(1)
+    segs, _ = packed_micro_batch(tmp_path, rng, samples=2)
+    empty = [s.model_copy(update={"rows": 0, "file": "g/gone.rfp"}) for s in segs]
+    got = read_fields(empty, {"sampling_mask": (0, 3)}, root=tmp_path)["sampling_mask"]
+    assert got.values.tolist() == [[-1]] * 3 and not got.coverage.any()
+
+
+def test_two_fields_of_one_file_take_one_preadv_per_file(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    segs, cu = packed_micro_batch(tmp_path, rng, files=3, samples=3, unit=1, clip=False)
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: calls.append(fd) or real(fd, bufs, at))
+    windows = {"routed_experts": (0, cu[-1]), "sampling_mask": (0, cu[-1])}
+    got = read_fields(segs, windows, root=PayloadRoot(tmp_path))
+    # per file: routing header, rows, (its checksum table), mask header, index, values: one call
+    assert len(calls) == len(set(calls)) == 3
+    for f in windows:
+        assert torch.equal(got[f].values, read_field(segs, f, windows[f], root=tmp_path))
+
+
+def test_an_error_names_the_field_whose_file_it_is(tmp_path):
+    rng = np.random.default_rng(4)
+    segs, cu = packed_micro_batch(tmp_path, rng, files=1, samples=2)
+    moved = [
+        s.model_copy(update={"file": "g/gone.rfp"}) if s.field == "sampling_mask" else s
+        for s in segs
+    ]
+    windows = {"routed_experts": (0, cu[-1]), "sampling_mask": (0, cu[-1])}
+    with pytest.raises(PayloadMissingFileError) as info:
+        read_fields(moved, windows, root=PayloadRoot(tmp_path, retries=0))
+    assert info.value.file == "g/gone.rfp" and info.value.field == "sampling_mask"
