@@ -151,8 +151,8 @@ def fused_support_logprobs(
             once); bounds the temporaries to about ``2 · chunk_size · H`` elements.
         reduce_hidden_grad: under TP, all-reduce the hidden-state gradient over ``tp_group`` in
             backward (each rank only holds its shard's part). Pass False when the surrounding
-            region already reduces it (e.g. a sequence-parallel gather whose backward
-            reduce-scatters).
+            region already reduces it (e.g. Megatron-style activation sharding inside the TP
+            group, whose gather reduce-scatters in backward).
 
     Collectives per call under TP: one MAX and one SUM all-reduce in forward (the projection is
     chunked but produces only ``[P]`` dots, scored together), plus one SUM of the ``[N, H]``
