@@ -6,13 +6,39 @@ items (stopping mid-pass; when ``k`` ends a pass, running it to ``StopIteration`
 ``finish_passes``, else stopping right after its last item), its ``state_dict()`` goes
 through JSON (a state is a few integers), a second fresh object loads it, and its items must be
 exactly the reference's remainder — nothing lost, nothing repeated.
+
+``key=tmb_key`` compares streams of ``TensorMicroBatch`` bitwise: every tensor it holds (each
+tensor field and every entry of ``fields``) and every other attribute.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
+
+import torch
+
+
+def _tensor(t: torch.Tensor) -> tuple:
+    return (t.dtype, tuple(t.shape), t.contiguous().numpy().tobytes())
+
+
+def tmb_key(t: Any) -> tuple:
+    """A ``TensorMicroBatch`` as comparable values: ``(name, dtype, shape, bytes)`` per tensor
+    field and per ``fields`` entry (sorted by name), ``(name, repr)`` per other attribute
+    (``seq_len``, the cp coordinates, ``checks``, ...)."""
+    key: list[tuple] = []
+    for f in dataclasses.fields(t):
+        value = getattr(t, f.name)
+        if f.name == "fields":
+            key += [(f"fields[{k}]", *_tensor(v)) for k, v in sorted(value.items())]
+        elif isinstance(value, torch.Tensor):
+            key.append((f.name, *_tensor(value)))
+        else:
+            key.append((f.name, repr(value)))
+    return tuple(key)
 
 
 def _take(obj, k: int, cuts: list[int], finish: bool) -> None:
