@@ -3,7 +3,8 @@
 Token streams are laid out on the whole row first (labels, loss mask, advantages, logprobs and
 temperatures shifted to label coordinates there, so no label crosses a sample or a rank boundary),
 then cut to the rank's positions. Payload fields are read over each field's window
-(:func:`rollfeed.collate.cp.field_ranges`): by handle with :func:`rollfeed.payload.read_field`, and
+(:func:`rollfeed.collate.cp.field_ranges`): by handle with one :func:`rollfeed.payload.read_fields`
+call per micro batch (every field's ranges grouped per file), and
 cut from inline arrays with the same rules, so the two give bitwise equal tensors:
 
 - uncovered positions (padding, a sample's position 0 for ``labels`` fields, row position ``S``)
@@ -28,7 +29,7 @@ from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
-from rollfeed.payload import PayloadRoot, read_field
+from rollfeed.payload import FieldRead, PayloadRoot, read_fields
 from rollfeed.payload.errors import PayloadWidthError
 
 
@@ -95,7 +96,21 @@ def _merge(name, spec, handle, inline, owned) -> torch.Tensor:
     return torch.where(keep, inline.to(dtype), handle.to(dtype))
 
 
-def _field(mb, segments, name, spec, ranges, *, whole, root, width, fields) -> torch.Tensor:
+def _read_handles(mb, segments, ranges, *, whole, root, width, fields) -> dict[str, FieldRead]:
+    """Every by-handle field of the micro batch over its own window, in one read."""
+    if not segments:
+        return {}
+    if root is None:
+        raise BatchConfigError(
+            "micro batch holds payload segments; pass root= (the payload root)",
+            field=min(segments),
+        )
+    windows = {n: field_ranges(ranges, fields[n].window, mb.length, whole=whole) for n in segments}
+    every = [s for segs in segments.values() for s in segs]
+    return read_fields(every, windows, root=root, width=width, fields=fields)
+
+
+def _field(mb, reads, name, spec, ranges, *, whole, width) -> torch.Tensor:
     window = field_ranges(ranges, spec.window, mb.length, whole=whole)
     idx = ranges_index(window)
     labels = spec.window == "labels"
@@ -106,12 +121,8 @@ def _field(mb, segments, name, spec, ranges, *, whole, root, width, fields) -> t
             inline = _inline_ragged(mb, name, spec, rows, idx, width)
         else:
             inline = _inline_fixed(mb, name, spec, rows, idx)
-    if name in segments:
-        if root is None:
-            raise BatchConfigError(
-                "micro batch holds payload segments; pass root= (the payload root)", field=name
-            )
-        handle = read_field(segments[name], name, window, root=root, width=width, fields=fields)
+    if name in reads:
+        handle = reads[name].values
     if inline is None:
         return handle
     if handle is None:
@@ -178,19 +189,12 @@ def to_tensor_micro_batch(
     pos = np.arange(S) - np.repeat(cu[:-1], np.diff(cu))
     segments = mb.segments
     names = sorted({*segments, *(k for s in mb.samples for k in s.fields)})
+    reads = _read_handles(
+        mb, segments, ranges, whole=whole_fields, root=root, width=width, fields=fields
+    )
     out = {}
     for name in names:
-        t = _field(
-            mb,
-            segments,
-            name,
-            fields[name],
-            ranges,
-            whole=whole_fields,
-            root=root,
-            width=width,
-            fields=fields,
-        )
+        t = _field(mb, reads, name, fields[name], ranges, whole=whole_fields, width=width)
         if t is not None:
             out[name] = t
     checks = token_checks(
