@@ -6,8 +6,8 @@ A consumer that is busy ``--busy-ms`` per micro batch (simulated compute) drains
 
 - trainer-visible wait per micro batch (time blocked in ``next``, and dropping the batch the
   consumer is done with), mean over all but the first, with ``--workers`` worker processes and
-  the receive thread (the default), the same workers without it (``prefetch_thread=False``),
-  and the work done on the main thread (``num_workers=0``, where the wait is the whole decode);
+  the receive thread (the default), the same workers without it (``receive_depth=0``), and the
+  work done on the main thread (``num_workers=0``, where the wait is the whole decode);
 - time to the first micro batch (workers, start included; and for the next step, with the
   workers already running) against decoding the whole step up front (``prepare_batch`` +
   ``to_tensor_micro_batch`` for every micro batch, the first usable only when all are done).
@@ -24,14 +24,14 @@ import os
 import statistics
 import tempfile
 import time
-import warnings
 
 import numpy as np
-from torch.utils.data import DataLoader
 
-from rollfeed.collate import Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders import (
+    LoaderOptions,
     RolloutDataset,
+    RolloutLoader,
     Topology,
     build_dataloader,
     read_step_file,
@@ -42,6 +42,7 @@ from rollfeed.loaders.step_index import index_path
 from rollfeed.payload import PayloadRoot, PayloadWriter
 
 SEQ_LEN = 16_384
+CONFIG = PlanConfig(seq_len=SEQ_LEN)
 
 
 def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
@@ -60,16 +61,16 @@ def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
         out.append(
             Sample(
                 rng.integers(0, 151_936, T),
-                np.arange(T) >= P,
-                rng.standard_normal(T).astype(np.float32),
-                -rng.random(T, dtype=np.float32),
+                loss_mask=np.arange(T) >= P,
+                advantages=rng.standard_normal(T).astype(np.float32),
+                inference_logprobs=-rng.random(T, dtype=np.float32),
                 payload=segs,
             )
         )
     return out
 
 
-def _drain(make, busy_s: float) -> tuple[DataLoader, float, list[float]]:
+def _drain(make, busy_s: float) -> tuple[RolloutLoader, float, list[float]]:
     """(the loader ``make()`` built, seconds from calling it to the first micro batch, wait in
     ``next`` for each later one). Building is timed: it reads the first step's lengths."""
     t0 = time.perf_counter()
@@ -102,10 +103,10 @@ def _next_step_first(loader) -> float:
 def _up_front(path: str, root: str) -> float:
     t0 = time.perf_counter()
     samples = read_step_file(path)
-    plan = prepare_batch(samples, seq_len=SEQ_LEN, dp_size=1)
+    plan = prepare_batch(samples, CONFIG, dp_size=1)
     proot = PayloadRoot(root)
     for mb in plan[0]:
-        to_tensor_micro_batch(mb, root=proot)
+        to_tensor_micro_batch(mb, cp_rank=0, root=proot)
     return time.perf_counter() - t0
 
 
@@ -124,8 +125,6 @@ def main(argv: list[str]) -> None:
     args.add_argument("--repeats", type=int, default=3)
     args.add_argument("--seed", type=int, default=0)
     opts = args.parse_args(argv)
-    # torchdata 0.11 calls a torch API that torch 2.13 deprecates, once per loader.
-    warnings.filterwarnings("ignore", "'set_vital' is deprecated", UserWarning)
     busy = opts.busy_ms / 1e3
     logging.getLogger("rollfeed.loaders.dataset").setLevel(logging.ERROR)  # fallback warnings
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,21 +142,20 @@ def main(argv: list[str]) -> None:
         times: dict[str, list[float]] = {"up_front": [], "index": [], "parse": []}
         runs = (
             ("workers", steps, opts.workers, None),
-            ("no_thread", steps, opts.workers, False),
+            ("no_thread", steps, opts.workers, 0),
             ("main", steps, 0, None),
             ("bare", bare, opts.workers, None),
         )
         for _ in range(opts.repeats):
-            for name, directory, workers, thread in runs:
+            for name, directory, workers, depth in runs:
                 # a fresh loader per run: time to first includes building it, starting the workers
                 make = functools.partial(
                     build_dataloader,
                     RolloutDataset.from_step_dir(directory),
                     topo,
-                    seq_len=SEQ_LEN,
+                    CONFIG,
                     root=root,
-                    num_workers=workers,
-                    prefetch_thread=thread,
+                    options=LoaderOptions(num_workers=workers, receive_depth=depth),
                 )
                 loader, first, waits = _drain(make, busy)
                 rows[name].append((first, waits))

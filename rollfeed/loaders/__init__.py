@@ -1,6 +1,6 @@
 """torch.utils.data shell around the batches planner: dataset, batch sampler, collate_fn, state."""
 
-from rollfeed.loaders.build import StepDataLoader, build_dataloader
+from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import STEP_STRIDE, RolloutDataset
 from rollfeed.loaders.errors import (
@@ -8,16 +8,15 @@ from rollfeed.loaders.errors import (
     LoaderConfigError,
     LoaderError,
     LoaderStateError,
+    PlanMismatchError,
     StepFileError,
     StepTimeoutError,
 )
-from rollfeed.loaders.plan import PlanSpec, plan_step, rebuild_micro_batch
-from rollfeed.loaders.prefetch import PrefetchDataLoader, PrefetchIterator, PrefetchStepDataLoader
+from rollfeed.loaders.loader import LoaderOptions, RolloutIterator, RolloutLoader
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import SamplerState
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
 from rollfeed.loaders.step_index import StepIndex, build_step_index, read_step_index
-from rollfeed.loaders.stream import stream_micro_batches
 from rollfeed.loaders.topology import Topology
 
 __all__ = [
@@ -25,27 +24,23 @@ __all__ = [
     "EmptyStepError",
     "LoaderConfigError",
     "LoaderError",
+    "LoaderOptions",
     "LoaderStateError",
     "MicroBatchCollator",
     "MicroBatchSampler",
-    "PlanSpec",
-    "PrefetchDataLoader",
-    "PrefetchIterator",
-    "PrefetchStepDataLoader",
+    "PlanMismatchError",
     "RolloutDataset",
+    "RolloutIterator",
+    "RolloutLoader",
     "SamplerState",
-    "StepDataLoader",
     "StepFileError",
     "StepIndex",
     "StepTimeoutError",
     "Topology",
     "build_dataloader",
     "build_step_index",
-    "plan_step",
     "read_step_file",
     "read_step_index",
-    "rebuild_micro_batch",
     "step_file_name",
-    "stream_micro_batches",
     "write_step_file",
 ]

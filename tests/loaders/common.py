@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from rollfeed.collate import TensorMicroBatch, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import PlanConfig, TensorMicroBatch, prepare_batch, to_tensor_micro_batch
 from rollfeed.payload import PayloadRoot, PayloadWriter
 from tests.collate.gen import make_batch
 
@@ -24,15 +24,11 @@ def write_batch(root, n: int, seed: int, seq_len: int = SEQ_LEN):
 
 def reference(samples, *, dp_size, cp_size, cp_layout, root, seq_len=SEQ_LEN, **kw):
     """``{(dp, cp): [TensorMicroBatch per micro step]}`` and the plan, in one process."""
-    plan = prepare_batch(
-        samples, seq_len=seq_len, dp_size=dp_size, cp_size=cp_size, cp_layout=cp_layout, **kw
-    )
+    config = PlanConfig(seq_len=seq_len, cp_size=cp_size, cp_layout=cp_layout, **kw)
+    plan = prepare_batch(samples, config, dp_size=dp_size)
     root = PayloadRoot(root)
     out = {
-        (dp, cp): [
-            to_tensor_micro_batch(mb, cp_rank=cp, cp_size=cp_size, cp_layout=cp_layout, root=root)
-            for mb in plan[dp]
-        ]
+        (dp, cp): [to_tensor_micro_batch(mb, cp_rank=cp, root=root) for mb in plan[dp]]
         for dp in range(dp_size)
         for cp in range(cp_size)
     }

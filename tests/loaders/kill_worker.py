@@ -9,12 +9,14 @@ is.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import sys
 import time
 
-from rollfeed.loaders import RolloutDataset, Topology, build_dataloader
+from rollfeed.collate import PlanConfig
+from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
 from tests.loaders.common import SEQ_LEN
 
 
@@ -34,10 +36,9 @@ def main(run: str, out: str, mode: str = "thread") -> None:
     loader = build_dataloader(
         ds,
         topo,
-        seq_len=SEQ_LEN,
+        PlanConfig(seq_len=SEQ_LEN, cp_size=2),
         root=os.path.join(run, "payload"),
-        num_workers=2,
-        prefetch_thread=mode == "thread",
+        options=LoaderOptions(num_workers=2, receive_depth=2 if mode == "thread" else 0),
     )
     it = iter(loader)
     taken = [next(it).input_ids.tolist() for _ in range(2)]
@@ -46,7 +47,7 @@ def main(run: str, out: str, mode: str = "thread") -> None:
     t0 = time.monotonic()
     try:
         # workers hold prefetched tasks: mid-step
-        os.kill(loader._iterator._workers[0].pid, signal.SIGKILL)
+        os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
         while True:
             next(it)
             result["after_kill"] = result.get("after_kill", 0) + 1
@@ -56,7 +57,7 @@ def main(run: str, out: str, mode: str = "thread") -> None:
         result.update(error="StopIteration")
     with open(out, "w") as f:
         json.dump(result, f)
-    os._exit(0)  # skip joining the broken loader's surviving worker
+    loader.close()  # the surviving worker is shut down with the loader's workers
 
 
 if __name__ == "__main__":

@@ -11,11 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from rollfeed.loaders import RolloutDataset, StepFileError, Topology, build_dataloader
-from rollfeed.loaders.step_files import write_step_file
+from rollfeed.collate import PlanConfig
+from rollfeed.loaders import (
+    LoaderOptions,
+    RolloutDataset,
+    StepFileError,
+    Topology,
+    build_dataloader,
+)
+from rollfeed.loaders.step_files import read_step_file, write_step_file
 from rollfeed.payload import PayloadMissingFileError
 from tests.loaders.common import SEQ_LEN, write_batch
-from tests.loaders.test_resume import tmb_key
+from tests.loaders.resume import tmb_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,10 +35,14 @@ def run(tmp_path):
     return tmp_path
 
 
-def _loader(run, **kw):
+def _loader(run, *, start_step=None, **kw):
     ds = RolloutDataset.from_step_dir(run / "steps")
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
-    return build_dataloader(ds, topo, seq_len=SEQ_LEN, root=run / "payload", **kw)
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
+    options = LoaderOptions(**kw)
+    return build_dataloader(
+        ds, topo, config, root=run / "payload", start_step=start_step, options=options
+    )
 
 
 @pytest.mark.timeout(60)
@@ -58,16 +69,30 @@ def test_sigkill_worker_raises_promptly_and_restart_repeats_nothing(run, tmp_pat
     assert rest == ref[2:]  # from the last saved state: nothing lost, nothing repeated
 
 
-@pytest.mark.parametrize("thread", [False, True])
-def test_malformed_step_line_names_file_and_line(run, thread):
+@pytest.mark.parametrize("depth", [0, 2])
+def test_malformed_step_line_names_file_and_line(run, depth):
     path = run / "steps" / "step_000001.jsonl"
     lines = (run / "steps" / "step_000000.jsonl").read_text().splitlines()
     path.write_text("\n".join([lines[0], "", lines[1][:-7], lines[2]]) + "\n")
-    loader = _loader(run, num_workers=0, start_step=1, prefetch_thread=thread)
+    loader = _loader(run, num_workers=0, start_step=1, receive_depth=depth)
     with pytest.raises(StepFileError) as err:
         list(loader)
     assert err.value.file == str(path) and err.value.line == 3
     assert "step_000001.jsonl" in str(err.value) and "line=3" in str(err.value)
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_malformed_indexed_step_line_read_in_a_worker_keeps_file_and_line(run, depth):
+    """With an index, a worker parses only its samples' lines: a bad one is found there, and
+    the error reaches the trainer with its file and line, not rebuilt from text."""
+    path = write_step_file(run / "steps", 1, read_step_file(run / "steps" / "step_000000.jsonl"))
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = b"{" + b"x" * (len(lines[2]) - 2) + b"\n"  # same size: the index still fits
+    path.write_bytes(b"".join(lines))
+    err = _first_error(_loader(run, num_workers=2, start_step=1, receive_depth=depth))
+    assert type(err) is StepFileError, repr(err)
+    assert err.file == str(path) and err.line == 3
+    assert any("worker process" in note for note in err.__notes__)
 
 
 def test_invalid_sample_record_names_line(run):
@@ -88,11 +113,11 @@ def _first_error(loader) -> Exception:
     raise AssertionError("the loader raised nothing")
 
 
-@pytest.mark.parametrize("thread", [True, False])
-def test_missing_payload_file_surfaces_from_worker_with_file_name(run, thread):
+@pytest.mark.parametrize("depth", [2, 0])
+def test_missing_payload_file_surfaces_from_worker_with_file_name(run, depth):
     (victim,) = [f for f in (run / "payload" / "b").iterdir()]
     victim.unlink()
-    err = _first_error(_loader(run, num_workers=2, prefetch_thread=thread))
+    err = _first_error(_loader(run, num_workers=2, receive_depth=depth))
     assert isinstance(err, PayloadMissingFileError), repr(err)
     assert f"b/{victim.name}" in str(err)
     assert any("worker" in n for n in err.__notes__)  # raised inside a worker, re-raised here

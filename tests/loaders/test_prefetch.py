@@ -3,27 +3,29 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import threading
 import time
 
 import pytest
-from torchdata.stateful_dataloader import StatefulDataLoader
 
+from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
     LoaderConfigError,
-    PrefetchIterator,
-    PrefetchStepDataLoader,
+    LoaderOptions,
     RolloutDataset,
+    RolloutLoader,
     StepTimeoutError,
     Topology,
     build_dataloader,
 )
-from rollfeed.loaders.prefetch import THREAD_NAME
+from rollfeed.loaders.receive import THREAD_NAME
 from rollfeed.loaders.step_files import read_step_file, write_step_file
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
-from tests.loaders.test_resume import tmb_key
+from tests.loaders.resume import tmb_key
 
 TOPO = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
+CONFIG = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +38,9 @@ def run(tmp_path_factory):
     return base
 
 
-def _loader(run, **kw):
+def _loader(run, **kw) -> RolloutLoader:
     ds = RolloutDataset.from_step_dir(run / "steps")
-    return build_dataloader(ds, TOPO, seq_len=SEQ_LEN, root=run / "payload", **kw)
+    return build_dataloader(ds, TOPO, CONFIG, root=run / "payload", options=LoaderOptions(**kw))
 
 
 def _threads() -> list[threading.Thread]:
@@ -53,16 +55,13 @@ def _wait_no_thread(seconds: float = 10.0) -> None:
     assert not _threads(), _threads()
 
 
-def _micro_batches(state: dict) -> tuple[int, int]:
-    main = state.get("_snapshot", {}).get("_main_snapshot", state)
-    sampler = main["_index_sampler_state"]
-    return sampler["step"], sampler["micro_batches"]
+def _position(state: dict) -> tuple[int, int]:
+    return state["step"], state["micro_batches"]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_threaded_passes_equal_reference_bitwise(run, num_workers):
-    loader = _loader(run, num_workers=num_workers, prefetch_thread=True)
-    assert isinstance(loader, PrefetchStepDataLoader) and isinstance(loader, StatefulDataLoader)
+    loader = _loader(run, num_workers=num_workers, receive_depth=2)
     for step in (0, 1):
         samples = read_step_file(run / "steps" / f"step_{step:06d}.jsonl")
         ref, _ = reference(
@@ -79,67 +78,111 @@ def test_threaded_passes_equal_reference_bitwise(run, num_workers):
     _wait_no_thread()
 
 
-def test_default_is_threaded_only_with_workers(run):
-    assert isinstance(_loader(run, num_workers=2), PrefetchStepDataLoader)
-    plain = _loader(run, num_workers=0)
-    assert not isinstance(plain, PrefetchStepDataLoader)
-    assert not isinstance(iter(plain), PrefetchIterator)
-    with pytest.raises(LoaderConfigError, match="depth"):
-        _loader(run, num_workers=2, prefetch_depth=0)
-
-
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_state_is_that_of_consumed_batches_while_thread_is_ahead(run, num_workers):
-    loader = _loader(run, num_workers=num_workers, prefetch_depth=3, prefetch_thread=True)
+@pytest.mark.parametrize(
+    ("options", "threads"),
+    [
+        (dict(num_workers=2), 1),
+        (dict(num_workers=2, receive_depth=0), 0),
+        (dict(num_workers=0), 0),
+        (dict(num_workers=0, receive_depth=1), 1),
+    ],
+    ids=["workers", "workers-no-thread", "main", "main-thread"],
+)
+def test_one_loader_type_with_a_receive_thread_by_default_only_with_workers(run, options, threads):
+    loader = _loader(run, **options)
+    assert type(loader) is RolloutLoader
     it = iter(loader)
-    assert _micro_batches(loader.state_dict()) == (0, 0)
     next(it)
-    end = time.monotonic() + 10
-    while it._pump.queue.qsize() < 3 and time.monotonic() < end:
-        time.sleep(0.01)
-    assert it._pump.fetched >= 4  # 1 taken, 3 queued (and maybe one waiting to be queued)
-    assert _micro_batches(loader.state_dict()) == (0, 1)
-    next(it)
-    assert _micro_batches(loader.state_dict()) == (0, 2)
+    assert len(_threads()) == threads
     it.close()
     assert not _threads()
 
 
+def test_bad_options_are_config_errors():
+    with pytest.raises(LoaderConfigError, match="receive_depth"):
+        LoaderOptions(num_workers=2, receive_depth=-1)
+    with pytest.raises(LoaderConfigError, match="num_workers"):
+        LoaderOptions(num_workers=-1)
+    with pytest.raises(LoaderConfigError, match="num_workers"):
+        LoaderOptions(num_workers=True)
+    with pytest.raises(LoaderConfigError, match="timeout_s"):
+        LoaderOptions(num_workers=1, timeout_s=-1)
+    with pytest.raises(LoaderConfigError, match="timeout_s"):
+        LoaderOptions(timeout_s=5)  # no workers to wait for
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_abandoned_pass_rewinds_to_consumed(run, num_workers):
+def test_state_is_that_of_consumed_batches_while_thread_is_ahead(run, num_workers):
+    loader = _loader(run, num_workers=num_workers, receive_depth=3)
+    it = iter(loader)
+    assert _position(loader.state_dict()) == (0, 0)
+    next(it)
+    end = time.monotonic() + 10
+    while _position(loader.batch_sampler.state_dict())[1] < 4 and time.monotonic() < end:
+        time.sleep(0.01)
+    assert _position(loader.batch_sampler.state_dict()) >= (0, 4)  # drawn ahead: 1 taken, 3+
+    assert _position(loader.state_dict()) == (0, 1)
+    next(it)
+    assert _position(loader.state_dict()) == (0, 2)
+    it.close()
+    assert not _threads()
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_abandoned_pass_rewinds_to_consumed(run, num_workers, depth):
     ref = [tmb_key(t) for t in _loader(run, num_workers=0)]  # step 0
-    loader = _loader(run, num_workers=num_workers, prefetch_thread=True)
+    loader = _loader(run, num_workers=num_workers, receive_depth=depth)
     it = iter(loader)
     first = [tmb_key(next(it)) for _ in range(2)]
-    time.sleep(0.2)  # let the thread receive ahead
+    time.sleep(0.2)  # let the thread or the workers work ahead
     rest = [tmb_key(t) for t in loader]  # a new pass: the rest of step 0, nothing skipped
     assert first + rest == ref
     _wait_no_thread()
 
 
+@pytest.mark.parametrize("depth", [0, 2])
+def test_state_saved_at_a_pass_end_with_workers_resumes_at_the_next_step(run, depth):
+    """A finished pass is saved as (next step, 0); a loader with workers loading it yields the
+    next step whole (loading such a state into torchdata's loader skipped that step)."""
+    plain = _loader(run, num_workers=0)
+    steps = [[tmb_key(t) for t in plain] for _ in range(2)]
+    loader = _loader(run, num_workers=2, receive_depth=depth)
+    assert [tmb_key(t) for t in loader] == steps[0]
+    state = loader.state_dict()
+    assert _position(state) == (1, 0)
+    resumed = _loader(run, num_workers=2, receive_depth=depth)
+    resumed.load_state_dict(state)
+    assert [tmb_key(t) for t in resumed] == steps[1]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_close_stops_thread_and_keeps_position(run, num_workers):
     ref = [tmb_key(t) for t in _loader(run, num_workers=0)]
-    loader = _loader(run, num_workers=num_workers, prefetch_thread=True)
+    before = set(multiprocessing.active_children())
+    loader = _loader(run, num_workers=num_workers, receive_depth=2)
     it = iter(loader)
     taken = [tmb_key(next(it)) for _ in range(3)]
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == num_workers
     loader.close()
     assert not _threads()
+    assert not workers & set(multiprocessing.active_children())  # joined by close()
     with pytest.raises(StopIteration):
         next(it)  # a closed pass ends
-    assert _micro_batches(loader.state_dict()) == (0, 3)
+    assert _position(loader.state_dict()) == (0, 3)
     assert taken + [tmb_key(t) for t in loader] == ref
     _wait_no_thread()
 
 
 def test_del_mid_pass_stops_thread(run):
-    loader = _loader(run, num_workers=2, prefetch_thread=True)
+    loader = _loader(run, num_workers=2)
     it = iter(loader)
     next(it)
     assert len(_threads()) == 1
     del it, loader
     _wait_no_thread()
-    loader = _loader(run, num_workers=2, prefetch_thread=True)
+    loader = _loader(run, num_workers=2)
     for _ in loader:
         break  # the for loop drops the iterator; the loader stays
     _wait_no_thread()

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
     EmptyStepError,
+    LoaderOptions,
     RolloutDataset,
     StepTimeoutError,
     Topology,
@@ -27,10 +29,12 @@ from rollfeed.loaders import (
 from rollfeed.loaders.step_files import read_step_file, write_step_file
 from rollfeed.payload import PayloadMissingFileError
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
+from tests.loaders.resume import tmb_key
 from tests.loaders.test_prefetch import _wait_no_thread
 
 REPO = Path(__file__).resolve().parents[2]
 TOPO = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
+CONFIG = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
 PAYLOAD_FIELDS_WRITTEN = {
     "routed_experts",
     "routed_expert_weights",
@@ -75,16 +79,16 @@ def _first_error(loader) -> Exception:
 @pytest.mark.parametrize(
     "options",
     [
-        dict(num_workers=2),
-        dict(num_workers=2, stateful=False),
-        dict(num_workers=0, prefetch_thread=True),
+        LoaderOptions(num_workers=2),
+        LoaderOptions(num_workers=2, receive_depth=0),
+        LoaderOptions(num_workers=0, receive_depth=2),
     ],
-    ids=["workers", "workers-not-stateful", "thread-no-workers"],
+    ids=["workers", "workers-no-thread", "thread-no-workers"],
 )
 def test_loader_nobody_holds_yields_every_micro_batch(run, options):
     got = []
     for mb in build_dataloader(
-        _dataset(run / "steps"), TOPO, seq_len=SEQ_LEN, root=run / "payload", **options
+        _dataset(run / "steps"), TOPO, CONFIG, root=run / "payload", options=options
     ):
         got.append(mb)
     ref = _reference(run)
@@ -99,10 +103,10 @@ def test_pass_over_missing_step_waits_then_raises_step_timeout(run, num_workers)
     loader = build_dataloader(
         _dataset(run / "steps"),
         TOPO,
-        seq_len=SEQ_LEN,
+        CONFIG,
         root=run / "payload",
-        num_workers=num_workers,
         step_timeout_s=0.4,
+        options=LoaderOptions(num_workers=num_workers),
     )
     assert len(list(loader)) == len(_reference(run))  # step 0; step 1 is not there
     t0 = time.monotonic()
@@ -120,7 +124,7 @@ def test_pass_over_step_not_there_yet_yields_it_once_it_appears(run, tmp_path):
     steps.mkdir()
     producer = threading.Timer(0.3, write_step_file, (steps, 0, samples))
     loader = build_dataloader(
-        _dataset(steps), TOPO, seq_len=SEQ_LEN, root=run / "payload", step_timeout_s=20
+        _dataset(steps), TOPO, CONFIG, root=run / "payload", step_timeout_s=20
     )
     producer.start()
     try:
@@ -135,13 +139,15 @@ def test_pass_over_step_not_there_yet_yields_it_once_it_appears(run, tmp_path):
 
 SCRIPT = """
 import sys
-from rollfeed.loaders import RolloutDataset, Topology, build_dataloader
+from rollfeed.collate import PlanConfig
+from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
 from tests.loaders.common import SEQ_LEN
 
 run = sys.argv[1]
 topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
-loader = build_dataloader(RolloutDataset.from_step_dir(run + "/steps"), topo, seq_len=SEQ_LEN,
-                          root=run + "/payload", num_workers=2)
+loader = build_dataloader(RolloutDataset.from_step_dir(run + "/steps"), topo,
+                          PlanConfig(seq_len=SEQ_LEN, cp_size=2), root=run + "/payload",
+                          options=LoaderOptions(num_workers=2))
 it = iter(loader)
 next(it)                       # a pass still running at exit, its thread receiving ahead
 print("done")
@@ -180,8 +186,8 @@ def missing_payload(tmp_path):
 
 @pytest.mark.parametrize(
     "options",
-    [dict(prefetch_thread=True), dict(prefetch_thread=False), dict(stateful=False)],
-    ids=["thread", "no-thread", "not-stateful"],
+    [dict(receive_depth=2), dict(receive_depth=0)],
+    ids=["thread", "no-thread"],
 )
 def test_worker_error_keeps_type_and_place(missing_payload, options):
     base, victim, data = missing_payload
@@ -189,7 +195,8 @@ def test_worker_error_keeps_type_and_place(missing_payload, options):
 
     def loader(**kw):
         ds = _dataset(base / "steps")
-        return build_dataloader(ds, TOPO, seq_len=SEQ_LEN, root=base / "payload", **kw)
+        opts = LoaderOptions(**kw)
+        return build_dataloader(ds, TOPO, CONFIG, root=base / "payload", options=opts)
 
     failing = loader(num_workers=2, **options)
     err = _first_error(failing)
@@ -207,28 +214,37 @@ def test_worker_error_keeps_type_and_place(missing_payload, options):
         here.message,
     )
     assert any("worker process" in note for note in err.__notes__)  # where it was raised
-    if options.get("stateful", True):  # the failed micro batch is not counted as handed out
-        state = failing.state_dict()
-        victim.write_bytes(data)
-        resumed = loader(num_workers=2, **options)
-        resumed.load_state_dict(state)
-        assert len(list(resumed)) == len(list(loader(num_workers=0)))
+    state = failing.state_dict()  # the failed micro batch is not counted as handed out
+    victim.write_bytes(data)
+    ref = [tmb_key(t) for t in loader(num_workers=0)]
+    done = state["micro_batches"]
+    assert [tmb_key(t) for t in failing] == ref[done:]  # its next pass reads that one again
+    resumed = loader(num_workers=2, **options)
+    resumed.load_state_dict(state)
+    assert [tmb_key(t) for t in resumed] == ref[done:]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_next_pass_goes_on(
-    run, tmp_path
+    run, tmp_path, num_workers
 ):
     steps = tmp_path / "steps"
     steps.mkdir()
     write_step_file(steps, 0, [])
     write_step_file(steps, 1, read_step_file(run / "steps" / "step_000000.jsonl"))
     loader = build_dataloader(
-        _dataset(steps), TOPO, seq_len=SEQ_LEN, root=run / "payload", step_timeout_s=0.1
+        _dataset(steps),
+        TOPO,
+        CONFIG,
+        root=run / "payload",
+        step_timeout_s=0.1,
+        options=LoaderOptions(num_workers=num_workers),
     )
     err = _first_error(loader)
     assert isinstance(err, EmptyStepError)
     assert err.file == str(steps / "step_000000.jsonl")
     assert "no samples" in str(err)
+    assert (loader.state_dict()["step"], loader.state_dict()["micro_batches"]) == (1, 0)
     got = list(loader)  # the empty step counts as done: the next pass is step 1, whole
     for k, (a, b) in enumerate(zip(got, _reference(run), strict=True)):
         assert_bitwise(a, b, f"micro batch {k}")
@@ -237,9 +253,8 @@ def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_ne
 def test_step_whose_samples_are_all_dropped_as_overlong_is_an_empty_step_error(run):
     samples = read_step_file(run / "steps" / "step_000000.jsonl")
     shortest = min(len(s) for s in samples)
-    loader = build_dataloader(
-        RolloutDataset(samples), TOPO, seq_len=shortest - 1, root=run / "payload", overlong="drop"
-    )
+    config = PlanConfig(seq_len=(shortest - 1) // 2 * 2, cp_size=2, overlong="drop")
+    loader = build_dataloader(RolloutDataset(samples), TOPO, config, root=run / "payload")
     err = _first_error(loader)
     assert isinstance(err, EmptyStepError)
     assert f"all {len(samples)} samples were dropped" in str(err)

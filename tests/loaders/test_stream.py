@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
 import pytest
 
+from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderOptions,
     RolloutDataset,
     StepTimeoutError,
     Topology,
     build_dataloader,
-    stream_micro_batches,
 )
 from rollfeed.loaders.step_files import write_step_file
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
@@ -37,21 +39,22 @@ def test_stream_follows_producer_with_persistent_workers(tmp_path):
     loader = build_dataloader(
         ds,
         topo,
-        seq_len=SEQ_LEN,
+        PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag"),
         root=tmp_path / "payload",
-        cp_layout="zigzag",
-        num_workers=2,
         stream=True,
         step_timeout_s=10,
+        options=LoaderOptions(num_workers=2),
     )
     got: dict[int, list] = {}
     pids = set()
-    for step, tmb in stream_micro_batches(loader, steps=3):
-        got.setdefault(step, []).append(tmb)
-        pids.add(tuple(w.pid for w in loader._iterator._workers))
+    for _ in range(3):  # one pass per step; each micro batch labelled with its step
+        it = iter(loader)
+        for tmb in it:
+            got.setdefault(it.step, []).append(tmb)
+            pids.add(tuple(sorted(p.pid for p in multiprocessing.active_children())))
     producer.join()
     assert sorted(got) == [7, 8, 9]
-    assert len(pids) == 1  # the same workers served every step
+    assert len(pids) == 1 and len(next(iter(pids))) >= 2  # the same workers served every step
     for step, batch in steps.items():
         root = tmp_path / "payload"
         ref, _ = reference(batch, dp_size=2, cp_size=2, cp_layout="zigzag", root=root)
@@ -61,5 +64,5 @@ def test_stream_follows_producer_with_persistent_workers(tmp_path):
     t0 = time.monotonic()
     loader.batch_sampler.step_timeout_s = 0.3
     with pytest.raises(StepTimeoutError, match=r"step_000010\.jsonl"):
-        next(stream_micro_batches(loader))
+        next(iter(loader))
     assert time.monotonic() - t0 < 5

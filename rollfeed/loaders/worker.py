@@ -1,0 +1,88 @@
+"""One micro batch's work, where it runs (a DataLoader worker, or the trainer's process).
+
+The loader's DataLoader draws :class:`Task`s: the sampler's index list for a micro batch, its step,
+and the sampler's state right after it (reported once the trainer consumes that micro batch).
+:class:`MicroBatchWork` is the dataset it fetches from: ``__getitems__`` reads the samples
+(``dataset.__getitems__``, else ``dataset[i]``), collates them and returns a :class:`Delivered`.
+
+Errors keep their type and place. torch rebuilds a worker's error from its type and text, so
+``.file``, ``.line``, ``.field``, ``.offset``, ``.pos`` would come back ``None``. In a worker, an
+error of the dataset (a ``StepFileError``: file, line) or of the collator (a ``PayloadError``)
+that pickles to its own type comes back as a :class:`WorkerFailure` in place of the micro batch;
+the loader raises the error itself, the worker's traceback as a note, and does not count that
+micro batch (a resume reads it again). Other errors are left to torch (type and text).
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from torch.utils.data import Dataset, get_worker_info
+
+from rollfeed.collate import TensorMicroBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    indices: Sequence[int]
+    step: int
+    state: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    batch: TensorMicroBatch
+    task: Task
+
+
+class WorkerFailure:
+    """The error worker ``worker`` raised making a micro batch, and its traceback as text."""
+
+    def __init__(self, error: Exception, worker: int) -> None:
+        self.trace = traceback.format_exc()  # of the error being handled
+        self.error: Exception | None = error.with_traceback(None)
+        self.worker = worker
+
+    def reraise(self) -> NoReturn:
+        err, self.error = self.error, None  # raised once; no cycle through this frame
+        assert err is not None, "a WorkerFailure is re-raised once"
+        err.add_note(f"raised in DataLoader worker process {self.worker}; there:\n{self.trace}")
+        try:
+            raise err
+        finally:
+            del err
+
+
+class MicroBatchWork(Dataset):
+    """The dataset a loader's DataLoader fetches :class:`Task`s from (picklable, fd-free)."""
+
+    def __init__(self, dataset: Any, collate: Callable[[Any], TensorMicroBatch]) -> None:
+        self.dataset, self.collate = dataset, collate
+
+    def __getitems__(self, task: Task) -> Delivered | WorkerFailure:
+        try:
+            indices, getitems = task.indices, getattr(self.dataset, "__getitems__", None)
+            samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
+            return Delivered(self.collate(samples), task)
+        except Exception as err:
+            info = get_worker_info()
+            if info is None or not _round_trips(err):
+                raise
+            return WorkerFailure(err, info.id)
+
+
+def _round_trips(err: Exception) -> bool:
+    """Whether ``err`` comes back from pickle as its own type (what the trainer will see)."""
+    try:
+        return type(pickle.loads(pickle.dumps(err))) is type(err)
+    except Exception:  # any failure to pickle means: leave the error to torch
+        return False
+
+
+def as_is(item: Any) -> Any:
+    """The DataLoader's ``collate_fn``: :meth:`MicroBatchWork.__getitems__` did the work."""
+    return item
