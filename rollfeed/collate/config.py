@@ -1,16 +1,11 @@
-"""PlanConfig: the planner's options, one frozen value shared by every stage that plans or places.
+"""PlanConfig: the planner's options, one frozen value for every stage that plans or places.
 
-``prepare_batch``, the loader's sampler and collator and ``build_dataloader`` all take this one
-object, so they cannot be given different options one by one. Runtime facts (the DP size, a
-rank's topology, the payload root) are separate arguments: they say where a plan runs, not what
-it is. A micro batch records the config it was planned with (``MicroBatch.config``), so later
-stages read the CP size and layout from it instead of asking for them again.
-
-Example::
+``prepare_batch``, the loader's sampler and collator and ``build_dataloader`` all take it; runtime
+facts (DP size, topology, payload root) stay separate arguments. A micro batch records the config
+it was planned with (``MicroBatch.config``), so later stages read CP size and layout from it::
 
     config = PlanConfig(seq_len=8, cp_size=2, cp_layout="zigzag")
     config.pad                                  # 4: every slot and row a multiple of 2 * cp_size
-    prepare_batch(samples, config, dp_size=2)
 """
 
 from __future__ import annotations
@@ -66,34 +61,24 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         _int("seq_len", self.seq_len)
-        unit = layout_unit(self.cp_size, self.cp_layout)
+        unit, pad, why = layout_unit(self.cp_size, self.cp_layout), self.pad_to_multiple_of, None
+        cost = self.quadratic_cost
+        number = isinstance(cost, int | float) and not isinstance(cost, bool)
         if self.overlong not in OVERLONG:
-            raise BatchConfigError(
-                f"PlanConfig.overlong must be one of {OVERLONG}, got {self.overlong!r}"
-            )
-        q = self.quadratic_cost
-        if isinstance(q, bool) or not isinstance(q, int | float) or not math.isfinite(q) or q < 0:
-            raise BatchConfigError(
-                f"PlanConfig.quadratic_cost must be a finite number >= 0, got {q!r}"
-            )
-        pad = self.pad_to_multiple_of
-        if pad is not None and (_int("pad_to_multiple_of", pad) % unit):
-            raise BatchConfigError(
-                f"PlanConfig.pad_to_multiple_of must be a multiple of {unit} ({self.cp_layout}, "
-                f"cp_size={self.cp_size}), got {pad}"
-            )
-        if self.seq_len % self.pad:
-            raise BatchConfigError(
-                f"PlanConfig.seq_len={self.seq_len} is not a multiple of the pad multiple "
-                f"{self.pad} ({self.cp_layout}, cp_size={self.cp_size}); choose seq_len = k * "
-                f"{self.pad}"
-            )
-        if not isinstance(self.fields, Mapping) or not all(
+            why = f"overlong must be one of {OVERLONG}, got {self.overlong!r}"
+        elif not (number and 0 <= cost < math.inf):
+            why = f"quadratic_cost must be a finite number >= 0, got {cost!r}"
+        elif pad is not None and _int("pad_to_multiple_of", pad) % unit:
+            why = f"pad_to_multiple_of must be a multiple of {unit} ({self.cp_layout}), got {pad}"
+        elif self.seq_len % self.pad:
+            why = f"seq_len={self.seq_len} is not a multiple of the pad multiple {self.pad} "
+            why += f"({self.cp_layout}, cp_size={self.cp_size}); choose seq_len = k * {self.pad}"
+        elif not isinstance(self.fields, Mapping) or not all(
             isinstance(k, str) and isinstance(v, PayloadField) for k, v in self.fields.items()
         ):
-            raise BatchConfigError(
-                "PlanConfig.fields must map field names to PayloadField, e.g. PAYLOAD_FIELDS"
-            )
+            why = "fields must map field names to PayloadField, e.g. PAYLOAD_FIELDS"
+        if why is not None:
+            raise BatchConfigError(f"PlanConfig.{why}")
 
     @property
     def pad(self) -> int:

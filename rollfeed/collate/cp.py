@@ -33,7 +33,7 @@ Ranges = list[tuple[int, int]]
 
 def layout_unit(cp_size: int, cp_layout: str) -> int:
     """Smallest length every CP-split unit must be a multiple of: ``c`` or ``2c`` (zigzag)."""
-    if not isinstance(cp_size, int) or cp_size < 1:
+    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
         raise BatchConfigError(f"cp_size must be an int >= 1, got {cp_size!r}")
     if cp_layout not in LAYOUTS:
         raise BatchConfigError(f"cp_layout must be one of {LAYOUTS}, got {cp_layout!r}")
@@ -63,8 +63,11 @@ def _merge(ranges: Ranges) -> Ranges:
 def rank_ranges(cu_seqlens: Sequence[int], cp_rank: int, cp_size: int, cp_layout: str) -> Ranges:
     """Row position ranges rank ``cp_rank`` holds, in the order its tensors store them."""
     unit = layout_unit(cp_size, cp_layout)
-    if not 0 <= cp_rank < cp_size:
-        raise BatchConfigError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
+    if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+        raise BatchConfigError(
+            f"cp_rank {cp_rank!r} is outside [0, {cp_size}) of cp_size={cp_size} ({cp_layout}), "
+            "the size the micro batch was planned for; pass this rank's cp coordinate"
+        )
     total = int(cu_seqlens[-1])
     if total % unit:
         raise BatchConfigError(

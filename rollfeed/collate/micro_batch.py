@@ -1,11 +1,9 @@
 """MicroBatch and its placement: one packed, padded row of samples, with its payload segments.
 
-:func:`place_micro_batch` lays out the samples of one planned micro batch (given in packing order,
-as :func:`~rollfeed.collate.prepare.plan_lengths` lists them) under a :class:`PlanConfig`: each
-sample is truncated at ``seq_len``, takes a slot of its length (rounded up to ``2 * cp_size`` for
-zigzag), and the row is padded to the pad multiple with one tail slot. No samples: a dummy micro
-batch of ``config.pad`` padding tokens. The micro batch records the config, so every later stage
-reads its CP size, layout and fields from it.
+:func:`place_micro_batch` lays out one planned micro batch's samples (in packing order, as
+:func:`~rollfeed.collate.plan_lengths` lists them): each truncated at ``seq_len`` in a slot of its
+length (rounded up to ``2 * cp_size`` for zigzag), the row padded to ``config.pad`` by a tail slot;
+no samples give a dummy of ``config.pad`` tokens. The micro batch records its config.
 
 Worked example (samples of 3 and 2 tokens, zigzag with ``cp_size=1`` -> slots padded to 2,
 pad multiple 2)::
@@ -26,7 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from rollfeed.collate.config import PlanConfig
+from rollfeed.collate.cp import slot_lengths
 from rollfeed.collate.errors import OverlongError
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.truncate import truncate_sample
@@ -96,19 +97,17 @@ def place_micro_batch(
         if n > seq_len:
             if config.overlong != "truncate":
                 raise OverlongError(
-                    f"sample has {n} tokens > seq_len={seq_len} under "
-                    f"overlong={config.overlong!r}; plan the samples with this config "
-                    "(planning leaves it out or refuses it)",
+                    f"sample has {n} tokens > seq_len={seq_len} under overlong="
+                    f"{config.overlong!r}; plan the samples with this config (it leaves them out)",
                     sample=i,
                     pos=seq_len,
                 )
             s, n = truncate_sample(s, seq_len), seq_len
         kept.append(s)
         lengths.append(n)
-    unit = 2 * config.cp_size if config.cp_layout == "zigzag" else 1  # zigzag: whole 2c chunks
     cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] - (-n // unit) * unit)
+    for n in slot_lengths(np.array(lengths, np.int64), config.cp_size, config.cp_layout).tolist():
+        cu.append(cu[-1] + n)
     pad = config.pad
     length = max(1, -(-cu[-1] // pad)) * pad
     starts = tuple(cu[:-1])

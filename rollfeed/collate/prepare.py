@@ -139,13 +139,12 @@ def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int
 
     Args:
         samples: the batch; ``MicroBatch.indices`` are positions in this sequence.
-        config: the planner's options (seq_len, CP size and layout, pad multiple, overlong
-            policy, quadratic cost, field registry).
+        config: the planner's options.
         dp_size: data-parallel ranks to balance over.
 
     Returns:
-        ``plan[r][k]``, a :class:`~rollfeed.collate.MicroBatch`: :func:`plan_lengths` of the
-        samples' lengths, placed; ``plan.metrics`` as there.
+        :func:`plan_lengths` of the samples' lengths, each micro batch placed
+        (:func:`place_micro_batch`); ``plan.metrics`` as there.
     """
     for i, sample in enumerate(samples):  # all of them, dropped ones too, in batch order
         sample.check_fields(config.fields, index=i)

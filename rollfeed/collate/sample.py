@@ -284,9 +284,7 @@ class Sample:
                 ) from None
         return cls(
             data["token_ids"],
-            loss_mask=data["loss_mask"],
-            advantages=data["advantages"],
-            inference_logprobs=data["inference_logprobs"],
+            **{k: data[k] for k in _KEYS[1:]},
             temperatures=data.get("temperatures"),
             fields=fields,
             payload=payload,

@@ -143,31 +143,21 @@ def to_tensor_micro_batch(
 ) -> TensorMicroBatch:
     """The tensors of ``cp_rank`` (see :class:`TensorMicroBatch` for shapes and an example).
 
-    The CP size and layout and the field registry are the ones the micro batch was planned with
-    (``micro_batch.config``): they are read, never asked for again.
+    CP size and layout and the field registry are read from ``micro_batch.config``, never asked.
 
     Args:
         micro_batch: a planned micro batch (``prepare_batch`` or ``place_micro_batch``).
-        cp_rank: this rank's coordinate on the ``cp`` axis, in ``[0, config.cp_size)``
-            (:class:`BatchConfigError` otherwise).
+        cp_rank: this rank's ``cp`` coordinate, in ``[0, cp_size)`` (else BatchConfigError).
         root: payload root for by-handle fields (not needed when every field is inline).
         width: static ragged width (default: the micro batch's widest row).
-        whole_fields: read every field over the whole row (models that shard inside the
-            forward).
+        whole_fields: read every field over the whole row (models that shard in the forward).
 
-    The result's ``checks`` records its largest and smallest token id and the first invalid
-    temperature of a scored row (:mod:`rollfeed.collate.token_checks`).
+    ``checks`` records the largest and smallest token id and the first invalid temperature of a
+    scored row (:mod:`rollfeed.collate.token_checks`).
     """
-    mb, S = micro_batch, micro_batch.length
-    config, fields = mb.config, mb.config.fields
-    cp_size = config.cp_size
-    if isinstance(cp_rank, bool) or not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
-        raise BatchConfigError(
-            f"cp_rank {cp_rank!r} is outside [0, {cp_size}): the micro batch was planned for "
-            f"cp_size={cp_size} ({config.cp_layout}); pass this rank's cp coordinate, or plan "
-            "with the cp_size the trainer runs"
-        )
-    ranges = rank_ranges(mb.cu_seqlens, cp_rank, cp_size, config.cp_layout)
+    mb, S, config = micro_batch, micro_batch.length, micro_batch.config
+    fields = config.fields
+    ranges = rank_ranges(mb.cu_seqlens, cp_rank, config.cp_size, config.cp_layout)
     idx = ranges_index(ranges)
     ids = np.zeros(S, np.int64)
     labels = np.full(S, IGNORE_INDEX, np.int64)
@@ -221,7 +211,7 @@ def to_tensor_micro_batch(
         cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
         seq_len=S,
         cp_rank=cp_rank,
-        cp_size=cp_size,
+        cp_size=config.cp_size,
         cp_layout=config.cp_layout,
         fields=out,
         fields_whole=whole_fields,
