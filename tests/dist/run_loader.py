@@ -15,12 +15,19 @@ import sys
 
 import torch.distributed as dist
 
-from rollfeed.loaders import RolloutDataset, Topology, build_dataloader, read_step_file
+from rollfeed.collate import PlanConfig
+from rollfeed.loaders import (
+    LoaderOptions,
+    RolloutDataset,
+    Topology,
+    build_dataloader,
+    read_step_file,
+)
+from tests.dist.launch import run_rank
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference
 
 
 def main(run: str, cp_size: int) -> None:
-    dist.init_process_group("gloo")
     topo = Topology.from_process_group(cp_size=cp_size)
     steps, root = os.path.join(run, "steps"), os.path.join(run, "payload")
     samples = read_step_file(os.path.join(steps, "step_000000.jsonl"))
@@ -32,11 +39,12 @@ def main(run: str, cp_size: int) -> None:
         mine = ref[topo.dp_rank, topo.cp_rank]
         for num_workers in (0, 2):
             ds = RolloutDataset.from_step_dir(steps)
-            loader = build_dataloader(
-                ds, topo, seq_len=SEQ_LEN, root=root, cp_layout=cp_layout, num_workers=num_workers
-            )
+            config = PlanConfig(seq_len=SEQ_LEN, cp_size=cp_size, cp_layout=cp_layout)
+            options = LoaderOptions(num_workers=num_workers)
+            loader = build_dataloader(ds, topo, config, root=root, options=options)
             indices = loader.batch_sampler.step_micro_batches(0)
             got = list(loader)
+            loader.close()  # its workers (and receive thread) end here, not at interpreter exit
             assert len(got) == len(mine) == len(indices), (len(got), len(mine), len(indices))
             for k, (a, b) in enumerate(zip(got, mine, strict=True)):
                 assert_bitwise(a, b, (topo, cp_layout, num_workers, k))
@@ -59,9 +67,7 @@ def main(run: str, cp_size: int) -> None:
             assert sorted(union) == list(range(len(samples))), "DP ranks do not cover once"
         with open(os.path.join(run, f"ok_cp{cp_size}.json"), "w") as f:
             json.dump({"ranks": len(gathered), "samples": len(samples)}, f)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    run_rank(main, sys.argv[1], int(sys.argv[2]))

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
 
+from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderOptions,
     LoaderStateError,
     MicroBatchSampler,
     RolloutDataset,
@@ -14,14 +19,8 @@ from rollfeed.loaders import (
 from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.step_files import write_step_file
 from tests.collate.gen import inline_batch
-from tests.loaders.common import SEQ_LEN, tensor_bytes, write_batch
-from tests.loaders.resume import check_resume
-
-
-def tmb_key(t):
-    """Every tensor of a TensorMicroBatch as bytes (bitwise comparison of streams)."""
-    tensors = [tensor_bytes(getattr(t, n)) for n in ("input_ids", "labels", "positions")]
-    return (t.seq_len, *tensors, *((k, tensor_bytes(v)) for k, v in sorted(t.fields.items())))
+from tests.loaders.common import SEQ_LEN, write_batch
+from tests.loaders.resume import check_resume, tmb_key
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +38,7 @@ def test_sampler_resume_in_memory_passes():
     ds = RolloutDataset(inline_batch(np.random.default_rng(2), 25, 30))
     topo = Topology(dp_rank=1, dp_size=2)
     cuts = check_resume(
-        lambda: MicroBatchSampler(ds, topo, seq_len=32, shuffle=True, seed=3), passes=3
+        lambda: MicroBatchSampler(ds, topo, PlanConfig(seq_len=32), shuffle=True, seed=3), passes=3
     )
     assert len(cuts) == 3 and cuts[0] > 2  # several micro batches per step
 
@@ -47,13 +46,14 @@ def test_sampler_resume_in_memory_passes():
 def test_sampler_resume_step_dir(step_dir):
     ds = RolloutDataset.from_step_dir(step_dir / "steps")
     topo = Topology(dp_rank=0, dp_size=2, cp_rank=1, cp_size=2)
-    check_resume(lambda: MicroBatchSampler(ds, topo, seq_len=SEQ_LEN, cp_layout="zigzag"), passes=3)
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=topo.cp_size, cp_layout="zigzag")
+    check_resume(lambda: MicroBatchSampler(ds, topo, config), passes=3)
 
 
-@pytest.mark.parametrize("prefetch_thread", [False, True])
+@pytest.mark.parametrize("receive_depth", [0, 2])
 @pytest.mark.parametrize("finish_passes", [True, False])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes, prefetch_thread):
+def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes, receive_depth):
     ds = RolloutDataset.from_step_dir(step_dir / "steps")
     topo = Topology(dp_rank=1, dp_size=2, cp_rank=0, cp_size=2)
 
@@ -61,10 +61,9 @@ def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes, p
         return build_dataloader(
             ds,
             topo,
-            seq_len=SEQ_LEN,
+            PlanConfig(seq_len=SEQ_LEN, cp_size=2),
             root=step_dir / "payload",
-            num_workers=num_workers,
-            prefetch_thread=prefetch_thread,
+            options=LoaderOptions(num_workers=num_workers, receive_depth=receive_depth),
         )
 
     cuts = check_resume(make, passes=3, key=tmb_key, finish_passes=finish_passes)
@@ -73,25 +72,54 @@ def test_stateful_loader_resume_step_dir(step_dir, num_workers, finish_passes, p
 
 def test_state_refuses_other_world_shape_unless_told():
     ds = RolloutDataset(inline_batch(np.random.default_rng(4), 20, 30))
-    two = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), seq_len=32)
+    config = PlanConfig(seq_len=32)
+    two = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), config)
     it = iter(two)
     next(it)
     state = two.state_dict()
     assert state["micro_batches"] == 1
-    one = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=1), seq_len=32)
+    one = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=1), config)
     with pytest.raises(LoaderStateError, match="on_reshard"):
         one.load_state_dict(state)
     full = one.step_micro_batches(0)
     restart = MicroBatchSampler(
-        ds, Topology(dp_rank=0, dp_size=1), seq_len=32, on_reshard="restart_step"
+        ds, Topology(dp_rank=0, dp_size=1), config, on_reshard="restart_step"
     )
     restart.load_state_dict(state)
     assert list(restart) == full  # the interrupted step, replanned for DP 1, from its start
-    skip = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=1), seq_len=32, on_reshard="next_step")
+    skip = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=1), config, on_reshard="next_step")
     skip.load_state_dict(state)
     assert skip.state_dict()["step"] == 1 and skip.state_dict()["micro_batches"] == 0
-    other_seed = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), seq_len=32, seed=9)
+    other_seed = MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), config, seed=9)
     with pytest.raises(LoaderStateError, match="seed"):
         other_seed.load_state_dict(state)
     with pytest.raises(LoaderStateError, match="version"):
         two.load_state_dict({**state, "version": 99})
+
+
+def test_resume_key_sees_every_tensor_of_a_micro_batch(step_dir):
+    # The streams above are compared with tmb_key: one changed element of any tensor the micro
+    # batch holds (a tensor field or a payload field) must change the key.
+    loader = build_dataloader(
+        RolloutDataset.from_step_dir(step_dir / "steps"),
+        Topology(dp_rank=0, dp_size=1),
+        PlanConfig(seq_len=SEQ_LEN),
+        root=step_dir / "payload",
+    )
+    t = next(iter(loader))
+    loader.close()
+    names = [f.name for f in dataclasses.fields(t) if isinstance(getattr(t, f.name), torch.Tensor)]
+    assert len(names) == 10 and len(t.fields) >= 2, (names, sorted(t.fields))
+
+    def changed(x: torch.Tensor) -> torch.Tensor:  # one bit of the first element flipped
+        y = x.clone().contiguous()
+        y.view(-1).view(torch.uint8)[0] ^= 1
+        return y
+
+    key = tmb_key(t)
+    for name in names:
+        assert tmb_key(dataclasses.replace(t, **{name: changed(getattr(t, name))})) != key, name
+    for name, value in t.fields.items():
+        fields = {**t.fields, name: changed(value)}
+        assert tmb_key(dataclasses.replace(t, fields=fields)) != key, name
+    assert tmb_key(dataclasses.replace(t, cp_rank=t.cp_rank + 1)) != key
