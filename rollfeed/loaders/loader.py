@@ -1,21 +1,19 @@
 """RolloutLoader: this rank's micro batches, one pass per training step, resumable exactly.
 
-The loader holds one ``torch.utils.data.DataLoader`` (public API only): its batch sampler turns the
-sampler's index lists into :class:`~rollfeed.loaders.worker.Task`s, its dataset makes each micro
-batch where the reads happen (a worker when ``num_workers > 0``).
+It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
+:class:`~rollfeed.loaders.worker.Task`s and makes each micro batch where the reads happen.
 
-- **State.** A task carries the sampler's state right after its micro batch, recorded when
-  ``next`` hands that micro batch out: ``state_dict()`` counts the micro batches *consumed*,
-  never those in flight or received ahead; a finished pass is ``(step + 1, 0)``, so a resume
-  starts the next step. The next pass first rewinds the sampler to the consumed state
-  (persistent workers drop what they still hold), so nothing drawn ahead is lost.
-- **Errors** end the pass. A worker's error is raised with its type and place, not counted; when
-  nothing is in flight (the sampler's own errors: no step file in time, an empty step), the
-  sampler's state is taken as is.
-- **Lifetime.** An iterator holds its loader: ``for mb in build_dataloader(...)`` yields every
+- **State.** A task carries the sampler's state right after its micro batch; ``next`` records it
+  as it hands the micro batch out, so ``state_dict()`` counts micro batches *consumed*, never
+  those in flight or received ahead (a finished pass is ``(step + 1, 0)``: a resume starts the
+  next step). A new pass first rewinds the sampler to that state; persistent workers drop what
+  they still hold. **Errors** end the pass; a worker's is raised with its type and place and not
+  counted; with nothing in flight (no step file in time, an empty step) the sampler's state is
+  taken as is.
+- **Lifetime.** An iterator holds its loader, so ``for mb in build_dataloader(...)`` yields every
   micro batch. The next pass, ``load_state_dict``, ``close()``, dropping the iterator or exit
-  stops the receive thread (a ``weakref.finalize``, run at exit while modules are whole);
-  ``close()`` also lets the workers go. ``iter(loader).step``: the step of the last micro batch.
+  stops the receive thread (a ``weakref.finalize``: at exit it runs while modules are whole);
+  ``close()`` also lets the workers go.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import LoaderConfigError
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
-from rollfeed.loaders.transfer import pin_micro_batch, to_device
+from rollfeed.loaders.transfer import move_micro_batch
 from rollfeed.loaders.worker import Delivered, MicroBatchWork, Task, WorkerFailure, as_is
 
 logger = logging.getLogger(__name__)
@@ -69,22 +67,19 @@ class LoaderOptions:
     timeout_s: float = 0
 
     def __post_init__(self) -> None:
-        for name, value in (
-            ("num_workers", self.num_workers),
-            ("receive_depth", self.receive_depth),
-        ):
-            if value is not None and (type(value) is not int or value < 0):
+        counts = {"num_workers": self.num_workers, "receive_depth": self.receive_depth}
+        for name, value in counts.items():
+            if (value is not None or name == "num_workers") and not _count(value):
                 raise LoaderConfigError(f"LoaderOptions.{name} must be an int >= 0, got {value!r}")
         if not self.timeout_s >= 0 or (self.timeout_s and not self.num_workers):
             raise LoaderConfigError(
-                f"LoaderOptions.timeout_s={self.timeout_s}: a bound >= 0 on waiting for workers "
-                "(num_workers > 0)"
+                f"LoaderOptions.timeout_s={self.timeout_s} must be >= 0, and 0 without workers"
             )
         cuda = self.pin_memory or torch.device(self.device or "cpu").type == "cuda"
         if cuda and not torch.cuda.is_available():
             raise LoaderConfigError(
                 f"LoaderOptions(pin_memory={self.pin_memory}, device={self.device!r}) needs "
-                "CUDA, which is not available here; pass pin_memory=None (pin when CUDA is "
+                "CUDA, which is not available here: pass pin_memory=None (pin when CUDA is "
                 "there) or False, and a device that is here"
             )
 
@@ -131,7 +126,10 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
             item.reraise()
         self.taken += 1
         loader._consumed, self.step = item.task.state, item.task.step
-        return item.batch if loader._device is None else to_device(item.batch, loader._device)
+        if loader._device is None:
+            return item.batch
+        device = loader._device  # one asynchronous copy from (pinned) host memory
+        return move_micro_batch(item.batch, lambda t: t.to(device, non_blocking=True))
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the pass (its thread too, waited for unless ``wait=False``)."""
@@ -185,7 +183,7 @@ class RolloutLoader:
         """A delivered micro batch, pinned when asked (on the receive thread if there is one)."""
         if not self._pin or not isinstance(item, Delivered):
             return item
-        return Delivered(pin_micro_batch(item.batch), item.task)
+        return Delivered(move_micro_batch(item.batch, torch.Tensor.pin_memory), item.task)
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -245,6 +243,10 @@ class RolloutLoader:
         """Stop the running pass and let the workers go, keeping the consumed position."""
         self._stop()
         self._loader = None  # its worker iterator shuts the workers down as it is collected
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and value >= 0
 
 
 def _one_thread(worker_id: int) -> None:

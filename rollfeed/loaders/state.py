@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from rollfeed.loaders.errors import LoaderConfigError, LoaderStateError
+from rollfeed.loaders.errors import LoaderStateError
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -62,9 +62,8 @@ class SamplerState:
 def resume_point(
     saved: SamplerState, *, seed: int, dp_size: int, cp_size: int, on_reshard: Reshard
 ) -> tuple[int, int]:
-    """``(step, micro_batches)`` to continue from under this sampler's seed and world shape."""
-    if on_reshard not in RESHARD:
-        raise LoaderConfigError(f"on_reshard must be one of {RESHARD}, got {on_reshard!r}")
+    """``(step, micro_batches)`` to continue from under this sampler's seed and world shape
+    (``on_reshard`` checked by the sampler)."""
     if saved.seed != seed:
         raise LoaderStateError(
             f"state was saved with seed={saved.seed}, this sampler has seed={seed}; build the "

@@ -33,11 +33,3 @@ def move_micro_batch(
         return out.set_(moved, t.storage_offset(), t.shape, t.stride())
 
     return tmb.apply(view)
-
-
-def pin_micro_batch(tmb: TensorMicroBatch) -> TensorMicroBatch:
-    return move_micro_batch(tmb, torch.Tensor.pin_memory)
-
-
-def to_device(tmb: TensorMicroBatch, device: torch.device) -> TensorMicroBatch:
-    return move_micro_batch(tmb, lambda t: t.to(device, non_blocking=True))
