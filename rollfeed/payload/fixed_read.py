@@ -98,7 +98,8 @@ class FixedJob:
         self.c = t if self.whole else t.take(checked if len(checked) else np.zeros(1, np.int64))
         self.reading = len(checked) > 0
         self.file_list = self.c.files
-        self.files = np.unique(self.c.file_idx)  # the files opened (indexes into file_list)
+        opened = np.bincount(self.c.file_idx, minlength=len(self.file_list))
+        self.files = np.flatnonzero(opened)  # the files opened (indexes into file_list)
 
     def _fits(self, size: np.ndarray) -> np.ndarray:
         c = self.c

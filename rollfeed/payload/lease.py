@@ -49,6 +49,8 @@ class Reads:
     @staticmethod
     def concat(parts: Sequence[Reads]) -> Reads:
         """One batch holding every range of ``parts``, in order."""
+        if len(parts) == 1:
+            return parts[0]
         base = np.cumsum([0] + [len(p.dests) for p in parts])
         cols = [
             np.concatenate([getattr(p, k) for p in parts])
@@ -197,27 +199,33 @@ class FieldFiles:
     batches of ranges, indexed by the field's own file numbers (``fmap [F]``: lease index of
     each; the field's records never point at an unmapped one)."""
 
-    def __init__(self, lease: Lease, fmap: np.ndarray) -> None:
+    def __init__(self, lease: Lease | None, fmap: np.ndarray) -> None:
         self.lease, self.fmap = lease, fmap
+        same = lease is not None and len(fmap) == len(lease.files)
+        self._same = same and bool((fmap == np.arange(len(fmap))).all())  # no mapping needed
+
+    def _column(self, name: str) -> np.ndarray:
+        col = getattr(self.lease, name)
+        return col if self._same else col[self.fmap]
 
     @property
     def size(self) -> np.ndarray:
-        return self.lease.size[self.fmap]
+        return self._column("size")
 
     @property
     def version(self) -> np.ndarray:
-        return self.lease.version[self.fmap]
+        return self._column("version")
 
     @property
     def file_id(self) -> np.ndarray:
-        return self.lease.file_id[self.fmap]
+        return self._column("file_id")
 
     @property
     def header_size(self) -> np.ndarray:
-        return self.lease.header_size[self.fmap]
+        return self._column("header_size")
 
     def refresh(self, idx: np.ndarray) -> None:
-        self.lease.refresh(self.fmap[idx])
+        self.lease.refresh(self.fmap[idx])  # type: ignore[union-attr]
 
     def reads(
         self,
@@ -230,7 +238,7 @@ class FieldFiles:
     ) -> Reads:
         """A batch of this field's ranges (``file_idx`` in its own numbering; ``[K]`` columns)."""
         return Reads(
-            file_idx=self.fmap[file_idx],
+            file_idx=file_idx if self._same else self.fmap[file_idx],
             offsets=offsets,
             lengths=lengths,
             dests=dests,

@@ -40,7 +40,8 @@ class RaggedJob:
             t = RecordTable([s for s in t.segs if s.rows])
         self.t, self.file_list = t, t.files
         self.coverage = coverage(t, ranges, n)
-        self.files = np.unique(t.file_idx)  # the files opened (indexes into file_list)
+        opened = np.bincount(t.file_idx, minlength=len(t.files))
+        self.files = np.flatnonzero(opened)  # the files opened (indexes into file_list)
         if self.empty:
             self.kinds = []
         elif (t.count_bytes == t.count_bytes[0]).all() and (t.block_rows == t.block_rows[0]).all():

@@ -40,7 +40,8 @@ def coverage(t: RecordTable, ranges: list[tuple[int, int]], n: int) -> np.ndarra
     """
     out = np.zeros(n, bool)
     for at, lo, _, _, a, b in overlaps(t, ranges):
-        out[spread(at + a - lo, b - a)] = True
+        for r0, r1 in zip((at + a - lo).tolist(), (at + b - lo).tolist(), strict=True):
+            out[r0:r1] = True  # a few runs of many rows: slices beat an index array
     return out
 
 
