@@ -101,7 +101,7 @@ def verify(root: str) -> int:
 
 
 def demo(workdir: str | None, *, prompts: int, samples: int, max_tokens: int) -> int:
-    """Tiny MoE -> vLLM rollouts captured by handle -> 2 DP x 2 CP/SP trainer ranks -> report."""
+    """Tiny MoE -> vLLM rollouts captured by handle -> 2 DP x 2 CP trainer ranks -> report."""
     from rollfeed.demo.run import run_demo
 
     return run_demo(workdir, prompts=prompts, samples=samples, max_tokens=max_tokens)
