@@ -129,3 +129,60 @@ def test_an_error_names_the_field_whose_file_it_is(tmp_path):
     with pytest.raises(PayloadMissingFileError) as info:
         read_fields(moved, windows, root=PayloadRoot(tmp_path, retries=0))
     assert info.value.file == "g/gone.rfp" and info.value.field == "sampling_mask"
+
+
+def _pair(rng, writer, T: int, uid: str):
+    """(inline sample, by-handle sample) whose fields hold the same rows at the same positions:
+    every position [0, T) (a sample's inline field has a row per token; some mask rows empty)."""
+    from rollfeed.collate import Sample
+
+    counts = rng.choice([0, 1, 2, 5], T)
+    arrays = {
+        "routed_experts": rng.integers(0, 200, (T, 2, 2)).astype(np.uint8),
+        "sampling_mask": (counts, rng.integers(0, 1000, counts.sum()).astype(np.int32)),
+    }
+    tokens = dict(loss_mask=np.ones(T, bool), advantages=np.zeros(T, np.float32))
+    tokens.update(inference_logprobs=np.zeros(T, np.float32))
+    ids = rng.integers(0, 1000, T)
+    inline = Sample(ids, **tokens, fields=arrays, uid=uid)
+    handle = Sample(ids, **tokens, payload=writer.write(arrays, pos=0), uid=uid)
+    return inline, handle
+
+
+def _inline_coverage(mb, name: str, ranges, labels: bool) -> np.ndarray:
+    """The rows inline samples carry, as the collate path lays them out: a sample's rows start
+    at its position (one later for a ``labels`` field, whose first row is never a label)."""
+    carried = np.zeros(mb.length + 1, bool)
+    for sample, start in zip(mb.samples, mb.starts, strict=True):
+        data = sample.fields.get(name)
+        if data is not None:
+            rows = len(data[0]) if isinstance(data, tuple) else len(data)
+            carried[start + int(labels) : start + rows] = True
+    return carried[np.concatenate([np.arange(lo, hi) for lo, hi in ranges])]
+
+
+@pytest.mark.parametrize("cp_layout", ["contiguous", "zigzag"])
+def test_coverage_by_handle_equals_the_rows_inline_samples_carry(tmp_path, cp_layout):
+    from rollfeed.collate import PlanConfig, prepare_batch
+
+    rng = np.random.default_rng(5)
+    with PayloadWriter(tmp_path, group="g", name="w") as writer:
+        pairs = [_pair(rng, writer, int(T), f"s{i}") for i, T in enumerate(rng.integers(2, 90, 12))]
+    config = PlanConfig(seq_len=64, cp_size=2, cp_layout=cp_layout)  # some samples truncated
+    plans = [prepare_batch([p[k] for p in pairs], config, dp_size=1) for k in (0, 1)]
+    checked = 0
+    for ma, mb in zip(plans[0][0], plans[1][0], strict=True):
+        for rank in range(2):
+            ranges = rank_ranges(mb.cu_seqlens, rank, 2, cp_layout)
+            windows = {
+                f: field_ranges(ranges, PAYLOAD_FIELDS[f].window, mb.length)
+                for f in ("routed_experts", "sampling_mask")
+            }
+            every = [s for segs in mb.segments.values() for s in segs]
+            got = read_fields(every, windows, root=tmp_path)
+            for f, window in windows.items():
+                labels = PAYLOAD_FIELDS[f].window == "labels"
+                want = _inline_coverage(ma, f, window, labels)
+                np.testing.assert_array_equal(got[f].coverage.numpy(), want)
+                checked += int(want.sum())
+    assert checked > 0
