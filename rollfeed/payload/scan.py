@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollfeed.payload.checksum import ENTRY, RegionSums, fixed_block_rows, table_entries
+from rollfeed.payload.checksum import ENTRY, RegionSums, table_entries
 from rollfeed.payload.errors import (
     PayloadChecksumError,
     PayloadError,
@@ -45,20 +45,11 @@ from rollfeed.payload.errors import (
     PayloadTruncatedError,
 )
 from rollfeed.payload.layout import (
-    BLOCK_ROWS,
-    CHECKSUM_CRC32C,
-    DTYPE_CODES,
     FILE_HEADER,
     FILE_HEADER_V1,
     KIND_FIXED,
     KIND_RAGGED,
-    MAX_NDIM,
-    REGION_MAGIC,
-    REGION_MAGIC_V1,
-    REGION_RECORD,
-    REGION_RECORD_V1,
     VERSION,
-    FileHeader,
     RegionHeader,
     decode_index,
     index_table,
@@ -67,6 +58,7 @@ from rollfeed.payload.layout import (
     values_start,
 )
 from rollfeed.payload.safe_open import open_beneath
+from rollfeed.payload.scan_claims import check_claims, malformed
 from rollfeed.payload.segment import ITEMSIZE
 
 SUFFIX = ".rfp"
@@ -216,7 +208,7 @@ def _walk_regions(fd: int, rel: str, size: int, regions: list, checksums: bool) 
         name = _read(fd, rel, size, at + fixed_size, name_len, f"field name of region {k}")
         header = RegionHeader.unpack(fixed, name, head.version)
         if header is None:
-            raise _malformed(head, fixed, name, rel, at, k)
+            raise malformed(head, fixed, name, rel, at, k)
         if header.file_id != head.file_id:
             raise PayloadRegionError(
                 f"region {k}: header field file_id = {header.file_id} differs from the file "
@@ -226,95 +218,13 @@ def _walk_regions(fd: int, rel: str, size: int, regions: list, checksums: bool) 
                 offset=at,
             )
         body_at = at + header.size
-        _check_claims(rel, size, header, at, body_at, k)
+        check_claims(rel, size, header, at, body_at, k)
         try:
             end = _check_bytes(fd, rel, size, header, fixed + name, at, body_at, k, checksums)
         except PayloadChecksumError as err:
             raise type(err)(f"region {k}: {err.message}", **err.place) from None
         regions.append((body_at, header))
         at = end
-
-
-def _malformed(
-    head: FileHeader, fixed: bytes, name: bytes, rel: str, at: int, k: int
-) -> PayloadRegionError:
-    """Which part of a region header ``RegionHeader.unpack`` refused."""
-    v2 = head.version == VERSION
-    rec = np.frombuffer(fixed, REGION_RECORD if v2 else REGION_RECORD_V1)[0]
-    magic = REGION_MAGIC if v2 else REGION_MAGIC_V1
-    if rec["magic"] != magic:
-        what = f"magic {bytes(rec['magic'])!r}, expected {magic!r}"
-    elif rec["kind"] not in (KIND_FIXED, KIND_RAGGED):
-        what = f"header field kind = {rec['kind']}, expected {KIND_FIXED} or {KIND_RAGGED}"
-    elif rec["dtype"] >= len(DTYPE_CODES):
-        what = f"header field dtype code = {rec['dtype']}, expected < {len(DTYPE_CODES)}"
-    elif v2 and (rec["ndim"] > MAX_NDIM or (rec["kind"] == KIND_RAGGED and rec["ndim"])):
-        what = f"header field ndim = {rec['ndim']} (a ragged region has 0, a fixed one <= 4)"
-    elif v2 and rec["dims"][rec["ndim"] :].any():
-        what = f"header field dims = {rec['dims'].tolist()} has dims past ndim = {rec['ndim']}"
-    elif v2 and rec["checksum"] != CHECKSUM_CRC32C:
-        what = f"header field checksum = {rec['checksum']}, expected {CHECKSUM_CRC32C} (CRC-32C)"
-    else:
-        what = f"field name {name!r} is not UTF-8"
-    return PayloadRegionError(
-        f"region {k} is not a well-formed region header: {what}", file=rel, offset=at
-    )
-
-
-def _check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k: int) -> None:
-    """Every size ``h`` claims, bounded by the file before anything is allocated for it."""
-
-    def bad(what: str, kind: type[PayloadError] = PayloadRegionError) -> PayloadError:
-        return kind(f"region {k}: {what}", file=rel, field=h.field, offset=at)
-
-    extent = size - body_at
-    if h.body_bytes > extent:
-        raise bad(
-            f"header field body_bytes = {h.body_bytes} runs past the end of the file "
-            f"(only {extent} bytes follow the header; cut short, or a damaged header)",
-            PayloadTruncatedError,
-        )
-    itemsize = ITEMSIZE[h.dtype]
-    if h.kind == KIND_FIXED:
-        # version 2: blocks of the checksum table; version 1 has none
-        block = 0 if h.shape is None else fixed_block_rows(itemsize * math.prod(h.shape))
-        if h.count_bytes or h.block_rows != block:
-            raise bad(
-                f"header fields count_bytes = {h.count_bytes}, block_rows = {h.block_rows}: a "
-                f"fixed-width region has 0 and {block}"
-            )
-        if h.values * itemsize != h.body_bytes:
-            raise bad(
-                f"header field values = {h.values} x {itemsize}-byte {h.dtype} disagrees with "
-                f"body_bytes = {h.body_bytes}"
-            )
-        if h.shape is not None and h.rows * math.prod(h.shape) != h.values:
-            raise bad(
-                f"header field rows = {h.rows} x row shape {list(h.shape)} disagrees with "
-                f"values = {h.values}"
-            )
-        if h.shape is None and h.values and (h.rows == 0 or h.values % h.rows):  # version 1
-            raise bad(f"header field rows = {h.rows} does not divide values = {h.values}")
-        return
-    if itemsize != 4 or h.count_bytes not in (1, 2, 4):
-        raise bad(
-            f"header fields dtype = {h.dtype}, count_bytes = {h.count_bytes}: a ragged region "
-            "stores 4-byte values and 1, 2 or 4-byte row lengths"
-        )
-    if not 1 <= h.block_rows <= max(h.rows, BLOCK_ROWS):
-        # Bounds the index table below: ceil(rows / B) blocks of 8 + B * count_bytes bytes.
-        raise bad(
-            f"header field block_rows = {h.block_rows}, expected 1..max(rows = {h.rows}, "
-            f"{BLOCK_ROWS})"
-        )
-    expected = values_start(h.rows, h.count_bytes, h.block_rows) + 4 * h.values
-    if h.body_bytes != expected:
-        raise bad(
-            f"header field body_bytes = {h.body_bytes}, but rows = {h.rows} and values = "
-            f"{h.values} make {expected}"
-        )
-    if h.rows == 0 and h.values:
-        raise bad(f"header field values = {h.values} in a region of 0 rows")
 
 
 def _check_bytes(
