@@ -262,7 +262,7 @@ class PolicyScorer:
         cp = self.cp
         if canonical_index is None and cp.enabled:
             n = scores.logprobs.shape[0]
-            canonical_index = cp.rank * n + torch.arange(n)
+            canonical_index = cp.rank * n + torch.arange(n, device=scores.logprobs.device)
         valid = gather_rank_order(scores.valid_mask.to(torch.uint8), cp)
         if canonical_index is not None:
             order = gather_rank_order(canonical_index.to(torch.long), cp)
