@@ -21,9 +21,9 @@ Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
     -> [[2, 3]]
 
 State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*: the right count when the
-sampler runs in the trainer's loop or under ``StatefulDataLoader``, which snapshots it in step with
-what it hands out. A plain ``DataLoader`` with workers draws ahead, so save its state only through
-``StatefulDataLoader``.
+sampler runs in the trainer's loop. With workers the sampler draws ahead of the trainer, so
+:class:`~rollfeed.loaders.RolloutLoader` sends each micro batch with the sampler state right after
+it and saves the state of the last micro batch it handed out.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One resume check for every stateful object (sampler, DataLoader, StatefulDataLoader).
+"""One resume check for every stateful object (the sampler, the loader with and without workers).
 
 ``check_resume(make, passes=P, ks=...)``: a fresh object from ``make()`` run for ``P`` passes (one
 pass = one training step) is the reference stream. For each ``k``: a fresh object consumes ``k``
