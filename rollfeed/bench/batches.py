@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from rollfeed.collate import PlanConfig, Sample, attention_work, prepare_batch, rank_ranges
+from rollfeed.collate import PlanConfig, Sample, prepare_batch
+from rollfeed.collate.cp import attention_work, rank_ranges
 from rollfeed.payload import PayloadSegment, RaggedLayout
 
 SEQ_LEN, DP = 16384, 8

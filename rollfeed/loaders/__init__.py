@@ -2,7 +2,7 @@
 
 from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
-from rollfeed.loaders.dataset import STEP_STRIDE, RolloutDataset
+from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import (
     EmptyStepError,
     LoaderConfigError,
@@ -14,13 +14,10 @@ from rollfeed.loaders.errors import (
 )
 from rollfeed.loaders.loader import LoaderOptions, RolloutIterator, RolloutLoader
 from rollfeed.loaders.sampler import MicroBatchSampler
-from rollfeed.loaders.state import SamplerState
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
-from rollfeed.loaders.step_index import StepIndex, build_step_index, read_step_index
 from rollfeed.loaders.topology import Topology
 
 __all__ = [
-    "STEP_STRIDE",
     "EmptyStepError",
     "LoaderConfigError",
     "LoaderError",
@@ -32,15 +29,11 @@ __all__ = [
     "RolloutDataset",
     "RolloutIterator",
     "RolloutLoader",
-    "SamplerState",
     "StepFileError",
-    "StepIndex",
     "StepTimeoutError",
     "Topology",
     "build_dataloader",
-    "build_step_index",
     "read_step_file",
-    "read_step_index",
     "step_file_name",
     "write_step_file",
 ]

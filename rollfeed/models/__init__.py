@@ -26,24 +26,15 @@ from rollfeed.models.errors import (
     VocabularyRangeError,
 )
 from rollfeed.models.fused import fused_support_logprobs
-from rollfeed.models.packing_attention import (
-    PACKED_ATTENTION,
-    PackedLayout,
-    packed_layout,
-    register_packed_attention,
-)
 from rollfeed.models.policy import PolicyScorer
 from rollfeed.models.router_replay import RouterReplay, Routing
 from rollfeed.models.support import SupportScores, support_logprobs
-from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
 
 __all__ = [
-    "PACKED_ATTENTION",
     "CPGroup",
     "CPGroupError",
     "CPMismatchError",
     "ModelError",
-    "PackedLayout",
     "PackingError",
     "PolicyScorer",
     "RouterReplay",
@@ -57,10 +48,5 @@ __all__ = [
     "UnpackableAttentionError",
     "VocabularyRangeError",
     "fused_support_logprobs",
-    "gather_sequence",
-    "heads_to_seq",
-    "packed_layout",
-    "register_packed_attention",
-    "seq_to_heads",
     "support_logprobs",
 ]

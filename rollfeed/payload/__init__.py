@@ -23,7 +23,6 @@ from rollfeed.payload.errors import (
     UnknownFieldError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
-from rollfeed.payload.layout import ragged_bytes
 from rollfeed.payload.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
@@ -54,7 +53,6 @@ __all__ = [
     "UnknownFieldError",
     "clip_segments",
     "lookup_field",
-    "ragged_bytes",
     "read_field",
     "read_fields",
     "register_field",

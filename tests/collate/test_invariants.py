@@ -8,15 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import (
-    IGNORE_INDEX,
-    PlanConfig,
-    attention_work,
-    prepare_batch,
-    ranges_index,
-    rank_ranges,
-    to_tensor_micro_batch,
-)
+from rollfeed.collate import IGNORE_INDEX, PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate.cp import attention_work, ranges_index, rank_ranges
 from tests.collate.gen import inline_batch
 
 GRID = list(

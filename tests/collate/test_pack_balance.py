@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from rollfeed.collate import pack_ffd, partition_costs, sequence_cost
+from rollfeed.collate.balance import partition_costs, sequence_cost
+from rollfeed.collate.pack import pack_ffd
 
 
 def test_pack_worked_example():

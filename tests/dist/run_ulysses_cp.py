@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from rollfeed.models import CPGroup, gather_sequence, heads_to_seq, packed_layout, seq_to_heads
+from rollfeed.models import CPGroup
+from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
+from rollfeed.models.packing_attention import packed_layout
 from tests.dist.launch import run_rank
 from tests.models.tiny import tiny_qwen3
 

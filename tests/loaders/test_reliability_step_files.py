@@ -11,15 +11,9 @@ import numpy as np
 import pytest
 
 from rollfeed.collate import Sample
-from rollfeed.loaders import (
-    STEP_STRIDE,
-    RolloutDataset,
-    StepFileError,
-    read_step_file,
-    read_step_index,
-    write_step_file,
-)
-from rollfeed.loaders.step_index import index_path
+from rollfeed.loaders import RolloutDataset, StepFileError, read_step_file, write_step_file
+from rollfeed.loaders.dataset import STEP_STRIDE
+from rollfeed.loaders.step_index import index_path, read_step_index
 
 N = 6
 

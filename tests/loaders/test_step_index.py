@@ -12,19 +12,22 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
-    STEP_STRIDE,
     LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
     StepFileError,
     Topology,
     build_dataloader,
-    build_step_index,
     read_step_file,
-    read_step_index,
     write_step_file,
 )
-from rollfeed.loaders.step_index import index_path, write_step_index
+from rollfeed.loaders.dataset import STEP_STRIDE
+from rollfeed.loaders.step_index import (
+    build_step_index,
+    index_path,
+    read_step_index,
+    write_step_index,
+)
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
 
 N = 21

@@ -6,17 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rollfeed.models import (
-    CPGroup,
-    CPGroupError,
-    PackingError,
-    UlyssesShapeError,
-    gather_sequence,
-    heads_to_seq,
-    packed_layout,
-    seq_to_heads,
-)
-from rollfeed.models.packing_attention import segment_ids_from_positions
+from rollfeed.models import CPGroup, CPGroupError, PackingError, UlyssesShapeError
+from rollfeed.models.packing_attention import packed_layout, segment_ids_from_positions
+from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
 from tests.models.tiny import VOCAB, tiny_qwen3
 
 TOL = 1e-12  # float64: packed and per-sample runs differ only by summation order

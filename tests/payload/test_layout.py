@@ -1,8 +1,14 @@
 import numpy as np
 import pytest
 
-from rollfeed.payload import PayloadInputError, ragged_bytes
-from rollfeed.payload.layout import BLOCK_ROWS, decode_index, index_table, values_start
+from rollfeed.payload import PayloadInputError
+from rollfeed.payload.layout import (
+    BLOCK_ROWS,
+    decode_index,
+    index_table,
+    ragged_bytes,
+    values_start,
+)
 
 
 def fill_table(bodies, lo, hi, rows, values, *, count_bytes, block_rows):

@@ -1,0 +1,53 @@
+"""The public API is small on purpose and changes only by decision: each package's ``__all__`` is
+written out here, every name in it is importable, and the package namespace exposes nothing else
+(submodules aside). Changing a line here is changing the contract: record why in the docs."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadHeaderError
+    PayloadIOError PayloadIndexError PayloadInputError PayloadMissingFileError PayloadPathError
+    PayloadRegionError
+    PayloadSegmentError PayloadStaleFileError PayloadTruncatedError PayloadWidthError
+    UnknownFieldError"""
+PUBLIC = {
+    "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
+        RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
+        FieldRead {ERRORS_PAYLOAD}""",
+    "rollfeed.collate": """Sample PlanConfig prepare_batch plan_lengths place_micro_batch BatchPlan
+        MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
+        BatchConfigError DuplicateFieldError OverlongError SampleDtypeError SampleLengthError
+        SampleValueError SegmentRangeError""",
+    "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
+        build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file
+        write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
+        EmptyStepError PlanMismatchError StepFileError StepTimeoutError""",
+    "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
+        RouterReplay Routing ModelError SupportInputError SupportLabelError VocabularyRangeError
+        TemperatureError PackingError UnpackableAttentionError RoutingReplayError
+        UlyssesShapeError CPGroupError CPMismatchError""",
+    "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine
+        capture_request_output capture_completion CapturedCompletion SupportCapture LogprobRows
+        logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts
+        routed_dtype Turn assemble_turns CaptureError CaptureModeError RoutingShapeError
+        SamplingSettingsError SupportBoundError SupportMembershipError TurnGapError
+        TurnRangeError""",
+}
+
+
+@pytest.mark.parametrize("package", sorted(PUBLIC))
+def test_each_package_exports_exactly_its_frozen_public_names(package):
+    module = importlib.import_module(package)
+    assert sorted(module.__all__) == sorted(PUBLIC[package].split())
+    exposed = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+    assert exposed == set(module.__all__), "names reachable from the package but not public"
+    for name in module.__all__:
+        assert getattr(module, name) is not None
