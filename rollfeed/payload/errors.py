@@ -16,6 +16,10 @@ class PayloadError(RollfeedError):
     PLACE = ("file", "field", "offset", "pos")
 
 
+class PayloadFieldError(PayloadError):
+    """A field definition or registration is invalid (fill, window, name, a second registration)."""
+
+
 class UnknownFieldError(PayloadError):
     """A field name that is not in the fields registry in use."""
 

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from rollfeed.payload.errors import UnknownFieldError
+from rollfeed.payload.errors import PayloadFieldError, UnknownFieldError
 
 Window = Literal["inputs", "labels", "sequence"]
 WINDOWS: tuple[Window, ...] = ("inputs", "labels", "sequence")
@@ -45,11 +45,17 @@ class PayloadField:
 
     def __post_init__(self) -> None:
         if isinstance(self.fill, bool) or not isinstance(self.fill, int | float):
-            raise ValueError(f"PayloadField fill must be an int or a float, got {self.fill!r}")
+            raise PayloadFieldError(
+                f"PayloadField fill must be an int or a float, got {self.fill!r}"
+            )
         if self.window not in WINDOWS:
-            raise ValueError(f"PayloadField window must be one of {WINDOWS}, got {self.window!r}")
+            raise PayloadFieldError(
+                f"PayloadField window must be one of {WINDOWS}, got {self.window!r}"
+            )
         if isinstance(self.fill, float) and math.isnan(self.fill):
-            raise ValueError("PayloadField fill must not be NaN (it would never compare equal)")
+            raise PayloadFieldError(
+                "PayloadField fill must not be NaN (it would never compare equal)"
+            )
 
     @property
     def is_int(self) -> bool:
@@ -78,10 +84,12 @@ def register_field(
     error, because segments already written would be read back differently.
     """
     if not name.isidentifier():
-        raise ValueError(f"payload field name must be an identifier, got {name!r}")
+        raise PayloadFieldError(f"payload field name must be an identifier, got {name!r}")
     old = fields.get(name)
     if old is not None and old != field:
-        raise ValueError(f"payload field {name!r} is already registered as {old}; got {field}")
+        raise PayloadFieldError(
+            f"payload field {name!r} is already registered as {old}; got {field}"
+        )
     fields[name] = field
     return field
 

@@ -90,7 +90,7 @@ def clip_segments(segments: Iterable[PayloadSegment], lo: int, hi: int) -> list[
     ``[lo, hi]``, so the field is still known to be present.
     """
     if hi < lo:
-        raise ValueError(f"clip_segments needs lo <= hi, got lo={lo}, hi={hi}")
+        raise PayloadSegmentError(f"clip_segments needs lo <= hi, got lo={lo}, hi={hi}")
     out = []
     for s in segments:
         a, b = max(s.pos, lo), min(s.end, hi)

@@ -183,7 +183,7 @@ class PayloadWriter:
         dtypes: Mapping[str, str] | None = None,
     ) -> None:
         if fsync not in ("always", "never"):
-            raise ValueError(f"fsync must be 'always' or 'never', got {fsync!r}")
+            raise PayloadInputError(f"fsync must be 'always' or 'never', got {fsync!r}")
         self.root = as_root(root)
         self.file = (
             os.path.join(group, f"{name or uuid.uuid4().hex}.rfp")
