@@ -20,7 +20,7 @@ from rollfeed.loaders.collator import share_as_one_storage
 from rollfeed.models import PolicyScorer, fused_support_logprobs, support_logprobs
 from rollfeed.models import tp as tp_module
 from tests.dist.policy_cases import make_samples, reference
-from tests.models.tiny import VOCAB, tiny_mixtral, tiny_qwen3, tiny_qwen3_moe
+from tests.models.tiny import VOCAB, tiny_config, tiny_mixtral, tiny_qwen3, tiny_qwen3_moe
 
 TOL = 1e-10
 
@@ -208,20 +208,9 @@ def test_support_logprobs_refuses_id_outside_the_vocabulary_under_tp(tp_group, m
 def _tiny(config_name: str, model_name: str, **overrides):
     import transformers
 
-    base = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    base.update(overrides)
     torch.manual_seed(0)
-    return getattr(transformers, model_name)(getattr(transformers, config_name)(**base))
+    config = getattr(transformers, config_name)(**tiny_config(**overrides))
+    return getattr(transformers, model_name)(config)
 
 
 _GATED_DELTANET = dict(

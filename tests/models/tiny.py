@@ -23,7 +23,7 @@ from rollfeed.models.packing_attention import register_packed_attention
 VOCAB = 128
 
 
-def _common(**overrides: object) -> dict[str, object]:
+def tiny_config(**overrides: object) -> dict[str, object]:
     base: dict[str, object] = dict(
         vocab_size=VOCAB,
         hidden_size=64,
@@ -49,12 +49,12 @@ def _finish(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 
 def tiny_qwen3(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides: object):
     torch.manual_seed(seed)
-    return _finish(Qwen3ForCausalLM(Qwen3Config(**_common(**overrides))), dtype)
+    return _finish(Qwen3ForCausalLM(Qwen3Config(**tiny_config(**overrides))), dtype)
 
 
 def tiny_qwen3_moe(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides: object):
     torch.manual_seed(seed)
-    cfg = _common(
+    cfg = tiny_config(
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True
     )
     cfg.update(overrides)
@@ -70,7 +70,7 @@ def tiny_qwen3_moe(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overr
 
 def tiny_mixtral(*, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides: object):
     torch.manual_seed(seed)
-    cfg = _common(num_local_experts=4, num_experts_per_tok=2)
+    cfg = tiny_config(num_local_experts=4, num_experts_per_tok=2)
     cfg.update(overrides)
     model = MixtralForCausalLM(MixtralConfig(**cfg))
     with torch.no_grad():
