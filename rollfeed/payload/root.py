@@ -41,7 +41,7 @@ from rollfeed.payload.errors import (
 )
 from rollfeed.payload.layout import FILE_HEADER, parse_file_header
 from rollfeed.payload.lease import Lease
-from rollfeed.payload.safe_open import _DIR_FLAGS, _open_component, handle_parts, open_beneath
+from rollfeed.payload.safe_open import open_beneath, open_parent_beneath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -173,20 +173,6 @@ class PayloadRoot:
             state = self._state = _ProcessState()  # after fork: the parent's fds are not ours
         return state
 
-    def resolve(self, rel: str) -> str:
-        """Absolute path of handle ``rel``, refusing anything that leaves the root as it is now.
-
-        For callers that need a path; reads never use it (a path checked now can be swapped
-        later), they open with :func:`~rollfeed.payload.safe_open.open_beneath`.
-        """
-        handle_parts(self.path, rel)
-        full = os.path.join(self.path, rel)
-        if not os.path.realpath(full).startswith(os.path.realpath(self.path) + os.sep):
-            raise PayloadPathError(
-                f"payload handle resolves outside the root {self.path} (symlink?)", file=rel
-            )
-        return full
-
     def _open(self, rel: str) -> _Entry:
         """A fresh, uncached entry for ``rel``, after the bounded retry for a missing file."""
         for attempt in range(self.retries + 1):
@@ -307,18 +293,10 @@ class PayloadRoot:
         a missing group is :class:`PayloadMissingFileError`, a symlink or a non-directory
         :class:`PayloadPathError`.
         """
-        parts = handle_parts(self.path, group)
+        parent, name = open_parent_beneath(self.path, group)
         try:
-            parent = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as err:
-            raise PayloadMissingFileError(f"payload root {self.path}: {err}", file=group) from None
-        try:
-            for part in parts[:-1]:
-                nfd = _open_component(part, _DIR_FLAGS, parent, self.path, group)
-                os.close(parent)
-                parent = nfd
             try:
-                mode = os.lstat(parts[-1], dir_fd=parent).st_mode
+                mode = os.lstat(name, dir_fd=parent).st_mode
             except FileNotFoundError:
                 raise PayloadMissingFileError(
                     f"payload group not found under {self.path}; nothing to prune", file=group
@@ -330,7 +308,7 @@ class PayloadRoot:
                     file=group,
                 )
             try:
-                shutil.rmtree(parts[-1], dir_fd=parent)
+                shutil.rmtree(name, dir_fd=parent)
             except OSError as err:
                 raise PayloadIOError(f"pruning the group: {err}", file=group) from None
         finally:

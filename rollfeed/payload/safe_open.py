@@ -17,6 +17,7 @@ Worked example (root ``/r`` with ``step_1/w0.rfp`` and a symlink ``step_1/evil -
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -44,12 +45,11 @@ def handle_parts(root: str, rel: str) -> list[str]:
     return parts
 
 
-def open_beneath(root: str, rel: str) -> int:
-    """A read-only descriptor of the regular file ``rel`` under directory ``root``.
+def open_parent_beneath(root: str, rel: str, *, make: bool = False) -> tuple[int, str]:
+    """``(descriptor of the directory holding rel's last component, that component)``.
 
-    Raises :class:`PayloadMissingFileError` when a component does not exist (callers may retry)
-    and :class:`PayloadPathError` for a symlink, a non-regular file (FIFO, device, directory) or
-    any other refusal, naming the handle and the reason.
+    Each directory on the way is opened relative to its parent with ``O_NOFOLLOW``; ``make``
+    creates missing ones (a writer's group). The caller closes the descriptor.
     """
     parts = handle_parts(root, rel)
     try:
@@ -61,10 +61,28 @@ def open_beneath(root: str, rel: str) -> int:
         raise PayloadPathError(reason, file=rel) from None
     try:
         for part in parts[:-1]:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=dfd)
             nfd = _open_component(part, _DIR_FLAGS, dfd, root, rel)
             os.close(dfd)
             dfd = nfd
-        fd = _open_component(parts[-1], _FILE_FLAGS, dfd, root, rel)
+    except BaseException:
+        os.close(dfd)
+        raise
+    return dfd, parts[-1]
+
+
+def open_beneath(root: str, rel: str) -> int:
+    """A read-only descriptor of the regular file ``rel`` under directory ``root``.
+
+    Raises :class:`PayloadMissingFileError` when a component does not exist (callers may retry)
+    and :class:`PayloadPathError` for a symlink, a non-regular file (FIFO, device, directory) or
+    any other refusal, naming the handle and the reason.
+    """
+    dfd, name = open_parent_beneath(root, rel)
+    try:
+        fd = _open_component(name, _FILE_FLAGS, dfd, root, rel)
     finally:
         os.close(dfd)
     mode = os.fstat(fd).st_mode

@@ -63,7 +63,7 @@ from rollfeed.payload.layout import (
     values_start,
 )
 from rollfeed.payload.root import PayloadRoot, as_root
-from rollfeed.payload.safe_open import _DIR_FLAGS, _open_component, handle_parts
+from rollfeed.payload.safe_open import handle_parts, open_parent_beneath
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
 
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
@@ -112,21 +112,14 @@ def _stored_dtypes(dtypes: Mapping[str, str], fields: Mapping[str, PayloadField]
 
 def _create_beneath(root: str, rel: str) -> int:
     """A new file ``rel`` under ``root`` (parents made as needed), reached through no symlink."""
-    parts = handle_parts(root, rel)
     try:
         os.makedirs(root, exist_ok=True)
-        dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as err:
-        raise PayloadIOError(f"cannot create the payload root {root}: {err}", file=rel) from None
+        dfd, name = open_parent_beneath(root, rel, make=True)
+    except OSError as err:  # makedirs, or a mkdir of the group (disk full, permissions)
+        raise PayloadIOError(f"cannot create {rel!r} under {root}: {err}", file=rel) from None
     try:
-        for part in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=dfd)
-            nfd = _open_component(part, _DIR_FLAGS, dfd, root, rel)
-            os.close(dfd)
-            dfd = nfd
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(parts[-1], flags, 0o644, dir_fd=dfd)
+        return os.open(name, flags, 0o644, dir_fd=dfd)
     except FileExistsError:
         # O_EXCL: a second writer (or a forked child) never appends to someone else's file.
         raise PayloadPathError(
