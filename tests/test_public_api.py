@@ -19,7 +19,7 @@ PUBLIC = {
         FieldRead {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig prepare_batch plan_lengths place_micro_batch BatchPlan
         MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
-        BatchConfigError DuplicateFieldError OverlongError SampleDtypeError SampleLengthError
+        BatchConfigError DuplicateFieldError MeshAxisError OverlongError SampleDtypeError SampleLengthError
         SampleValueError SegmentRangeError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file

@@ -43,3 +43,10 @@ class BatchConfigError(CollateError):
 class SampleValueError(CollateError):
     """A per-token value cannot be trained on: a NaN or infinite advantage or inference logprob,
     or a temperature that is not finite and > 0, on a loss-bearing token; a negative token id."""
+
+
+class MeshAxisError(RollfeedError):
+    """A ``DeviceMesh`` dimension name that is not in the axis table, or axes that are ambiguous
+    together (:mod:`rollfeed.collate.mesh_axes`)."""
+
+    PLACE = ("axis",)

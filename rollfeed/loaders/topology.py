@@ -1,16 +1,20 @@
 """Topology: where this rank sits in the parallel grid; only ``(dp_rank, dp_size)`` selects data.
 
-Three axes: ``dp`` (data parallel: selects the micro batches), ``cp`` (the one axis a packed row
-is split over: the planner pads for ``cp_size``, the loader reads rank ``cp_rank``'s windows, the
-scorer runs Ulysses over the ``cp`` group) and ``tp`` (tensor parallel: shares the data). Rank
-order when built from a flat rank (``from_rank``): ``dp`` outermost, then ``cp``, ``tp``
-innermost (the mesh order of torchtitan-style trainers, tensor parallel peers adjacent)::
+Four axes: ``dp`` (data parallel: selects the micro batches), ``cp`` (the one axis a packed row is
+split over: the planner pads for ``cp_size``, the loader reads rank ``cp_rank``'s windows, the
+scorer runs Ulysses over the ``cp`` group), ``tp`` (tensor parallel) and ``pp`` (pipeline
+parallel), which share the data. Rank order when built from a flat rank (``from_rank``): ``pp``
+outermost, then ``dp``, ``cp``, ``tp`` innermost (torchtitan's mesh order, tensor parallel peers
+adjacent)::
 
     world 8, cp_size 2, tp_size 2 -> rank = (dp * 2 + cp) * 2 + tp
     rank 5 -> Topology(dp_rank=1, dp_size=2, cp_rank=0, cp_size=2, tp_rank=1, tp_size=2)
 
+From a ``DeviceMesh`` (``from_mesh``) the axes are read by name through the table of
+:mod:`rollfeed.collate.mesh_axes` (``dp_replicate`` x ``dp_shard`` flatten into ``dp``, ...).
 The scorer's ``cp`` group takes the same coordinates:
-``CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)`` (``rollfeed.models``).
+``CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)`` or ``CPGroup.from_mesh(mesh)``
+(``rollfeed.models``).
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rollfeed.collate.mesh_axes import read_mesh
 from rollfeed.loaders.errors import LoaderConfigError
 
-_DIMS = ("dp", "cp", "tp")
+_DIMS = ("dp", "cp", "tp", "pp")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Topology:
-    """Ranks and sizes per parallel axis (``dp``, ``cp``, ``tp``); the ``cp`` and ``tp`` peers of
-    a DP rank get the same micro batches, each ``cp`` rank its own windows of them."""
+    """Ranks and sizes per parallel axis (``dp``, ``cp``, ``tp``, ``pp``); the ``cp``, ``tp`` and
+    ``pp`` peers of a DP rank get the same micro batches, each ``cp`` rank its own windows."""
 
     dp_rank: int
     dp_size: int
@@ -34,6 +39,8 @@ class Topology:
     cp_size: int = 1
     tp_rank: int = 0
     tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
 
     def __post_init__(self) -> None:
         for dim in _DIMS:
@@ -47,38 +54,43 @@ class Topology:
 
     @property
     def world_size(self) -> int:
-        return self.dp_size * self.cp_size * self.tp_size
+        return self.dp_size * self.cp_size * self.tp_size * self.pp_size
 
     @classmethod
     def from_rank(
-        cls, rank: int, world_size: int, *, cp_size: int = 1, tp_size: int = 1
+        cls, rank: int, world_size: int, *, cp_size: int = 1, tp_size: int = 1, pp_size: int = 1
     ) -> Topology:
-        """Split a flat rank (order dp, cp, tp; see module doc)."""
-        for name, size in (("cp_size", cp_size), ("tp_size", tp_size)):
+        """Split a flat rank (order pp, dp, cp, tp; see module doc)."""
+        sizes = (("cp_size", cp_size), ("tp_size", tp_size), ("pp_size", pp_size))
+        for name, size in sizes:
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise LoaderConfigError(f"{name} must be an int >= 1, got {size!r}")
-        inner = cp_size * tp_size
+        inner = cp_size * tp_size * pp_size
         if world_size % inner:
             raise LoaderConfigError(
-                f"world_size={world_size} is not a multiple of cp_size*tp_size={inner}; "
+                f"world_size={world_size} is not a multiple of cp_size*tp_size*pp_size={inner}; "
                 "choose sizes whose product divides the world size"
             )
         if not 0 <= rank < world_size:
             raise LoaderConfigError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        dp_size = world_size // inner
         tp, rest = rank % tp_size, rank // tp_size
-        cp, dp = rest % cp_size, rest // cp_size
+        cp, rest = rest % cp_size, rest // cp_size
+        dp, pp = rest % dp_size, rest // dp_size
         return cls(
             dp_rank=dp,
-            dp_size=world_size // inner,
+            dp_size=dp_size,
             cp_rank=cp,
             cp_size=cp_size,
             tp_rank=tp,
             tp_size=tp_size,
+            pp_rank=pp,
+            pp_size=pp_size,
         )
 
     @classmethod
     def from_process_group(
-        cls, *, cp_size: int = 1, tp_size: int = 1, group: Any = None
+        cls, *, cp_size: int = 1, tp_size: int = 1, pp_size: int = 1, group: Any = None
     ) -> Topology:
         """From an initialised ``torch.distributed`` group (e.g. under torchrun) and sizes."""
         import torch.distributed as dist
@@ -93,24 +105,29 @@ class Topology:
             dist.get_world_size(group),
             cp_size=cp_size,
             tp_size=tp_size,
+            pp_size=pp_size,
         )
 
     @classmethod
     def from_mesh(cls, mesh: Any) -> Topology:
-        """From a ``DeviceMesh`` whose dimension names include ``dp`` (and any of cp, tp).
+        """From a ``DeviceMesh`` with named dimensions, read through the axis table of
+        :mod:`rollfeed.collate.mesh_axes`: the data axes (``dp``, ``dp_replicate``, ``dp_shard``,
+        ``fsdp``, ``ddp``) flatten in mesh order into ``dp``; ``cp``, ``tp``, ``pp`` are read as
+        they are; an axis the mesh lacks has size 1. Unknown or ambiguous names, and ``ep`` as a
+        dimension of its own, raise :class:`~rollfeed.collate.MeshAxisError` naming the axis::
 
-        A dimension the mesh lacks has size 1; names other than these three are not allowed,
-        since a rank of an unknown dimension may or may not need its own data.
+            names = ("dp_replicate", "dp_shard", "cp")
+            mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=names)
+            Topology.from_mesh(mesh)   # rank 5 -> dp_rank=2, dp_size=4, cp_rank=1, cp_size=2
         """
-        names = tuple(mesh.mesh_dim_names or ())
-        unknown = [n for n in names if n not in _DIMS]
-        if "dp" not in names or unknown:
-            raise LoaderConfigError(
-                f"mesh dimension names {names} must include 'dp' and only use {_DIMS}; "
-                "flatten other dimensions into one of these"
-            )
-        kw: dict[str, int] = {}
-        for dim in names:
-            kw[f"{dim}_rank"] = mesh.get_local_rank(dim)
-            kw[f"{dim}_size"] = mesh.size(names.index(dim))
-        return cls(**kw)
+        c = read_mesh(mesh)
+        return cls(
+            dp_rank=c.dp_rank,
+            dp_size=c.dp_size,
+            cp_rank=c.cp_rank,
+            cp_size=c.cp_size,
+            tp_rank=c.tp_rank,
+            tp_size=c.tp_size,
+            pp_rank=c.pp_rank,
+            pp_size=c.pp_size,
+        )

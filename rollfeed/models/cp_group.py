@@ -8,6 +8,8 @@ same ranks; one value names them for the scorer::
     cp = CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)
     scorer = PolicyScorer(model, cp=cp)
 
+or from the trainer's ``DeviceMesh``: ``CPGroup.from_mesh(mesh)`` (``PolicyScorer.from_mesh``).
+
 ``cp_pg`` is the process group of this rank's ``cp`` peers (``mesh.get_group("cp")``, or one
 ``dist.new_group`` per DP x TP coordinate). On an initialised ``torch.distributed`` the given rank
 and size are checked against the group's own, so a group built in another rank order than the
@@ -17,9 +19,11 @@ topology is refused here rather than scoring another rank's tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
+from rollfeed.collate.mesh_axes import read_mesh
 from rollfeed.models.errors import CPGroupError
 
 
@@ -59,6 +63,16 @@ class CPGroup:
                     "the same rank order as the Topology (dp, cp, tp; tp innermost) or from the "
                     "DeviceMesh the Topology was read from"
                 )
+
+    @classmethod
+    def from_mesh(cls, mesh: Any) -> CPGroup:
+        """The ``cp`` dimension of a named ``DeviceMesh`` (read through the axis table of
+        :mod:`rollfeed.collate.mesh_axes`, as ``Topology.from_mesh`` reads it); ``CPGroup()`` when
+        the mesh has no ``cp`` dimension."""
+        coords = read_mesh(mesh)
+        if coords.cp_size == 1:
+            return cls()
+        return cls(group=mesh.get_group("cp"), rank=coords.cp_rank, size=coords.cp_size)
 
     @property
     def enabled(self) -> bool:

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from rollfeed.collate.errors import MeshAxisError
 from rollfeed.loaders import LoaderConfigError, Topology
 
 
@@ -23,6 +24,17 @@ def test_from_rank_covers_grid_once_tp_innermost():
     )
 
 
+def test_from_rank_puts_pp_outermost():
+    world, pp, cp, tp = 24, 2, 2, 2
+    seen = set()
+    for rank in range(world):
+        t = Topology.from_rank(rank, world, cp_size=cp, tp_size=tp, pp_size=pp)
+        assert t.dp_size == 3 and t.world_size == world
+        assert rank == ((t.pp_rank * 3 + t.dp_rank) * cp + t.cp_rank) * tp + t.tp_rank
+        seen.add((t.pp_rank, t.dp_rank, t.cp_rank, t.tp_rank))
+    assert len(seen) == world
+
+
 def test_rejects_bad_sizes_and_ranks():
     with pytest.raises(LoaderConfigError, match="cp_rank"):
         Topology(dp_rank=0, dp_size=1, cp_rank=2, cp_size=2)
@@ -38,25 +50,31 @@ def test_the_sequence_axis_is_cp_only():
         Topology(dp_rank=0, dp_size=1, sp_rank=0, sp_size=2)
     with pytest.raises(TypeError, match="sp_size"):
         Topology.from_rank(0, 4, sp_size=2)
-    with pytest.raises(LoaderConfigError, match="'sp'"):
+    with pytest.raises(MeshAxisError, match="'sp'") as err:
         Topology.from_mesh(_Mesh(("dp", "sp"), (2, 2), (0, 1)))
+    assert err.value.axis == "sp"
     with pytest.raises(LoaderConfigError, match="not initialised"):
         Topology.from_process_group(cp_size=2)
 
 
-class _Mesh:  # the DeviceMesh methods from_mesh uses
+class _Mesh:  # the DeviceMesh attributes read_mesh uses (real meshes: tests/dist/)
     def __init__(self, names, shape, coord):
         self.mesh_dim_names, self._shape, self._coord = names, shape, coord
+        self.ndim = len(shape)
 
     def size(self, dim):
         return self._shape[dim]
 
-    def get_local_rank(self, name):
-        return self._coord[self.mesh_dim_names.index(name)]
+    def get_local_rank(self, dim):
+        return self._coord[dim]
 
 
-def test_from_mesh():
+def test_from_mesh_reads_the_axis_table():
     t = Topology.from_mesh(_Mesh(("dp", "cp", "tp"), (3, 2, 2), (2, 1, 0)))
     assert t == Topology(dp_rank=2, dp_size=3, cp_rank=1, cp_size=2, tp_rank=0, tp_size=2)
-    with pytest.raises(LoaderConfigError, match="'dp'"):
-        Topology.from_mesh(_Mesh(("pp", "dp"), (2, 2), (0, 0)))
+    names = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+    t = Topology.from_mesh(_Mesh(names, (2, 2, 3, 2, 1), (1, 1, 2, 0, 0)))
+    assert t == Topology(dp_rank=5, dp_size=6, cp_rank=0, cp_size=2, pp_rank=1, pp_size=2)
+    with pytest.raises(MeshAxisError, match="'ep' is a dimension") as err:
+        Topology.from_mesh(_Mesh(("dp", "ep"), (2, 2), (0, 0)))
+    assert err.value.axis == "ep"
