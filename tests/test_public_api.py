@@ -26,7 +26,7 @@ PUBLIC = {
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
         EmptyStepError PlanMismatchError StepFileError StepTimeoutError""",
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
-        RouterReplay Routing ModelError SupportInputError SupportLabelError VocabularyRangeError
+        RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError VocabularyRangeError
         TemperatureError PackingError UnpackableAttentionError RoutingReplayError
         UlyssesShapeError CPGroupError CPMismatchError""",
     "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine

@@ -15,6 +15,7 @@ from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
     CPGroupError,
     CPMismatchError,
+    LMHeadError,
     ModelError,
     PackingError,
     RoutingReplayError,
@@ -34,6 +35,7 @@ __all__ = [
     "CPGroup",
     "CPGroupError",
     "CPMismatchError",
+    "LMHeadError",
     "ModelError",
     "PackingError",
     "PolicyScorer",

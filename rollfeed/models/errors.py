@@ -79,3 +79,8 @@ class UnpackableAttentionError(PackingError):
 
 class RoutingReplayError(ModelError):
     """Recorded routing that does not fit the model (shape, expert id range, coverage)."""
+
+
+class LMHeadError(ModelError):
+    """An LM head the scorer cannot replace exactly: a bias, logits transformed after the head, a
+    head weight sharded other than on the vocabulary, or a forward that does not call the head."""

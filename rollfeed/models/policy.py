@@ -1,10 +1,12 @@
 """PolicyScorer: score a micro batch with an HF causal LM over the recorded sampling support.
 
-One call runs the forward on this rank's tokens (packed block-causal attention, the Ulysses
-all-to-all inside attention when the row is split over a ``cp`` group, router replay when routing
-is given), scores the labels window with :func:`fused_support_logprobs` straight from the last
-hidden states (no ``[N, V]`` logits), and gathers the per-token results into canonical coordinates
-of the whole row, as one :class:`~rollfeed.models.SupportScores`.
+One call runs the model's own forward on this rank's tokens (packed block-causal attention, the
+Ulysses all-to-all inside attention when the row is split over a ``cp`` group, router replay when
+routing is given) with the LM head's forward swapped, for the call, for
+:func:`fused_support_logprobs` (:mod:`rollfeed.models.support_head`): FSDP2 and DTensor hooks fire
+as in training, a DTensor head sharded on the vocabulary is scored vocabulary-parallel, and no
+``[N, V]`` logits exist. The per-token results are gathered into canonical coordinates of the
+whole row, as one :class:`~rollfeed.models.SupportScores`.
 
 Coordinates, for ``S = 6``, ``cp = 2``, contiguous shards (``rollfeed.collate.TensorMicroBatch``)::
 
@@ -18,7 +20,7 @@ rank and sum parameter gradients over the ``cp`` group (as a data-parallel all-r
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,12 +33,14 @@ from rollfeed.models.errors import (
     TemperatureError,
     VocabularyRangeError,
 )
-from rollfeed.models.fused import DEFAULT_CHUNK_SIZE, fused_support_logprobs
+from rollfeed.models.fused import DEFAULT_CHUNK_SIZE
+from rollfeed.models.head_shard import head_vocab_size
 from rollfeed.models.packing_attention import packed_layout, register_packed_attention
 from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.support import SupportScores, support_logprobs
-from rollfeed.models.tp import ProcessGroup, full_vocab_size
+from rollfeed.models.support_head import HeadCall, check_head, support_head
+from rollfeed.models.tp import ProcessGroup
 from rollfeed.models.ulysses import gather_rank_order, gather_sequence
 
 if TYPE_CHECKING:
@@ -48,19 +52,25 @@ logger = logging.getLogger(__name__)
 class PolicyScorer:
     """Wraps an HF causal LM (``...ForCausalLM``) for support-conditioned scoring.
 
-    ``cp``: this rank's :class:`~rollfeed.models.CPGroup`, the ranks a packed row is split over
-    (``CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)``; default: none, the whole row
-    is local); attention runs Ulysses over it. ``tp_group`` /
-    ``vocab_start``: a vocabulary-parallel LM head whose local weight holds rows
-    ``[vocab_start, vocab_start + V_local)`` (the body is not split here). ``replay_weights``:
+    The model may be plain, sharded with FSDP2 (``fully_shard``) and/or tensor-parallel with
+    DTensor (``parallelize_module``): scoring runs its own forward. ``cp``: this rank's
+    :class:`~rollfeed.models.CPGroup`, the ranks a packed row is split over
+    (``CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)``, or :meth:`from_mesh`;
+    default: none, the whole row is local); attention runs Ulysses over it. A DTensor LM-head
+    weight placed ``Shard(0)`` is scored vocabulary-parallel over its mesh, ``Replicate()`` as
+    unsharded (:mod:`rollfeed.models.head_shard`). ``tp_group`` / ``vocab_start``: a plain-tensor
+    vocabulary shard (Megatron-style heads) whose local weight holds rows
+    ``[vocab_start, vocab_start + V_local)``. ``replay_weights``:
     replay recorded routing weights too, when the micro batch carries them. Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`).
 
     Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
     feature, a model whose attention packing cannot reproduce exactly (linear attention, sinks,
-    chunked attention, ...: :mod:`rollfeed.models.packing_support`). ``vocab_size`` is the full
-    vocabulary, found once here (under TP: one all-reduce of the shards' widths over
-    ``tp_group``, so every TP rank constructs its scorer at the same point).
+    chunked attention, ...: :mod:`rollfeed.models.packing_support`), and with
+    :class:`~rollfeed.models.LMHeadError` a head the scorer cannot replace exactly (a bias, logits
+    transformed after the head). ``vocab_size`` is the full vocabulary, found once here (a DTensor
+    head's global shape; a plain shard under ``tp_group``: one all-reduce of the shards' widths,
+    so every TP rank constructs its scorer at the same point).
     """
 
     def __init__(
@@ -85,12 +95,22 @@ class PolicyScorer:
         self.tp_group = tp_group
         self.vocab_start = vocab_start
         check_packable(model)
-        weight = model.get_output_embeddings().weight
-        self.vocab_size = full_vocab_size(weight.shape[0], tp_group, weight.device)
+        self.head = check_head(model)
+        self.vocab_size = head_vocab_size(
+            self.head.weight, tp_group=tp_group, vocab_start=vocab_start
+        )
         model.set_attn_implementation(register_packed_attention())
         self.replay = (
             RouterReplay(model, replay_weights=replay_weights) if find_routers(model) else None
         )
+
+    @classmethod
+    def from_mesh(cls, model: nn.Module, mesh: Any, **options: Any) -> PolicyScorer:
+        """A scorer whose ``cp`` group is the ``cp`` dimension of the trainer's named
+        ``DeviceMesh`` (:meth:`CPGroup.from_mesh`, the axis table of
+        :mod:`rollfeed.collate.mesh_axes`); ``options`` as in the constructor. A tensor-parallel
+        head is read from its DTensor weight, so ``tp`` needs nothing here."""
+        return cls(model, cp=CPGroup.from_mesh(mesh), **options)
 
     def score_tokens(
         self,
@@ -128,33 +148,33 @@ class PolicyScorer:
             metrics.update(self.replay.set(routing))
         elif self.replay is not None:
             self.replay.clear()  # a routing left set for a checkpointed backward is stale now
-        try:
-            hidden = self.model.base_model(
-                input_ids=input_ids.reshape(1, -1),
-                position_ids=position_ids.reshape(1, -1),
-                packing=layout,
-            ).last_hidden_state[0]
-        finally:
-            # With activation checkpointing the backward recomputes the forward and must replay
-            # again; the routing then stays set until the next call.
-            if routing is not None and not _checkpointing(self.model):
-                self.replay.clear()
-        weight = self.model.get_output_embeddings().weight
-        scores = fused_support_logprobs(
-            hidden,
-            weight,
-            _safe_labels(labels, support, fallback_mask),
-            support,
-            chunk_size=self.chunk_size,
+        call = HeadCall(
+            labels=_safe_labels(labels, support, fallback_mask),
+            support=support,
             temperature=temperature,
+            fallback_mask=fallback_mask,
+            chunk_size=self.chunk_size,
             compute_entropy=self.compute_entropy,
             entropy_requires_grad=self.entropy_requires_grad,
-            fallback_mask=fallback_mask,
             missing_label=self.missing_label,
             tp_group=self.tp_group,
             vocab_start=self.vocab_start,
             vocab_size=self.vocab_size,
         )
+        try:
+            with support_head(self.head, call) as read:
+                out = self.model(
+                    input_ids=input_ids.reshape(1, -1),
+                    position_ids=position_ids.reshape(1, -1),
+                    packing=layout,
+                    use_cache=False,
+                )
+                scores = read(out.logits)
+        finally:
+            # With activation checkpointing the backward recomputes the forward and must replay
+            # again; the routing then stays set until the next call.
+            if routing is not None and not _checkpointing(self.model):
+                self.replay.clear()
         metrics.update(scores.metrics)
         return self._gather(scores, canonical_index, metrics)
 
@@ -180,12 +200,30 @@ class PolicyScorer:
         self._check_recorded(mb)
         support = mb.fields.get("sampling_mask")
         if support is None:
-            support = torch.full((mb.input_ids.numel(), 1), -1, dtype=torch.int32)
+            n = mb.input_ids.numel()
+            support = torch.full((n, 1), -1, dtype=torch.int32, device=mb.input_ids.device)
         routing = None
         if "routed_experts" in mb.fields:
+            # Replay what was recorded: the rows the read found (coverage), never guessed.
+            covered = mb.coverage.get("routed_experts")
+            if covered is None:
+                raise RoutingReplayError(
+                    "the micro batch carries routed_experts without its coverage; build it with "
+                    "to_tensor_micro_batch or give coverage['routed_experts'] ([N] bool)",
+                    tensor="routed_experts",
+                )
+            weights = mb.fields.get("routed_expert_weights")
+            if weights is not None and self.replay is not None and self.replay.replay_weights:
+                covered = covered & mb.coverage["routed_expert_weights"]
+            routing = Routing(experts=mb.fields["routed_experts"], covered=covered, weights=weights)
+        elif mb.is_dummy and self.replay is not None:
+            # No recorded rows: every row keeps the model's routing and is counted as such.
+            shape = (mb.input_ids.numel(), self.replay.layers, self.replay.top_k)
+            device = mb.input_ids.device
             routing = Routing(
-                experts=mb.fields["routed_experts"],
-                weights=mb.fields.get("routed_expert_weights"),
+                experts=torch.zeros(shape, dtype=torch.uint8, device=device),
+                covered=torch.zeros(shape[0], dtype=torch.bool, device=device),
+                weights=torch.zeros(shape, dtype=torch.float32, device=device),
             )
         fallback = None
         if fallback_unsupported:
