@@ -207,7 +207,7 @@ def to_tensor_micro_batch(
         inference_logprobs=torch.from_numpy(logp[idx]),
         temperatures=torch.from_numpy(temp[idx]),
         positions=torch.from_numpy(idx),
-        seq_lens=torch.tensor([len(s) for s in mb.samples], dtype=torch.int32),
+        seq_lens=torch.from_numpy(np.array([len(s) for s in mb.samples], np.int32)),
         cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
         seq_len=S,
         cp_rank=cp_rank,

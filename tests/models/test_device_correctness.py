@@ -7,6 +7,8 @@ replay there on CPU inputs is a CPU check that nothing would land on the wrong d
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
@@ -31,9 +33,15 @@ def test_batch_path_scoring_and_backward_create_nothing_off_the_inputs_device():
     with torch.device("meta"):
         plan = prepare_batch(samples, PlanConfig(seq_len=32, pad_to_multiple_of=8), dp_size=1)
         tmb = to_tensor_micro_batch(plan[0][0], cp_rank=0)
+        built = [v for v in vars_of(tmb) if isinstance(v, torch.Tensor)]
         scores = scorer.score(tmb, fallback_unsupported=True)
         (scores.logprobs.sum() + scores.entropy.sum()).backward()
     _check_on_cpu(scores, model)
+    assert all(t.device.type == "cpu" for t in built)  # the batch path builds host tensors
+
+
+def vars_of(tmb):
+    return [getattr(tmb, f.name) for f in dataclasses.fields(tmb)] + list(tmb.fields.values())
 
 
 def test_router_replay_creates_nothing_off_the_inputs_device():
