@@ -8,8 +8,10 @@ see :mod:`rollfeed.collate.tensor_batch`).
 
 Payload fields (names from the fields registry) come inline or by handle, never both:
 
-- ``fields[name]``: fixed width ``[T, *shape]`` (every position has a row: put the field's fill
-  where there is no data) or ragged ``(counts[T], values[sum(counts)])`` (count 0 = no row);
+- ``fields[name]``: fixed width ``[R, *shape]``, ``R <= T``: rows for positions ``0 .. R - 1``,
+  the positions after them have no row (they read as fill and are not covered, e.g. routing
+  ``[T - 1, L, K]``: the final sampled token is never forwarded), or ragged
+  ``(counts[T], values[sum(counts)])`` (count 0 = no row);
 - ``payload``: :class:`~rollfeed.payload.PayloadSegment` records with positions in ``[0, T]``
   (a zero-row placeholder may sit at ``pos == T``).
 
@@ -424,9 +426,10 @@ def _field(name: str, data: Any, T: int, uid: str | None) -> FieldData:
             )
         return counts, np.ascontiguousarray(values)
     arr = _array(name, data, uid)
-    if arr.ndim < 1 or arr.shape[0] != T or 0 in arr.shape:
+    if arr.ndim < 1 or arr.shape[0] > T or 0 in arr.shape:
         raise SampleLengthError(
-            f"fixed-width field has shape {arr.shape}, needs [T={T}, ...] with no empty dimension",
+            f"fixed-width field has shape {arr.shape}, needs [R <= T={T}, ...] rows with no empty "
+            "dimension",
             sample=uid,
             field=name,
         )

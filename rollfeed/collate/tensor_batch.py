@@ -31,8 +31,16 @@ fields at ``1 .. S``), for models that shard inside the forward. Fixed-width fie
 ``[n, *shape]`` at their stored dtype (routing ids stay ``uint8``); ragged fields are ``[n, W]``
 ``int32``/``float32`` padded with the field's fill, ``W`` the same on every CP rank.
 
+``coverage`` holds, for every fixed-width ``inputs``-window field (routing ids and weights), a
+bool ``[n]`` that is True on the rows that came from recorded data and False on fill (padding, a
+position no record or inline row covers), the same by handle and inline: router replay replays
+covered rows only and keeps the model's own routing elsewhere. Example: samples ``[5, 6, 7]``
+(routing recorded for its first two tokens only) and ``[8, 9]`` (routing for both), cp 1 ->
+``coverage["routed_experts"] = [1, 1, 0, 1, 1, 0]``.
+
 A dummy micro batch (a DP rank that came up short) has ``num_samples == 0``, all-padding tokens,
-``loss_mask`` all False and ``fields == {}``: no payload is read for it.
+``loss_mask`` all False and ``fields == coverage == {}``: no payload is read for it, it has no
+recorded rows.
 
 ``checks`` holds what the collator found on the CPU while building it (largest and smallest token
 id, the first invalid temperature of a scored row: :mod:`rollfeed.collate.token_checks`), as plain
@@ -62,6 +70,7 @@ class TensorMicroBatch:
     seq_lens: ``[num_samples]`` int32, real tokens per sample of the whole row.
     cu_seqlens: ``[num_slots + 1]`` int32, slot boundaries of the whole row (0 .. seq_len).
     fields: field name -> tensor over the field's window (see module doc).
+    coverage: fixed-width ``inputs`` field name -> ``[n]`` bool, recorded rows (see module doc).
     checks: plain-Python facts recorded on the CPU (see module doc), or None.
     """
 
@@ -81,6 +90,7 @@ class TensorMicroBatch:
     cp_layout: str
     fields: dict[str, torch.Tensor] = field(default_factory=dict)
     fields_whole: bool = False
+    coverage: dict[str, torch.Tensor] = field(default_factory=dict)
     checks: TokenChecks | None = None
 
     @property
@@ -93,9 +103,14 @@ class TensorMicroBatch:
         return self.num_samples == 0
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor: the dataclass fields in declaration order, then ``fields`` in order."""
+        """Every tensor: the dataclass fields in declaration order, then ``fields`` and
+        ``coverage`` in order."""
         top = [getattr(self, f.name) for f in dataclasses.fields(self)]
-        return [t for t in top if isinstance(t, torch.Tensor)] + list(self.fields.values())
+        return [
+            *(t for t in top if isinstance(t, torch.Tensor)),
+            *self.fields.values(),
+            *self.coverage.values(),
+        ]
 
     def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TensorMicroBatch:
         """A copy with ``fn`` applied to every tensor, in :meth:`tensors` order."""
@@ -104,7 +119,12 @@ class TensorMicroBatch:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return dataclasses.replace(self, **top, fields={k: fn(v) for k, v in self.fields.items()})
+        return dataclasses.replace(
+            self,
+            **top,
+            fields={k: fn(v) for k, v in self.fields.items()},
+            coverage={k: fn(v) for k, v in self.coverage.items()},
+        )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TensorMicroBatch:
         return self.apply(lambda t: t.to(device, non_blocking=non_blocking))

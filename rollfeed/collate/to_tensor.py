@@ -14,6 +14,9 @@ cut from inline arrays with the same rules, so the two give bitwise equal tensor
 - fixed-width inline fields keep their dtype (the writer stores the smallest integer dtype that
   holds values and fill, e.g. uint8 routing ids: give inline arrays that dtype to match).
 
+Fixed-width ``inputs``-window fields also get their coverage (``TensorMicroBatch.coverage``:
+which rows came from records or inline rows, which are fill), the same by handle and inline.
+
 Shapes and a worked example: :mod:`rollfeed.collate.tensor_batch`.
 """
 
@@ -133,6 +136,19 @@ def _field(mb, reads, name, spec, ranges, *, whole, width) -> torch.Tensor:
     return _merge(name, spec, handle, inline, owned[idx])
 
 
+def _coverage(mb, reads, name, spec, ranges, *, whole) -> torch.Tensor:
+    """``[n]`` bool over the field's window: a by-handle record's row or an inline row is there
+    (the read's :class:`~rollfeed.payload.FieldRead` coverage, or'ed with the inline rows)."""
+    idx = ranges_index(field_ranges(ranges, spec.window, mb.length, whole=whole))
+    owned = np.zeros(mb.length + 1, bool)
+    for _, at, data in _rows(mb, name, spec.window == "labels"):
+        owned[at : at + len(data)] = True
+    covered = torch.from_numpy(owned[idx])
+    if name in reads:
+        covered |= reads[name].coverage.to(torch.bool)
+    return covered
+
+
 def to_tensor_micro_batch(
     micro_batch: MicroBatch,
     *,
@@ -182,11 +198,13 @@ def to_tensor_micro_batch(
     reads = _read_handles(
         mb, segments, ranges, whole=whole_fields, root=root, width=width, fields=fields
     )
-    out = {}
+    out, coverage = {}, {}
     for name in names:
         t = _field(mb, reads, name, fields[name], ranges, whole=whole_fields, width=width)
         if t is not None:
             out[name] = t
+        if t is not None and not fields[name].ragged and fields[name].window == "inputs":
+            coverage[name] = _coverage(mb, reads, name, fields[name], ranges, whole=whole_fields)
     checks = token_checks(
         mb,
         idx,
@@ -215,5 +233,6 @@ def to_tensor_micro_batch(
         cp_layout=config.cp_layout,
         fields=out,
         fields_whole=whole_fields,
+        coverage=coverage,
         checks=checks,
     )

@@ -1,27 +1,27 @@
 """Router replay for HF MoE models: run the experts the sampler ran (rollout routing replay, R3).
 
 The sampler records, per token and MoE layer, the ``top_k`` expert ids it routed to
-(``routed_experts [N, L, K]``, small ints). In the trainer forward each router's own top-k is
-replaced by the recorded ids; the mixing weights are recomputed from the router's own logits over
-those ids and renormalised as the model's config says, so gradients still reach the router.
-Optionally the recorded weights (``routed_expert_weights [N, L, K]`` fp32) replace the mixing
-weights too ("total router recall"); then no mixing gradient reaches the router. Idea: Ma et al.,
-"Stabilizing MoE RL by aligning training and inference routers" (2025, arXiv:2510.11370).
+(``routed_experts [N, L, K]``, small ints). In the trainer forward each router's own choice is
+replaced by the recorded ids; the mixing weights are recomputed from the router's own dense scores
+over those ids by the family's formula (:mod:`rollfeed.models.router_families`), so gradients reach
+the router for every replayed id. Optionally the recorded weights (``routed_expert_weights
+[N, L, K]``) replace the mixing weights too ("total router recall"); then no mixing gradient
+reaches the router. Idea: Ma et al., "Stabilizing MoE RL by aligning training and inference
+routers" (2025, arXiv:2510.11370).
 
-Uncovered rows (positions the sampler never forwarded, e.g. the final sampled token or padding) are
-stored as fill (``0``), which would read as "expert 0": they keep the model's own routing instead.
-Coverage is given per row, or inferred: a real top-k row has ``K`` distinct ids in every layer, so a
-row whose ids repeat in every layer is fill (this needs ``K >= 2``).
+Which rows carry recorded routing is data: ``Routing.covered [N]``, the field's coverage from the
+read (``TensorMicroBatch.coverage``). Rows without it (positions the sampler never forwarded,
+padding, a dummy micro batch) keep the model's own routing and are counted; this holds for top-1
+routers too, where a fill row could not be told from expert 0.
 
-Example, K = 2, one layer, 4 experts, router probabilities of a token ``[.1, .2, .3, .4]``::
+Example, softmax family, K = 2, one layer, router probabilities of a token ``[.1, .2, .3, .4]``::
 
     own routing        ids [3, 2]  weights [.4/.7, .3/.7]   (norm_topk_prob)
     replayed ids [0, 3]            weights [.1/.5, .4/.5]   (router's own probs over those ids)
     replayed with recorded weights [0.25, 0.75]             (taken as given)
 
-The hook sits on the router module (``...TopKRouter``: softmax over experts, top-k, optional
-renormalisation) and rewrites its ``(logits, scores, indices)`` output, so the MoE block and its
-expert kernels run unchanged.
+The hook sits on the router module and rewrites its output, so the MoE block and its expert
+kernels run unchanged.
 """
 
 from __future__ import annotations
@@ -35,138 +35,130 @@ import torch
 from torch import nn
 
 from rollfeed.models.errors import RoutingReplayError
+from rollfeed.models.router_checks import check_routing, drift_guard
+from rollfeed.models.router_families import RouterFamily, describe_families, family_of
 
 logger = logging.getLogger(__name__)
-
-# Routers whose forward is softmax over all experts -> top-k -> optional renormalisation, returning
-# (router_logits, scores, indices). Others (sigmoid scores, bias-corrected top-k) need other rules.
-SOFTMAX_TOPK_ROUTERS = frozenset(
-    {
-        "MixtralTopKRouter",
-        "Qwen2MoeTopKRouter",
-        "Qwen3MoeTopKRouter",
-        "Qwen3VLMoeTextTopKRouter",
-        "Qwen3_5MoeTopKRouter",
-        "OlmoeTopKRouter",
-    }
-)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Routing:
     """Recorded routing of one forward's tokens (the ``inputs`` window of a micro batch).
 
-    ``experts [N, L, K]`` uint8/uint16/int ids; ``weights [N, L, K]`` float or None; ``covered [N]``
-    bool or None (inferred from repeated ids, see the module docstring).
+    ``experts [N, L, K]`` uint8/uint16/int ids; ``covered [N]`` bool, True on rows that carry
+    recorded routing (the rest keep the model's own); ``weights [N, L, K]`` float or None.
     """
 
     experts: torch.Tensor
+    covered: torch.Tensor
     weights: torch.Tensor | None = None
-    covered: torch.Tensor | None = None
 
 
-def find_routers(model: nn.Module) -> list[nn.Module]:
-    """The model's MoE routers in forward order (layer ``l`` of ``routed_experts`` is the l-th)."""
-    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
-    unknown = sorted({type(m).__name__ for m in routers} - SOFTMAX_TOPK_ROUTERS)
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RouterSite:
+    """One MoE router of a model: its module path, the module and its family."""
+
+    path: str
+    router: nn.Module
+    family: RouterFamily
+
+
+def _looks_like_router(name: str, module: nn.Module, parents: dict[str, nn.Module]) -> bool:
+    parent, _, attr = name.rpartition(".")
+    block = parents.get(parent)
+    return "Router" in type(module).__name__ or (
+        attr == "gate" and block is not None and hasattr(block, "experts")
+    )
+
+
+def find_routers(model: nn.Module) -> list[RouterSite]:
+    """The model's MoE routers in forward order (layer ``l`` of ``routed_experts`` is the l-th):
+    every module whose class name contains ``Router`` or that is the ``gate`` of a block with
+    ``experts``. One not in the family table raises, listing the table."""
+    modules = dict(model.named_modules())
+    sites, unknown = [], {}
+    for name, module in modules.items():
+        if not _looks_like_router(name, module, modules):
+            continue
+        family = family_of(module)
+        if family is None:
+            unknown.setdefault(type(module).__name__, name)
+        else:
+            sites.append(RouterSite(path=name, router=module, family=family))
     if unknown:
+        listed = ", ".join(f"{cls} ({path})" for cls, path in unknown.items())
         raise RoutingReplayError(
-            f"router replay supports softmax-top-k routers {sorted(SOFTMAX_TOPK_ROUTERS)}; "
-            f"this model has {unknown}"
+            f"router replay does not know the router family of {listed}; known families: "
+            f"{describe_families()}. Add a RouterFamily entry for it",
+            layer=next(iter(unknown.values())),
         )
-    return routers
-
-
-def infer_coverage(experts: torch.Tensor) -> torch.Tensor:
-    """``[N, L, K]`` ids -> ``[N]`` bool: a row is covered when its ids are distinct in every layer.
-
-    A row repeating ids in some layers but not in others is corrupt and raises.
-    Example (L=1, K=2): ``[[[3, 1]], [[0, 0]]]`` -> ``[True, False]``.
-    """
-    if experts.shape[-1] < 2:
-        raise RoutingReplayError(
-            "with top_k = 1 fill rows cannot be told from expert 0; pass Routing(covered=...)"
-        )
-    ids = experts.to(torch.long).sort(dim=-1).values
-    distinct = (ids.diff(dim=-1) != 0).all(dim=-1)  # [N, L]
-    covered = distinct.all(dim=-1)
-    mixed = distinct.any(dim=-1) & ~covered
-    if mixed.any():
-        rows = mixed.nonzero()[:, 0].tolist()
-        raise RoutingReplayError(
-            f"routed_experts rows {rows[:10]} repeat ids in some layers only (corrupt routing); "
-            "fill rows repeat them in every layer",
-            tensor="routed_experts",
-            pos=rows[0],
-        )
-    return covered
-
-
-def replayed_router_output(
-    router_logits: torch.Tensor,
-    own_scores: torch.Tensor,
-    own_indices: torch.Tensor,
-    *,
-    experts: torch.Tensor,
-    covered: torch.Tensor,
-    weights: torch.Tensor | None,
-    renormalize: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores and indices ``[N, K]`` after replay.
-
-    ``router_logits [N, E]``; ``experts [N, K]`` long; ``covered [N]`` bool; ``weights [N, K]`` or
-    None (recompute from ``router_logits``). Uncovered rows keep ``own_scores`` / ``own_indices``.
-    """
-    if weights is None:
-        probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-        replay = probs.gather(1, experts)
-        if renormalize:
-            replay = replay / replay.sum(dim=-1, keepdim=True)
-    else:
-        replay = weights.to(torch.float32)
-    keep = covered[:, None]
-    scores = torch.where(keep, replay, own_scores.to(torch.float32)).to(own_scores.dtype)
-    return scores, torch.where(keep, experts, own_indices)
+    return sites
 
 
 class RouterReplay:
     """Hooks on every router of ``model`` that replay a :class:`Routing` while one is set.
 
     ``replay_weights=True`` takes ``Routing.weights`` as the mixing weights (it must then be given).
-    With activation checkpointing, keep the routing set until backward has run (:meth:`set` /
-    :meth:`clear`): the recomputed forward reads it again.
+    ``drift_ratio``: the optional drift guard (:func:`rollfeed.models.router_checks.drift_guard`),
+    off when None; its replaced slots are counted in ``slots_replaced``, and their rows take the
+    family's weights even with ``replay_weights``. With activation checkpointing, keep the routing
+    set until backward has run (:meth:`set` / :meth:`clear`): the recomputed forward reads it
+    again (and does not count again).
     """
 
-    def __init__(self, model: nn.Module, *, replay_weights: bool = False) -> None:
-        self.routers = find_routers(model)
-        if not self.routers:
+    def __init__(
+        self, model: nn.Module, *, replay_weights: bool = False, drift_ratio: float | None = None
+    ) -> None:
+        self.sites = find_routers(model)
+        if not self.sites:
             raise RoutingReplayError(
-                f"{type(model).__name__} has no MoE router to replay (replay hooks the "
-                "...TopKRouter modules of transformers >= 5)"
+                f"{type(model).__name__} has no MoE router to replay (known families: "
+                f"{describe_families()})"
             )
+        if drift_ratio is not None and not drift_ratio >= 0:
+            raise RoutingReplayError(
+                f"drift_ratio must be >= 0 (a fraction of the weakest own top-k probability) or "
+                f"None to switch the guard off, got {drift_ratio}"
+            )
+        top_ks = {int(site.router.top_k) for site in self.sites}
+        experts = {int(site.router.num_experts) for site in self.sites}
+        if len(top_ks) != 1 or len(experts) != 1:
+            raise RoutingReplayError(
+                f"routers disagree on top_k {sorted(top_ks)} or expert count {sorted(experts)}; "
+                "replay needs one [N, L, K] routing shape"
+            )
+        self.top_k, self.num_experts = top_ks.pop(), experts.pop()
         self.replay_weights = replay_weights
+        self.drift_ratio = drift_ratio
         self._routing: Routing | None = None
-        self._covered: torch.Tensor | None = None
+        self._metrics: dict[str, torch.Tensor] = {}
+        self._counted: set[int] = set()
         self._record: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self._handles = [
-            router.register_forward_hook(self._hook(layer))
-            for layer, router in enumerate(self.routers)
+            site.router.register_forward_hook(self._hook(layer, site))
+            for layer, site in enumerate(self.sites)
         ]
 
-    def set(self, routing: Routing) -> dict[str, torch.Tensor]:
-        """Replay ``routing`` in every forward until :meth:`clear`.
+    @property
+    def layers(self) -> int:
+        return len(self.sites)
 
-        Returns the row counters ``rows_replayed`` and ``rows_fallen_back``, 0-d int64 tensors
-        (the convention of :mod:`rollfeed.models`).
+    def set(self, routing: Routing) -> dict[str, torch.Tensor]:
+        """Replay ``routing`` in every forward until :meth:`clear` (checked first:
+        :func:`rollfeed.models.router_checks.check_routing`).
+
+        Returns the counters ``rows_replayed``, ``rows_fallen_back`` (rows without recorded
+        routing) and ``slots_replaced`` (drift guard; filled in by the forward), 0-d int64
+        tensors (the convention of :mod:`rollfeed.models`).
         """
-        experts = routing.experts
-        layers, top_k = len(self.routers), self.routers[0].top_k
-        if experts.ndim != 3 or tuple(experts.shape[1:]) != (layers, top_k):
-            raise RoutingReplayError(
-                f"routed_experts shape {tuple(experts.shape)} does not match the model's "
-                f"[N, {layers} MoE layers, top_k {top_k}]; record the routing with this model",
-                tensor="routed_experts",
-            )
+        experts, covered = routing.experts, routing.covered
+        check_routing(
+            experts,
+            covered,
+            layers=self.layers,
+            top_k=self.top_k,
+            num_experts=self.num_experts,
+        )
         if self.replay_weights and (
             routing.weights is None or routing.weights.shape != experts.shape
         ):
@@ -176,32 +168,21 @@ class RouterReplay:
                 f"{None if routing.weights is None else tuple(routing.weights.shape)}",
                 tensor="routed_expert_weights",
             )
-        covered = infer_coverage(experts) if routing.covered is None else routing.covered.bool()
-        if covered.shape != experts.shape[:1]:
-            raise RoutingReplayError(
-                f"covered must be [N={experts.shape[0]}] bool, got {tuple(covered.shape)}",
-                tensor="covered",
-            )
-        num_experts = self.routers[0].num_experts
-        bad = covered & (experts.to(torch.long) >= num_experts).flatten(1).any(dim=1)
-        if bad.any():
-            rows = bad.nonzero()[:, 0].tolist()
-            raise RoutingReplayError(
-                f"routed_experts rows {rows[:10]} name experts >= {num_experts}; was the routing "
-                "recorded with another model?",
-                tensor="routed_experts",
-                pos=rows[0],
-            )
-        self._routing, self._covered = routing, covered
+        self._routing, self._counted = routing, set()
         replayed = covered.sum()
-        return {"rows_replayed": replayed, "rows_fallen_back": covered.numel() - replayed}
+        self._metrics = {
+            "rows_replayed": replayed,
+            "rows_fallen_back": covered.numel() - replayed,
+            "slots_replaced": torch.zeros((), dtype=torch.int64, device=covered.device),
+        }
+        return self._metrics
 
     def clear(self) -> None:
-        self._routing = self._covered = None
+        self._routing = None
 
     @contextmanager
     def replaying(self, routing: Routing) -> Iterator[dict[str, torch.Tensor]]:
-        """Context form of :meth:`set` / :meth:`clear`; yields the row counters."""
+        """Context form of :meth:`set` / :meth:`clear`; yields the counters."""
         metrics = self.set(routing)
         try:
             yield metrics
@@ -218,13 +199,13 @@ class RouterReplay:
             yield out
         finally:
             record, self._record = self._record, None
-            if len(record) == len(self.routers):
+            if len(record) == self.layers:
                 ids = torch.stack([i for i, _ in record], dim=1)
                 out.append(
                     Routing(
                         experts=ids,
                         weights=torch.stack([w for _, w in record], dim=1),
-                        covered=torch.ones(ids.shape[0], dtype=torch.bool),
+                        covered=torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device),
                     )
                 )
 
@@ -234,32 +215,51 @@ class RouterReplay:
             handle.remove()
         self._handles = []
 
-    def _hook(self, layer: int):
-        def hook(router: nn.Module, args: object, output: tuple) -> tuple | None:
-            logits, scores, indices = output
-            if self._routing is not None:
-                assert self._covered is not None
-                experts = self._routing.experts[:, layer].to(device=indices.device)
-                if experts.shape[0] != indices.shape[0]:
-                    raise RoutingReplayError(
-                        f"routing has {experts.shape[0]} rows, the router sees "
-                        f"{indices.shape[0]} tokens; pass the routing of this forward's tokens",
-                        tensor="routed_experts",
-                        layer=layer,
-                    )
-                weights = self._routing.weights
-                scores, indices = replayed_router_output(
-                    logits,
-                    scores,
-                    indices,
-                    experts=experts.to(torch.long),
-                    covered=self._covered.to(indices.device),
-                    weights=weights[:, layer] if self.replay_weights else None,
-                    renormalize=getattr(router, "norm_topk_prob", True),
+    def _replay(self, layer: int, site: RouterSite, output: tuple) -> tuple:
+        routing = self._routing
+        assert routing is not None
+        family, router = site.family, site.router
+        logits, own_weights, own_ids = family.unpack(router, output)
+        ids = routing.experts[:, layer].to(device=own_ids.device, dtype=torch.long)
+        if ids.shape[0] != own_ids.shape[0]:
+            raise RoutingReplayError(
+                f"routing has {ids.shape[0]} rows, the router sees {own_ids.shape[0]} tokens; "
+                "pass the routing of this forward's tokens",
+                tensor="routed_experts",
+                layer=layer,
+            )
+        covered = routing.covered.to(own_ids.device)[:, None]
+        recorded = None
+        if self.replay_weights:
+            assert routing.weights is not None
+            recorded = routing.weights[:, layer].to(own_ids.device, torch.float32)
+        if self.drift_ratio is not None:
+            ids, replaced = drift_guard(family.selection(logits), own_ids, ids, self.drift_ratio)
+            replaced &= covered
+            if layer not in self._counted:
+                self._metrics["slots_replaced"] += replaced.sum()
+            if recorded is not None:  # a replaced slot has no recorded weight: the family's
+                recorded = torch.where(
+                    replaced.any(dim=1, keepdim=True),
+                    family.weights(router, logits, ids).float(),
+                    recorded,
                 )
-                output = (logits, scores, indices)
+        self._counted.add(layer)
+        ids = torch.where(covered, ids, own_ids)
+        if family.dense:
+            dense = family.dense_scores(logits, ids, recorded)
+            return family.pack(output, logits, torch.where(covered, dense, output[0]), ids)
+        mixed = recorded if recorded is not None else family.weights(router, logits, ids)
+        weights = torch.where(covered, mixed, own_weights.to(mixed.dtype)).to(own_weights.dtype)
+        return family.pack(output, logits, weights, ids)
+
+    def _hook(self, layer: int, site: RouterSite):
+        def hook(router: nn.Module, args: object, output: tuple) -> tuple:
+            if self._routing is not None:
+                output = self._replay(layer, site, output)
             if self._record is not None:
-                self._record.append((indices.detach(), scores.detach().float()))
+                _, weights, ids = site.family.unpack(router, output)
+                self._record.append((ids.detach(), weights.detach().float()))
             return output
 
         return hook

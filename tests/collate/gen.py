@@ -38,10 +38,7 @@ def make_pair(rng, T: int, writers: list[PayloadWriter], uid: str) -> tuple[Samp
     inline, segs = {}, []
     if T > 1 and rng.random() < 0.8:
         ids, w = _route(rng, T - 1)
-        inline["routed_experts"] = np.concatenate([ids, np.zeros((1, LAYERS, TOPK), np.uint8)])
-        inline["routed_expert_weights"] = np.concatenate(
-            [w, np.zeros((1, LAYERS, TOPK), np.float32)]
-        )
+        inline["routed_experts"], inline["routed_expert_weights"] = ids, w
         q = int(rng.integers(0, T))  # rows [0, q) in file A, [q, T - 1) in file B
         for wr, lo, hi in ((writers[0], 0, q), (writers[1], q, T - 1)):
             if hi > lo:

@@ -45,7 +45,7 @@ def test_mismatched_per_token_lengths():
         _sample(advantages=np.zeros(3), uid="s7")
     assert e.value.sample == "s7" and e.value.field == "advantages"
     with pytest.raises(SampleLengthError, match="field=routed_experts"):
-        _sample(fields={"routed_experts": np.zeros((3, 2), np.uint8)})
+        _sample(fields={"routed_experts": np.zeros((5, 2), np.uint8)})  # more rows than tokens
     with pytest.raises(SampleLengthError, match="sum of counts"):
         _sample(fields={"sampling_mask": (np.array([1, 0, 2, 0]), np.array([1, 2]))})
     with pytest.raises(SampleLengthError, match="at least one token"):

@@ -27,7 +27,8 @@ def make_samples(
     """Samples with a prompt (no loss, no mask), a sampled completion whose kept set holds the
     sampled token plus 0-3 others (some completion tokens without a mask), temperatures 0.7/1.0 and,
     when ``own_routing`` is given, routing ``[T, LAYERS, TOPK]`` shifted by 3 experts from the
-    model's own choice (last row: fill), with random recorded weights if ``routing_weights``."""
+    model's own choice on the forwarded rows (the last token has none), with random recorded
+    weights if ``routing_weights``."""
     rng = np.random.default_rng(seed)
     samples = []
     for i, T in enumerate(lengths):
@@ -46,13 +47,11 @@ def make_samples(
             values += row
         fields: dict = {"sampling_mask": (counts, np.asarray(values, np.int32))}
         if own_routing is not None:
-            routed = ((own_routing[i] + 3) % EXPERTS).astype(np.uint8)
-            routed[-1] = 0
-            fields["routed_experts"] = routed
+            # Rows for the forwarded positions [0, T - 1): the final token has no routing row.
+            fields["routed_experts"] = ((own_routing[i][:-1] + 3) % EXPERTS).astype(np.uint8)
             if routing_weights:
-                weights = rng.random((T, LAYERS, TOPK), dtype=np.float32)
-                weights[-1] = 0.0
-                fields["routed_expert_weights"] = weights
+                shape = (T - 1, LAYERS, TOPK)
+                fields["routed_expert_weights"] = rng.random(shape, dtype=np.float32)
         samples.append(
             Sample(
                 ids,
@@ -90,7 +89,10 @@ def reference(model, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.
         ids = torch.as_tensor(sample.token_ids)
         T = ids.numel()
         if replay is not None:
-            replay.set(Routing(experts=torch.as_tensor(sample.fields["routed_experts"])))
+            recorded = torch.as_tensor(sample.fields["routed_experts"])
+            experts = torch.zeros((T, *recorded.shape[1:]), dtype=recorded.dtype)
+            experts[: len(recorded)] = recorded
+            replay.set(Routing(experts=experts, covered=torch.arange(T) < len(recorded)))
         logits = model(input_ids=ids[None]).logits[0].double()
         if replay is not None:
             replay.clear()

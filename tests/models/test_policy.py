@@ -142,7 +142,10 @@ def test_misuse_is_refused() -> None:
             tmb.position_ids,
             tmb.labels,
             tmb.fields["sampling_mask"],
-            routing=Routing(experts=torch.zeros(tmb.input_ids.numel(), 2, 2, dtype=torch.uint8)),
+            routing=Routing(
+                experts=torch.zeros(tmb.input_ids.numel(), 2, 2, dtype=torch.uint8),
+                covered=torch.zeros(tmb.input_ids.numel(), dtype=torch.bool),
+            ),
         )
     config = PlanConfig(seq_len=40, cp_size=2, pad_to_multiple_of=8)
     (mb,) = prepare_batch(samples, config, dp_size=1)[0]
