@@ -77,9 +77,9 @@ class _FusedHeadProjection(torch.autograd.Function):
             rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
             g = g_dots[s : s + chunk, None].to(acc)
             if grad_h is not None:
-                grad_h.index_add_(0, rows, g * weight.index_select(0, ids).to(acc))
+                _add_rows(grad_h, rows, g * weight.index_select(0, ids).to(acc))
             if grad_w is not None:
-                grad_w.index_add_(0, ids, g * hidden.index_select(0, rows).to(acc))
+                _add_rows(grad_w, ids, g * hidden.index_select(0, rows).to(acc))
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk, acc):
             p = (logits - lse[sl, None]).exp()
             # d lse / d l = p;  d mean / d l = p · (1 + l − mean)
@@ -89,7 +89,7 @@ class _FusedHeadProjection(torch.autograd.Function):
             dl = dl / fb_temp[sl, None]
             rows = fb_rows[sl]
             if grad_h is not None:
-                grad_h.index_add_(0, rows, (dl.to(weight.dtype) @ weight).to(acc))
+                _add_rows(grad_h, rows, (dl.to(weight.dtype) @ weight).to(acc))
             if grad_w is not None:
                 grad_w.addmm_(dl.T, hidden[rows].to(acc))
         return (
@@ -97,6 +97,28 @@ class _FusedHeadProjection(torch.autograd.Function):
             None if grad_w is None else grad_w.to(weight.dtype),
             *(None,) * 6,
         )
+
+
+def _add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
+    """``out[index[i]] += rows[i]`` for ``index [k]``, ``rows [k, H]``, the same sum on every run.
+
+    Repeated indices (a token scored against several candidates, a candidate shared by many
+    tokens) must be summed in a fixed order for the gradient to be bitwise reproducible.
+    ``index_add_`` on CUDA adds with atomics (order set by the scheduler; torch marks it
+    nondeterministic), so it is not used there: ``index_put_(accumulate=True)`` on CUDA (and XPU)
+    sorts the indices and adds each destination row's contributions in sorted order without
+    atomics (``index_put_with_sort_kernel`` in aten/src/ATen/native/cuda/Indexing.cu, the path
+    ``torch.use_deterministic_algorithms`` routes ``index_add_`` to). On CPU ``index_add_`` along
+    dim 0 adds the index's rows one after another, in index order, while ``index_put_``'s CPU
+    accumulation is the parallel, nondeterministic one: so each device gets its ordered kernel.
+
+    Example: ``out = zeros(3, 2)``, ``index = [2, 0, 2]``, ``rows = [[1, 1], [2, 2], [3, 3]]``
+    → ``out = [[2, 2], [0, 0], [4, 4]]``.
+    """
+    if out.device.type == "cpu":
+        out.index_add_(0, index, rows)
+    else:
+        out.index_put_((index,), rows, accumulate=True)
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rollfeed.models import SupportInputError, fused_support_logprobs
+from tests.devices import DEVICES
 from tests.models.reference import random_batch, reference_scores
 
 N, V, H, W = 47, 123, 16, 5
@@ -29,35 +30,76 @@ def _loss(lp: torch.Tensor, ent: torch.Tensor) -> torch.Tensor:
     return (lp * up[0].to(lp.dtype)).sum() + (ent * up[1].to(lp.dtype)).sum()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk_size", [1, 7, 4096])
 @pytest.mark.parametrize("temperature", [1.0, "per_token"])
-def test_matches_reference_values_and_grads(chunk_size: int, temperature: object) -> None:
+def test_matches_reference_values_and_grads(
+    chunk_size: int, temperature: object, device: str
+) -> None:
     b = _batch(1)
     t = torch.linspace(0.5, 1.5, N, dtype=torch.float64) if temperature == "per_token" else 1.0
     h, w = b["hidden"].requires_grad_(), b["weight"].requires_grad_()
+    # The scorer runs on `device`; the float64 reference stays on the CPU.
+    hd, wd = (x.detach().to(device).requires_grad_() for x in (h, w))
     got = fused_support_logprobs(
-        h,
-        w,
-        b["labels"],
-        b["support"],
+        hd,
+        wd,
+        b["labels"].to(device),
+        b["support"].to(device),
         chunk_size=chunk_size,
-        temperature=t,
+        temperature=t.to(device) if isinstance(t, torch.Tensor) else t,
         compute_entropy=True,
         entropy_requires_grad=True,
-        fallback_mask=_fallback(),
+        fallback_mask=_fallback().to(device),
         missing_label="full_vocab",
     )
     ref_lp, ref_h, ref_valid = reference_scores(
         h @ w.T, b["labels"], b["support"], temperature=t, fallback_mask=_fallback()
     )
-    assert torch.equal(got.valid_mask, ref_valid)
     assert got.entropy is not None
-    torch.testing.assert_close(got.logprobs, ref_lp, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got.entropy, ref_h, rtol=1e-12, atol=1e-12)
-    got_g = torch.autograd.grad(_loss(got.logprobs, got.entropy), (h, w))
+    assert got.logprobs.device == got.entropy.device == got.valid_mask.device == hd.device
+    assert all(v.device == hd.device for v in got.metrics.values())
+    assert torch.equal(got.valid_mask.cpu(), ref_valid)
+    torch.testing.assert_close(got.logprobs.cpu(), ref_lp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.entropy.cpu(), ref_h, rtol=1e-12, atol=1e-12)
+    got_g = torch.autograd.grad(_loss(got.logprobs.cpu(), got.entropy.cpu()), (hd, wd))
     ref_g = torch.autograd.grad(_loss(ref_lp, ref_h), (h, w))
     for a, e in zip(got_g, ref_g, strict=True):
-        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+        assert a.device == hd.device
+        torch.testing.assert_close(a.cpu(), e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_two_backward_runs_give_bitwise_equal_gradients(device: str) -> None:
+    # Many rows share few candidate ids, so each weight row sums about a hundred contributions
+    # and each hidden row several: an accumulation whose order varies from run to run (atomics)
+    # shows up in the last bits of float32.
+    rows, vocab, hidden = 1024, 32, 64
+    b = random_batch(rows, vocab, seed=5, width=8, hidden=hidden)
+    fallback = torch.zeros(rows, dtype=torch.bool)
+    fallback[::61] = True
+    up = torch.randn(rows, generator=torch.Generator().manual_seed(8)).to(device)
+    grads = []
+    for _ in range(2):
+        h = b["hidden"].float().to(device).requires_grad_()
+        w = b["weight"].float().to(device).requires_grad_()
+        got = fused_support_logprobs(
+            h,
+            w,
+            b["labels"].to(device),
+            b["support"].to(device),
+            chunk_size=256,
+            compute_entropy=True,
+            entropy_requires_grad=True,
+            fallback_mask=fallback.to(device),
+            missing_label="full_vocab",
+        )
+        assert got.entropy is not None
+        loss = (got.logprobs * up).sum() + got.entropy.sum()
+        grads.append(torch.autograd.grad(loss, (h, w)))
+    for first, second in zip(*grads, strict=True):
+        assert first.abs().sum() > 0
+        assert torch.equal(first, second)
 
 
 def test_projects_each_distinct_candidate_once() -> None:
