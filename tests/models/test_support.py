@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rollfeed.models import SupportInputError, SupportLabelError, support_logprobs
+from tests.devices import DEVICES
 from tests.models.reference import random_batch, reference_scores
 
 N, V = 47, 123
@@ -22,35 +23,44 @@ def _grads(out: torch.Tensor, x: torch.Tensor, seed: int) -> torch.Tensor:
 TEMPERATURES = [1.0, 0.7, torch.linspace(0.5, 1.5, N, dtype=torch.float64)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("temperature", TEMPERATURES, ids=["t1", "t0.7", "per_token"])
 @pytest.mark.parametrize("with_fallback", [False, True])
 def test_matches_reference_values_and_grads(
-    temperature: float | torch.Tensor, with_fallback: bool
+    temperature: float | torch.Tensor, with_fallback: bool, device: str
 ) -> None:
     b = random_batch(N, V, seed=1)
     fallback = torch.zeros(N, dtype=torch.bool)
     if with_fallback:
         fallback[[0, 10, 17]] = True  # an empty row, a singleton row, a multi-id row
     logits = b["logits"].requires_grad_()
+    # The scorer runs on `device`; the float64 reference stays on the CPU.
+    on_device = logits.detach().to(device).requires_grad_()
     got = support_logprobs(
-        logits,
-        b["labels"],
-        b["support"],
-        temperature=temperature,
+        on_device,
+        b["labels"].to(device),
+        b["support"].to(device),
+        temperature=temperature.to(device)
+        if isinstance(temperature, torch.Tensor)
+        else temperature,
         compute_entropy=True,
         entropy_requires_grad=True,
-        fallback_mask=fallback if with_fallback else None,
+        fallback_mask=fallback.to(device) if with_fallback else None,
         missing_label="full_vocab",
     )
     ref_lp, ref_h, ref_valid = reference_scores(
         logits, b["labels"], b["support"], temperature=temperature, fallback_mask=fallback
     )
-    assert torch.equal(got.valid_mask, ref_valid)
-    torch.testing.assert_close(got.logprobs, ref_lp, rtol=1e-12, atol=1e-12)
     assert got.entropy is not None
-    torch.testing.assert_close(got.entropy, ref_h, rtol=1e-12, atol=1e-12)
+    assert got.logprobs.device == got.entropy.device == got.valid_mask.device == on_device.device
+    assert all(v.device == on_device.device for v in got.metrics.values())
+    assert torch.equal(got.valid_mask.cpu(), ref_valid)
+    torch.testing.assert_close(got.logprobs.cpu(), ref_lp, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.entropy.cpu(), ref_h, rtol=1e-12, atol=1e-12)
     for out, ref in ((got.logprobs, ref_lp), (got.entropy, ref_h)):
-        torch.testing.assert_close(_grads(out, logits, 2), _grads(ref, logits, 2))
+        grad = _grads(out.cpu(), on_device, 2)
+        assert grad.device == on_device.device
+        torch.testing.assert_close(grad.cpu(), _grads(ref, logits, 2))
     missing = int(got.metrics["rows_missing_label"])
     assert missing == 4  # the rows of kind 9 in random_batch
     assert int(got.metrics["rows_fallback"]) == missing + (3 if with_fallback else 0)
