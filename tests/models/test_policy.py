@@ -15,6 +15,7 @@ from rollfeed.models import (
     SupportScores,
     support_logprobs,
 )
+from tests.devices import DEVICES
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing, reference
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
@@ -37,33 +38,39 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _check_against_reference(build, mb, seed: int) -> dict:
+def _check_against_reference(build, mb, seed: int, device: str = "cpu") -> dict:
+    """Score ``mb`` with the model and the micro batch on ``device``; the reference runs on CPU."""
     assert mb.length > sum(LENGTHS)  # the row ends in padding
-    scorer = PolicyScorer(build(seed=seed), compute_entropy=True, entropy_requires_grad=True)
-    out = scorer.score(to_tensor_micro_batch(mb, cp_rank=0))
+    model = build(seed=seed).to(device)
+    scorer = PolicyScorer(model, compute_entropy=True, entropy_requires_grad=True)
+    out = scorer.score(to_tensor_micro_batch(mb, cp_rank=0).to(device))
     assert type(out) is SupportScores  # one scores type for every scorer
     for name, value in out.metrics.items():  # the models' convention: 0-d int64 tensors
         assert isinstance(value, torch.Tensor) and value.shape == (), name
-        assert value.dtype == torch.int64, name
+        assert value.dtype == torch.int64 and value.device.type == device, name
+    assert out.entropy is not None
+    assert {t.device.type for t in (out.logprobs, out.entropy, out.valid_mask)} == {device}
     ref_model = _sdpa(build(seed=seed))
     ref_lp, ref_ent, ref_valid = reference(ref_model, mb)
-    assert torch.equal(out.valid_mask, ref_valid)
+    assert torch.equal(out.valid_mask.cpu(), ref_valid)
     assert ref_valid.sum() >= 10
-    torch.testing.assert_close(out.logprobs, ref_lp, atol=TOL, rtol=0)
-    torch.testing.assert_close(out.entropy, ref_ent, atol=TOL, rtol=0)
+    torch.testing.assert_close(out.logprobs.cpu(), ref_lp, atol=TOL, rtol=0)
+    torch.testing.assert_close(out.entropy.cpu(), ref_ent, atol=TOL, rtol=0)
     w = loss_weights(mb.length)
-    ((out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()).backward()
+    ((out.logprobs.cpu() * w[0]).sum() + (out.entropy.cpu() * w[1]).sum()).backward()
     ((ref_lp * w[0]).sum() + (ref_ent * w[1]).sum()).backward()
     got, want = _grads(scorer.model), _grads(ref_model)
     assert got.keys() == want.keys()
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=TOL, rtol=0, msg=name)
+        assert got[name].device.type == device, name
+        torch.testing.assert_close(got[name].cpu(), want[name], atol=TOL, rtol=0, msg=name)
     return out.metrics
 
 
-def test_packed_micro_batch_scores_equal_each_sample_alone_dense() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_micro_batch_scores_equal_each_sample_alone_dense(device: str) -> None:
     mb = _one_micro_batch(make_samples(0, LENGTHS))
-    metrics = _check_against_reference(tiny_qwen3, mb, seed=11)
+    metrics = _check_against_reference(tiny_qwen3, mb, seed=11, device=device)
     assert metrics["rows_replayed"] == 0
 
 
