@@ -3,27 +3,31 @@
 Under ``with torch.device("meta")`` a factory call without ``device=`` makes a meta tensor, and the
 first op that mixes it with the CPU inputs fails: running the batch path, scoring and router
 replay there on CPU inputs is a CPU check that nothing would land on the wrong device on a GPU.
+On every available device (``tests/devices.py``) replay with recorded weights then runs for real,
+the model and the micro batch moved there, against the same scoring on the CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.models import PolicyScorer
-from tests.dist.policy_cases import make_samples, own_routing
+from tests.devices import DEVICES
+from tests.dist.policy_cases import loss_weights, make_samples, own_routing
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
 LENGTHS = [9, 5, 11]
 
 
-def _check_on_cpu(scores, model) -> None:
-    assert scores.logprobs.device.type == "cpu" and scores.valid_mask.device.type == "cpu"
-    assert all(v.device.type == "cpu" for v in scores.metrics.values())
+def _check_on(device: str, scores, model) -> None:
+    assert scores.logprobs.device.type == device and scores.valid_mask.device.type == device
+    assert all(v.device.type == device for v in scores.metrics.values())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(g.device.type == "cpu" for g in grads)
+    assert grads and all(g.device.type == device for g in grads)
 
 
 def test_batch_path_scoring_and_backward_create_nothing_off_the_inputs_device():
@@ -36,7 +40,7 @@ def test_batch_path_scoring_and_backward_create_nothing_off_the_inputs_device():
         built = [v for v in vars_of(tmb) if isinstance(v, torch.Tensor)]
         scores = scorer.score(tmb, fallback_unsupported=True)
         (scores.logprobs.sum() + scores.entropy.sum()).backward()
-    _check_on_cpu(scores, model)
+    _check_on("cpu", scores, model)
     assert all(t.device.type == "cpu" for t in built)  # the batch path builds host tensors
 
 
@@ -56,5 +60,39 @@ def test_router_replay_creates_nothing_off_the_inputs_device():
         tmb = to_tensor_micro_batch(plan[0][0], cp_rank=0)
         scores = scorer.score(tmb)
         scores.logprobs.sum().backward()
-    _check_on_cpu(scores, model)
+    _check_on("cpu", scores, model)
     assert int(scores.metrics["rows_replayed"]) > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replay_with_recorded_weights_runs_on_the_models_device(device: str) -> None:
+    recorder = tiny_qwen3_moe(seed=3)
+    recorder.set_attn_implementation("sdpa")
+    routing = own_routing(recorder, [s.token_ids for s in make_samples(6, LENGTHS)])
+    samples = make_samples(6, LENGTHS, own_routing=routing, routing_weights=True)
+    plan = prepare_batch(samples, PlanConfig(seq_len=32), dp_size=1)
+    tmb = to_tensor_micro_batch(plan[0][0], cp_rank=0)
+    w = loss_weights(tmb.input_ids.numel())
+    runs = []
+    for where in ("cpu", device):
+        model = tiny_qwen3_moe(seed=3).to(where)
+        scorer = PolicyScorer(
+            model, replay_weights=True, compute_entropy=True, entropy_requires_grad=True
+        )
+        scores = scorer.score(tmb.to(where), fallback_unsupported=True)
+        assert scores.entropy is not None
+        ((scores.logprobs.cpu() * w[0]).sum() + (scores.entropy.cpu() * w[1]).sum()).backward()
+        _check_on(where, scores, model)
+        grads = {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
+        runs.append((scores, grads))
+    (cpu, cpu_grads), (dev, dev_grads) = runs
+    assert int(dev.metrics["rows_replayed"]) > 0
+    assert {k: int(v) for k, v in dev.metrics.items()} == {
+        k: int(v) for k, v in cpu.metrics.items()
+    }
+    assert torch.equal(dev.valid_mask.cpu(), cpu.valid_mask)
+    torch.testing.assert_close(dev.logprobs.cpu(), cpu.logprobs, atol=1e-10, rtol=0)
+    torch.testing.assert_close(dev.entropy.cpu(), cpu.entropy, atol=1e-10, rtol=0)
+    assert dev_grads.keys() == cpu_grads.keys()
+    for name, grad in cpu_grads.items():
+        torch.testing.assert_close(dev_grads[name], grad, atol=1e-10, rtol=0, msg=name)
