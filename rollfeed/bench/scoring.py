@@ -1,7 +1,7 @@
 """Fused support scoring vs full-vocab ``log_softmax`` + gather: time, peak memory, error.
 
 ``python -m rollfeed.bench scoring [--vocab 151936 32000 262144] [--rows 2048] [--hidden 512]
-[--width 32] [--repeats 2]``
+[--width 32] [--repeats 2] [--device cpu|cuda]``
 
 Both variants start from fp32 hidden states ``[N, H]`` and an LM-head weight ``[V, H]`` and run
 forward + backward (gradients for hidden and weight) of ``Σ_n u_n · logp_n``:
@@ -20,6 +20,12 @@ gradient). PyTorch's CPU allocator does not cache, so freed temporaries are retu
 high-water mark is what the variant really needed at once. Time is the best of ``--repeats``
 runs. The error is the largest absolute difference of the logprobs from a float64 evaluation of
 the same quantity, computed after the measurements.
+
+With ``--device cuda`` the same inputs (drawn on the CPU, then moved) live on the GPU; each run is
+timed between two ``torch.cuda.synchronize()`` calls, and the peak is
+``torch.cuda.max_memory_allocated`` (reset after the inputs and the warm-up exist) minus what was
+allocated then, minus the same weight-sized gradient: the caching allocator's reserved but free
+blocks are not counted. The ratios printed are the same as on the CPU.
 """
 
 from __future__ import annotations
@@ -86,26 +92,40 @@ def _reference(variant: str, x: dict[str, torch.Tensor]) -> torch.Tensor:
     return label - cand.logsumexp(-1)
 
 
+def _on(device: torch.device, x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inputs moved to ``device``, hidden and weight as leaves that require grad."""
+    out = {k: v.to(device) for k, v in x.items()}
+    out["hidden"].requires_grad_()
+    out["weight"].requires_grad_()
+    return out
+
+
 def _child(args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
     torch.manual_seed(0)
-    x = _inputs(args.rows, args.vocab, args.hidden, args.width)
-    x["hidden"].requires_grad_()
-    x["weight"].requires_grad_()
-    up = torch.randn(args.rows)
-    # A tiny run first, so one-time costs (kernel selection, thread pools) are not in the peak.
-    tiny = _inputs(16, 256, args.hidden, args.width)
-    tiny["hidden"].requires_grad_()
-    tiny["weight"].requires_grad_()
-    _run(args.child, tiny, torch.ones(16))
-    del tiny
-    base = resident_bytes()
+    x = _on(device, _inputs(args.rows, args.vocab, args.hidden, args.width))
+    up = torch.randn(args.rows).to(device)
+    # A tiny run first, so one-time costs (kernel selection, thread pools, the CUDA context) are
+    # not in the peak.
+    _run(args.child, _on(device, _inputs(16, 256, args.hidden, args.width)), up[:16])
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    else:
+        base = resident_bytes()
     best = float("inf")
     for _ in range(args.repeats):
         x["hidden"].grad = x["weight"].grad = None
+        if cuda:
+            torch.cuda.synchronize(device)
         start = time.perf_counter()
         logp = _run(args.child, x, up)
+        if cuda:
+            torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - start)
-    peak = peak_bytes()
+    peak = torch.cuda.max_memory_allocated(device) if cuda else peak_bytes()
     extra = peak - base - x["weight"].numel() * 4
     err = (logp.double() - _reference(args.child, x)).abs().max().item()
     print(json.dumps({"seconds": best, "extra_bytes": extra, "max_abs_err": err}))
@@ -120,6 +140,8 @@ def _measure(variant: str, args: argparse.Namespace, vocab: int) -> dict[str, fl
         str(args.width),
         "--repeats",
         str(args.repeats),
+        "--device",
+        args.device,
     ]
     return run_variant("rollfeed.bench.scoring", argv)
 
@@ -131,17 +153,31 @@ def main(argv: list[str]) -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--width", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         args.vocab = args.vocab[0]
         _child(args)
         return
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "bench scoring --device cuda: torch.cuda.is_available() is False (torch "
+            f"{torch.__version__}, built for CUDA {torch.version.cuda}); run it on a machine with "
+            "a CUDA GPU, or drop --device for the CPU benchmark"
+        )
     mib = 2**20
-    print(
-        f"scoring: N={args.rows} H={args.hidden} W={args.width} fp32, forward+backward, "
-        f"best of {args.repeats}; memory = peak above inputs + one weight grad"
-    )
+    if args.device == "cuda":
+        print(
+            f"scoring: N={args.rows} H={args.hidden} W={args.width} fp32 on "
+            f"{torch.cuda.get_device_name()} (torch {torch.__version__}), forward+backward, "
+            f"best of {args.repeats}; memory = peak allocated above inputs + one weight grad"
+        )
+    else:
+        print(
+            f"scoring: N={args.rows} H={args.hidden} W={args.width} fp32, forward+backward, "
+            f"best of {args.repeats}; memory = peak above inputs + one weight grad"
+        )
     for vocab in args.vocab:
         full, fused = (_measure(v, args, vocab) for v in VARIANTS)
         speed = full["seconds"] / fused["seconds"]
