@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import crc32c
 import numpy as np
 
 from rollfeed.payload.errors import PayloadChecksumError
@@ -38,6 +37,11 @@ ENTRY = np.dtype("<u4")
 
 def crc(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
     """CRC-32C of ``data``, continuing from ``value`` (the CRC of the bytes before it)."""
+    # Imported on first use (then a sys.modules lookup, ~0.1 us against ~6 us per 64 KiB block):
+    # reading or writing checksums needs the package, importing rollfeed (e.g. the models on a
+    # machine that only scores) does not.
+    import crc32c
+
     return crc32c.crc32c(data, value)
 
 
