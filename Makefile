@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rollfeed-installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,9 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python -m rollfeed.bench all
+
+# For a one-GPU machine with its own Python and torch (PYTHON=... to pick one): builds no venv and
+# downloads nothing; runs the device-parametrized tests on CUDA and `bench scoring --device cuda`,
+# naming what it could not run for want of a package (tests/gpu_check.py). Exits 2 without CUDA.
+gpu-check:
+	PYTHONPATH=. $(PYTHON) -m tests.gpu_check
