@@ -68,8 +68,8 @@ class UnpackableAttentionError(PackingError):
         listed = "; ".join(f"{layer}: {', '.join(f)}" for layer, f in by_layer.items())
         super().__init__(
             f"packed scoring cannot run {model} exactly: {listed}. Packed attention supports "
-            "causal full attention (GQA, rope from position_ids, sliding windows no shorter "
-            "than any sample); score such a model with one sample per row instead",
+            "causal full attention (GQA, rope from position_ids, sliding windows, sinks, "
+            "MLA); score such a model with one sample per row instead",
             layer=findings[0][0] if findings else None,
         )
 

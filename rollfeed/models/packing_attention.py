@@ -6,7 +6,11 @@ S = 16,384, and it keeps SDPA off its fused kernels), attention puts the tokens 
 order* (their positions in the whole pre-split row), runs causal SDPA on each sample's slice and
 puts the result back in the order the tokens arrived in (rank order under cp > 1, zigzag included).
 Samples of equal length share one batched SDPA call. Memory is ``O(S)`` outside SDPA; the fused
-CPU/GPU kernels never hold a sample's ``[L, L]`` scores either.
+CPU/GPU kernels never hold a sample's ``[L, L]`` scores either. A sliding-window layer (gpt-oss
+alternates them) passes a per-sample ``[L, L]`` band mask for samples longer than the window;
+attention sinks (gpt-oss) are one extra key/value column per sample whose logit is the head's
+sink; MLA's value head size may differ from the query/key size (DeepSeek-V3). Masks are always
+per sample, never ``[S, S]``.
 
 Example, row = sample A (3 tokens) + sample B (2 tokens), canonical order::
 
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from rollfeed.models.cp_group import CPGroup
-from rollfeed.models.errors import PackingError, UnpackableAttentionError
+from rollfeed.models.errors import PackingError
 from rollfeed.models.ulysses import gather_rank_order, heads_to_seq, seq_to_heads
 
 logger = logging.getLogger(__name__)
@@ -168,6 +172,36 @@ def _stack(x: torch.Tensor, starts: tuple[int, ...], length: int) -> torch.Tenso
     return torch.cat([x[:, :, s : s + length] for s in starts], dim=0)
 
 
+def _sample_mask(
+    length: int, window: int | None, sinks: torch.Tensor | None, like: torch.Tensor
+) -> torch.Tensor | None:
+    """The attention mask of one sample of ``length`` tokens, or None for plain causal attention.
+
+    ``allowed [L, L]``: causal, and within ``window`` when given (query ``i`` sees key ``j`` when
+    ``0 <= i - j < window``, as transformers' sliding window does). With ``sinks [H]`` the mask is
+    additive, ``[1, H, L, L + 1]``: 0 where allowed, ``-inf`` elsewhere, and a last column holding
+    each head's sink logit, the logit of an extra key whose value is 0 (it takes softmax mass and
+    adds nothing). Example, L = 3, window 2, no sinks::
+
+        [[1, 0, 0],
+         [1, 1, 0],
+         [0, 1, 1]]
+    """
+    banded = window is not None and window < length
+    if sinks is None and not banded:
+        return None
+    i = torch.arange(length, device=like.device)
+    allowed = i[:, None] >= i[None, :]
+    if banded:
+        allowed &= (i[:, None] - i[None, :]) < window
+    if sinks is None:
+        return allowed
+    bias = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device)
+    bias = bias.masked_fill(~allowed, float("-inf")).expand(sinks.numel(), length, length)
+    column = sinks.to(like.dtype).view(-1, 1, 1).expand(-1, length, 1)
+    return torch.cat([bias, column], dim=-1)[None]
+
+
 def _block_causal(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -176,19 +210,34 @@ def _block_causal(
     *,
     scale: float | None,
     dropout: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention within each sample. q ``[B, H, S, d]``, k/v ``[B, KV, S, d]``, canonical
-    order -> ``[B, H, S, d]``. One SDPA call per distinct sample length, so at most
-    ``sqrt(2 S)`` calls (181 at S = 16,384; measured on CPU at ~0.4 ms per call forward +
-    backward, launch overhead included); equal-length samples are stacked into the batch dim (a
-    copy of their q/k/v, ``O(S)``)."""
+    """Causal attention within each sample. q ``[B, H, S, dk]``, k ``[B, KV, S, dk]``, v
+    ``[B, KV, S, dv]`` (``dv`` may differ from ``dk``: MLA), canonical order -> ``[B, H, S, dv]``.
+    One SDPA call per distinct sample length, so at most ``sqrt(2 S)`` calls (181 at S = 16,384;
+    measured on CPU at ~0.4 ms per call forward + backward, launch overhead included);
+    equal-length samples are stacked into the batch dim (a copy of their q/k/v, ``O(S)``).
+    ``window``: a sliding window (samples longer than it get a per-sample ``[L, L]`` band mask);
+    ``sinks [H]``: per-head sink logits (an extra zero key/value column, see :func:`_sample_mask`).
+    """
     batch = query.shape[0]
     gqa = query.shape[1] != key.shape[1]
     pieces: dict[int, torch.Tensor] = {}
     for length, starts in layout.groups:
         q, k, v = (_stack(x, starts, length) for x in (query, key, value))
+        mask = _sample_mask(length, window, sinks, q)
+        if sinks is not None:  # the sink column: a zero key and a zero value
+            k, v = (torch.cat([x, x.new_zeros(*x.shape[:2], 1, x.shape[3])], dim=2) for x in (k, v))
         out = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=mask is None,
+            scale=scale,
+            enable_gqa=gqa,
         )
         for start, part in zip(starts, out.split(batch, dim=0), strict=True):
             pieces[start] = part
@@ -207,25 +256,14 @@ def packed_attention_forward(
     dropout: float = 0.0,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers attention function: q ``[B, H, S/cp, d]``, k/v ``[B, KV, S/cp, d]`` ->
-    ``[B, S/cp, H, d]``. ``attention_mask`` from transformers is ignored: ``packing`` replaces it.
+    """transformers attention function: q ``[B, H, S/cp, dk]``, k ``[B, KV, S/cp, dk]``, v
+    ``[B, KV, S/cp, dv]`` -> ``[B, S/cp, H, dv]``. ``attention_mask`` from transformers is
+    ignored: ``packing`` replaces it. Exact for sliding windows (``sliding_window``, per sample)
+    and attention sinks (``s_aux``, gpt-oss: ``[H]`` logits, split with the heads under cp).
     """
     del attention_mask
     window = kwargs.get("sliding_window")
-    longest = max((length for length, _ in packing.groups), default=0)
-    if window is not None and window < longest:
-        # A query sees keys with q - k < window; a sample no longer than the window never reaches
-        # its edge, so full causal attention is exact. Shorter windows are not implemented yet.
-        raise UnpackableAttentionError(
-            type(module).__name__,
-            [
-                (
-                    f"layer {getattr(module, 'layer_idx', '?')}",
-                    f"a sliding window of {window} tokens, shorter than a sample of {longest} "
-                    "tokens in this row",
-                )
-            ],
-        )
+    sinks = kwargs.get("s_aux")
     cp = packing.cp
     heads, kv_heads = query.shape[1], key.shape[1]
     if cp.enabled and kv_heads % cp.size:
@@ -236,6 +274,8 @@ def packed_attention_forward(
     query = seq_to_heads(query, cp, seq_dim=2, head_dim=1)
     key = seq_to_heads(key, cp, seq_dim=2, head_dim=1)
     value = seq_to_heads(value, cp, seq_dim=2, head_dim=1)
+    if isinstance(sinks, torch.Tensor) and cp.enabled:
+        sinks = sinks.chunk(cp.size)[cp.rank]  # this rank's heads (seq_to_heads keeps them)
     if packing.length != query.shape[2]:
         raise PackingError(
             f"packing layout covers {packing.length} tokens, attention sees "
@@ -251,6 +291,8 @@ def packed_attention_forward(
         packing,
         scale=scaling,
         dropout=dropout if module.training else 0.0,
+        window=window if isinstance(window, int) else None,
+        sinks=sinks if isinstance(sinks, torch.Tensor) else None,
     )
     if packing.inverse is not None:
         out = out.index_select(2, packing.order)

@@ -3,15 +3,15 @@
 Packed scoring puts several samples in one row and keeps them apart in one place only: the
 attention function (:mod:`rollfeed.models.packing_attention`), which attends within each sample.
 That is exact for what it implements: causal full attention, grouped-query heads, rope computed
-from ``position_ids`` (which restart at 0 per sample), and sliding windows no shorter than any
-sample of the row (checked per row in the forward). Anything else would mix samples or drop a term
-without an error, so :func:`check_packable` refuses every layer where it detects:
+from ``position_ids`` (which restart at 0 per sample), sliding windows (a per-sample band),
+attention sinks (gpt-oss) and value heads of another size than the query/key heads (MLA,
+DeepSeek-V3). Anything else would mix samples or drop a term without an error, so
+:func:`check_packable` refuses every layer where it detects:
 
 - a layer type other than full or sliding attention in ``config.layer_types``: linear attention
   (Gated DeltaNet in Qwen3-Next and Qwen3.5), chunked attention (Llama-4), ...;
 - a decoder layer whose token mixer is not attention, or that holds a recurrent, state-space or
   convolutional mixer (``linear_attn``, ``mamba``, ...): its state runs across the whole row;
-- attention sinks (``sinks`` on the attention module, gpt-oss): a softmax term packed SDPA drops;
 - chunked attention from ``config.attention_chunk_size`` on a model without layer types;
 - query scaling by the token's index in the row (``attn_temperature_tuning`` on Llama-4's NoPE
   layers computes positions with ``arange`` over the row, not from ``position_ids``);
@@ -95,10 +95,6 @@ def _mixer_features(layer: nn.Module) -> list[str]:
 
 def _attention_features(module: nn.Module) -> list[str]:
     found = []
-    if getattr(module, "sinks", None) is not None:
-        found.append(
-            "attention sinks (a learned softmax term per head that packed attention drops)"
-        )
     if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", True):
         found.append(
             "query scaling by the token's index in the row (attn_temperature_tuning, floor_scale="

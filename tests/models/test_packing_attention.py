@@ -86,6 +86,54 @@ def test_matches_explicit_mask_reference_values_and_grads(arrival: str, use_cu: 
         torch.testing.assert_close(a, e, atol=1e-12, rtol=0, msg=name)
 
 
+def _reference_features(q, k, v, lengths, window, sinks) -> torch.Tensor:
+    """Eager attention written out: block-diagonal causal mask cut to ``window`` (query i sees key
+    j when ``0 <= i - j < window``), one sink logit per head appended to each row's logits and
+    dropped after the softmax (as gpt-oss's eager attention). ``v`` may be narrower than q/k."""
+    n = sum(lengths)
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    i = torch.arange(n)
+    allowed = (seg[:, None] == seg[None, :]) & (i[:, None] >= i[None, :])
+    allowed &= (i[:, None] - i[None, :]) < window
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    column = sinks.view(1, -1, 1, 1).expand(1, -1, n, 1)
+    probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+    return (probs @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("arrival", ["canonical", "zigzag"])
+def test_sliding_window_sinks_and_narrower_values_match_explicit_reference(arrival: str) -> None:
+    order = torch.arange(S) if arrival == "canonical" else _zigzag(S, 4)
+    pos = torch.cat([torch.arange(n) for n in LENGTHS])
+    layout = packed_layout(pos[order], canonical_index=order, cu_seqlens=_cu(LENGTHS))
+    gen = torch.Generator().manual_seed(8)
+    q, k, _ = _qkv(7)
+    v = torch.randn(1, KV_HEADS, S, DIM - 2, generator=gen, dtype=q.dtype).requires_grad_()
+    sinks = torch.randn(HEADS, generator=gen, dtype=q.dtype).requires_grad_()
+    window = 3  # shorter than the samples of 7 and 13 tokens, longer than those of 1 and 4
+    up = torch.randn(1, S, HEADS, DIM - 2, generator=gen, dtype=q.dtype)
+    got, _ = packed_attention_forward(
+        torch.nn.Module().eval(),
+        q[:, :, order],
+        k[:, :, order],
+        v[:, :, order],
+        None,
+        packing=layout,
+        sliding_window=window,
+        s_aux=sinks,
+    )
+    ref = _reference_features(q, k, v, LENGTHS, window, sinks)
+    torch.testing.assert_close(got, ref[:, order], atol=1e-12, rtol=0)
+    got_g = torch.autograd.grad((got * up[:, order]).sum(), (q, k, v, sinks))
+    ref_g = torch.autograd.grad((ref * up).sum(), (q, k, v, sinks))
+    for a, e, name in zip(got_g, ref_g, ["q", "k", "v", "sinks"], strict=True):
+        torch.testing.assert_close(a, e, atol=1e-12, rtol=0, msg=name)
+    assert ref_g[3].abs().min() > 0  # every head's sink gets a gradient
+
+
 def test_layout_groups_equal_lengths_and_drops_empty_samples() -> None:
     layout = packed_layout(torch.tensor([0, 1, 2, 0, 1, 0, 1]))
     assert layout.bounds == (0, 3, 5, 7)
@@ -157,13 +205,17 @@ def test_spy_sees_the_dense_mask() -> None:
     assert spy.largest == 64 * 64 and spy.square
 
 
-@pytest.mark.parametrize("arrival", ["canonical", "zigzag"])
-def test_attention_never_allocates_s_by_s(arrival: str) -> None:
+@pytest.mark.parametrize(
+    ("arrival", "features"), [("canonical", False), ("zigzag", False), ("zigzag", True)]
+)
+def test_attention_never_allocates_s_by_s(arrival: str, features: bool) -> None:
     n, samples = 4096, 8
     order = torch.arange(n) if arrival == "canonical" else _zigzag(n, 4)
     lengths = [n // samples + 37, n // samples - 37] * (samples // 2)
     pos = torch.cat([torch.arange(length) for length in lengths])
     q, k, v = _qkv(5, n=n, heads=2, kv=1, dim=4)
+    # A sliding window shorter than every sample and sinks: per-sample [L, L + 1] masks only.
+    extra = dict(sliding_window=64, s_aux=torch.zeros(2, dtype=q.dtype)) if features else {}
     with _Largest(n) as spy:
         layout = packed_layout(pos[order], canonical_index=order, cu_seqlens=_cu(lengths))
         out, _ = packed_attention_forward(
@@ -173,10 +225,12 @@ def test_attention_never_allocates_s_by_s(arrival: str) -> None:
             v[:, :, order],
             None,
             packing=layout,
+            **extra,
         )
         out.sum().backward()
     assert spy.square == []
-    assert spy.largest < n * n // 64
+    # With a mask SDPA's math path holds a sample's [H, L, L + 1] scores: still far from S².
+    assert spy.largest < n * n // (8 if features else 64)
 
 
 def test_model_forward_and_backward_never_allocate_s_by_s() -> None:

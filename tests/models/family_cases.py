@@ -1,0 +1,45 @@
+"""Scoring cases for the MoE families the scorer runs end to end (shared with the cp rank script).
+
+Each family's tiny float64 model has 8 experts, top-2, 2 MoE layers (the shape of
+:mod:`tests.dist.policy_cases`), and the attention features the family brings: DeepSeek-V3's MLA
+with a value head (20) narrower than its query/key head (24), gpt-oss's sliding window (4 tokens,
+shorter than most samples) on layer 0 and its attention sinks, GLM-4.5's and MiniMax-M2's plain
+GQA attention with sigmoid routers. The reference runs each sample alone through the stock model
+(eager attention for gpt-oss, whose sdpa path drops the sinks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.dist.policy_cases import make_samples, own_routing
+from tests.models.tiny_moe import tiny_moe
+
+SCORED = ("deepseek_v3", "gpt_oss", "glm4_moe", "minimax_m2")
+OVERRIDES: dict[str, dict[str, object]] = {
+    "deepseek_v3": dict(v_head_dim=20),
+    "gpt_oss": dict(num_local_experts=8),
+}
+
+
+def scoring_model(family: str, seed: int) -> torch.nn.Module:
+    model = tiny_moe(family, seed=seed, **OVERRIDES.get(family, {}))
+    if family == "gpt_oss":
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("sinks"):
+                    param.normal_(0.0, 1.0)
+    return model
+
+
+def reference_model(family: str, seed: int) -> torch.nn.Module:
+    model = scoring_model(family, seed)
+    model.set_attn_implementation("eager" if family == "gpt_oss" else "sdpa")
+    return model
+
+
+def routed_samples(family: str, seed: int, lengths: list[int]):
+    """Samples with masks and routing other than the model's own (ids shifted by 3 experts)."""
+    tokens = [s.token_ids for s in make_samples(seed, lengths)]
+    routing = own_routing(reference_model(family, seed), tokens)
+    return make_samples(seed, lengths, own_routing=routing)
