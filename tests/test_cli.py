@@ -12,9 +12,10 @@ def write_root(root):
             w.write(
                 {
                     "routed_experts": np.ones((10, 2, 2), np.int64),
-                    "sampling_mask": (np.arange(10) % 3, np.arange(9)),
+                    "sampling_mask": (1 + np.arange(10) % 3, np.arange(19)),
                 },
                 pos=0,
+                sampled=np.array([0, 1, 3, 6, 7, 9, 12, 13, 15, 18]),  # each row's first id
             )
 
 

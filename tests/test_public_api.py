@@ -16,10 +16,10 @@ ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadF
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
-        FieldRead {ERRORS_PAYLOAD}""",
+        FieldRead canonical_rows {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig prepare_batch plan_lengths place_micro_batch BatchPlan
         MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
-        BatchConfigError DuplicateFieldError MeshAxisError OverlongError SampleDtypeError SampleLengthError
+        BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError SampleDtypeError SampleLengthError
         SampleValueError SegmentRangeError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file

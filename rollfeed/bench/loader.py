@@ -50,17 +50,21 @@ def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
     for i, T in enumerate(rng.integers(1_024, 8_192, samples).tolist()):
         P = T // 4  # prompt; the completion [P, T) carries the masks
         counts = rng.geometric(1 / 4, T - P)
+        tokens = rng.integers(0, 151_936, T)
+        kept = rng.integers(0, 151_936, counts.sum()).astype(np.int32)
+        kept[np.cumsum(counts) - counts] = tokens[P:]  # each kept set holds its sampled token
         arrays = {
             "routed_experts": rng.integers(0, 128, (T, 48, 8)).astype(np.uint8),
-            "sampling_mask": (counts, rng.integers(0, 151_936, counts.sum()).astype(np.int32)),
+            "sampling_mask": (counts, kept),
             "sampling_mask_logprobs": (counts, -rng.random(counts.sum(), dtype=np.float32)),
         }
         with PayloadWriter(root, group="bench", name=f"req{i}") as w:
             segs = w.write({"routed_experts": arrays["routed_experts"]}, 0)
-            segs += w.write({k: v for k, v in arrays.items() if k != "routed_experts"}, P)
+            rest = {k: v for k, v in arrays.items() if k != "routed_experts"}
+            segs += w.write(rest, P, sampled=tokens[P:])
         out.append(
             Sample(
-                rng.integers(0, 151_936, T),
+                tokens,
                 loss_mask=np.arange(T) >= P,
                 advantages=rng.standard_normal(T).astype(np.float32),
                 inference_logprobs=-rng.random(T, dtype=np.float32),

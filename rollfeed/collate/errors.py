@@ -50,3 +50,8 @@ class MeshAxisError(RollfeedError):
     together (:mod:`rollfeed.collate.mesh_axes`)."""
 
     PLACE = ("axis",)
+
+
+class KeptSetError(CollateError):
+    """An inline kept set (a field declared with a ``label``) does not hold the token sampled
+    from it, or the values aligned with it (mask logprobs) do not follow its rows."""

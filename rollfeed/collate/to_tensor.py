@@ -29,6 +29,7 @@ import torch
 
 from rollfeed.collate.cp import field_ranges, ranges_index, rank_ranges
 from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
+from rollfeed.collate.kept_rows import canonical_inline, with_labels
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
@@ -42,6 +43,9 @@ def _rows(mb: MicroBatch, name: str, labels: bool):
         data = sample.fields.get(name)
         if data is None:
             continue
+        if mb.config.fields[name].label is not None:  # kept sets: the canonical row order
+            fields = mb.config.fields
+            data = canonical_inline(sample.fields, name, fields, sample.token_ids, mb.indices[i])
         if labels:  # position 0 of a sample is never a label
             if isinstance(data, tuple):
                 data = (data[0][1:], data[1][int(data[0][:1].sum()) :])
@@ -126,6 +130,12 @@ def _field(mb, reads, name, spec, ranges, *, whole, width) -> torch.Tensor:
             inline = _inline_fixed(mb, name, spec, rows, idx)
     if name in reads:
         handle = reads[name].values
+        if spec.label == "omitted":  # stored without each row's sampled token: put it back
+            tokens = np.zeros(mb.length + 1, np.int64)
+            for sample, start in zip(mb.samples, mb.starts, strict=True):
+                tokens[start : start + len(sample)] = sample.token_ids
+            cover = reads[name].coverage.numpy()
+            handle = with_labels(handle, cover, tokens[idx], spec.fill)
     if inline is None:
         return handle
     if handle is None:

@@ -24,6 +24,7 @@ from rollfeed.payload.errors import (
     UnknownFieldError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
+from rollfeed.payload.label_rows import canonical_rows
 from rollfeed.payload.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
@@ -53,6 +54,7 @@ __all__ = [
     "PayloadWriter",
     "RaggedLayout",
     "UnknownFieldError",
+    "canonical_rows",
     "clip_segments",
     "lookup_field",
     "read_field",

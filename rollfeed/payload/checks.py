@@ -18,11 +18,10 @@ from pydantic import ValidationError
 
 from rollfeed.payload.errors import PayloadDtypeError, PayloadError, PayloadSegmentError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import BLOCK_ROWS, DTYPE_CODES
+from rollfeed.payload.layout import BLOCK_ROWS, DTYPE_CODES, DTYPE_SIZES, RAGGED_INT_DTYPES
 from rollfeed.payload.segment import (
     FLOAT_DTYPES,
     INTEGER_DTYPES,
-    ITEMSIZE,
     STORED_DTYPES,
     PayloadSegment,
     RaggedLayout,
@@ -51,13 +50,15 @@ def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
         fail(PayloadSegmentError, f"file id {seg.file_id} is outside [1, 2**63)")
     if seg.shape and math.prod(seg.shape) >= _MAX_ROW:
         fail(PayloadSegmentError, f"row shape {seg.shape} exceeds {_MAX_ROW} elements")
-    if seg.dtype not in STORED_DTYPES:
+    if seg.dtype not in STORED_DTYPES | {"uint24"}:
         fail(PayloadDtypeError, f"unknown stored dtype {seg.dtype!r}")
-    if field.is_int != (seg.dtype in INTEGER_DTYPES):
+    if field.is_int != (seg.dtype in INTEGER_DTYPES | {"uint24"}):
         fail(
             PayloadDtypeError,
             f"stored dtype {seg.dtype} disagrees with the field's {type(field.fill).__name__} fill",
         )
+    if not field.ragged and seg.dtype not in stored_kinds(field):
+        fail(PayloadDtypeError, f"{seg.dtype} stores ragged values only, not fixed-width rows")
     if field.ragged != (seg.ragged is not None):
         fail(
             PayloadSegmentError,
@@ -65,10 +66,11 @@ def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
         )
     if seg.ragged is not None:
         lay = seg.ragged
-        if seg.dtype != ("int32" if field.is_int else "float32") or seg.shape:
+        if seg.dtype not in stored_kinds(field) or seg.shape:
             fail(
                 PayloadDtypeError,
-                f"ragged values are stored as {field.ragged_dtype.name}, segment says {seg.dtype}",
+                f"ragged values are stored as one of {sorted(stored_kinds(field))}, segment says "
+                f"{seg.dtype}",
             )
         if lay.count_bytes not in (1, 2, 4) or lay.block_rows < 1 or lay.rows < 0 or lay.values < 0:
             fail(PayloadSegmentError, f"bad ragged layout {lay}")
@@ -95,7 +97,7 @@ def _plausible_shape(shape: tuple[int, ...]) -> bool:
 def stored_kinds(field: PayloadField) -> frozenset[str]:
     """The stored dtypes a field's segments may have."""
     if field.ragged:
-        return frozenset([field.ragged_dtype.name])
+        return frozenset(RAGGED_INT_DTYPES if field.is_int else ["float32"])
     return INTEGER_DTYPES if field.is_int else FLOAT_DTYPES
 
 
@@ -118,7 +120,7 @@ _COLUMNS = (
 _record = operator.attrgetter(
     "file", "pos", "rows", "offset", "first", "file_id", "dtype", "shape", "ragged"
 )
-_DTYPES = {name: (code, ITEMSIZE[name]) for code, name in enumerate(DTYPE_CODES)}
+_DTYPES = {name: (code, DTYPE_SIZES[name]) for code, name in enumerate(DTYPE_CODES)}
 
 
 class RecordTable:

@@ -67,10 +67,15 @@ def fixed_table(head: bytes, body: memoryview, rows: int, row_bytes: int) -> byt
 
 
 def ragged_table(
-    head: bytes, body: memoryview, counts: np.ndarray, count_bytes: int, block_rows: int
+    head: bytes,
+    body: memoryview,
+    counts: np.ndarray,
+    count_bytes: int,
+    block_rows: int,
+    value_bytes: int,
 ) -> bytes:
     """The checksum table of a CSR region: ``counts [rows]`` its row lengths, ``body`` as
-    :func:`~rollfeed.payload.layout.ragged_bytes` made it."""
+    :func:`~rollfeed.payload.layout.ragged_bytes` made it, ``value_bytes`` per stored value."""
     rows = len(counts)
     out = [crc(head)]
     if rows:
@@ -86,7 +91,7 @@ def ragged_table(
         last = len(ends) - 1
         for k, (v0, v1) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
             out.append(crc(body[k * per : vs if k == last else min((k + 1) * per, ib)]))
-            out.append(crc(body[vs + 4 * v0 : vs + 4 * v1]))
+            out.append(crc(body[vs + value_bytes * v0 : vs + value_bytes * v1]))
     return np.array(out, ENTRY).tobytes()
 
 
@@ -203,12 +208,14 @@ class RegionSums:
             if value != self.stored[1 + 2 * k]:
                 raise self._fail(1 + 2 * k, f"index {k}", self.body_at + k * per_block, value)
 
-    def values(self, read: Read, values_at: int, start: np.ndarray, end: np.ndarray) -> None:
-        """Every values block of a CSR body: block k holds values ``[start[k], end[k])``."""
+    def values(
+        self, read: Read, values_at: int, start: np.ndarray, end: np.ndarray, size: int
+    ) -> None:
+        """Every values block of a CSR body: block k holds values ``[start[k], end[k])`` of
+        ``size`` bytes each."""
         for k, (a, b) in enumerate(zip(start.tolist(), end.tolist(), strict=True)):
-            self._span(
-                read, 2 + 2 * k, f"values {k}", self.body_at + values_at + 4 * a, 4 * (b - a)
-            )
+            at = self.body_at + values_at + size * a
+            self._span(read, 2 + 2 * k, f"values {k}", at, size * (b - a))
 
 
 # --------------------------------------------------------------------------- checking reads

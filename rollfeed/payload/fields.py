@@ -8,6 +8,19 @@ position and the value kind (an ``int`` fill means integer values, a ``float`` f
 - ``labels``: the same positions shifted one ahead (a mask sits at the sampled token's position);
 - ``sequence``: the whole micro batch (consumed by the loss after a CP gather).
 
+Kept sets (``label``): the sampled token of a position is always a member of that position's kept
+set, and the trainer already has it as the label. A field declared ``label="omitted"`` (the
+sampling mask) therefore stores each row without it: the other ids in ascending order, so a
+singleton costs no value at all. It is read back as ``[n, W]`` with column 0 left at the fill;
+:func:`rollfeed.collate.to_tensor_micro_batch` (the layer that knows the labels) puts the row's
+sampled token there. Every row's canonical order is the sampled token first, then the others
+ascending; a field declared ``label="first"`` (the mask logprobs) holds one value per id of the
+``"omitted"`` field's row and is stored whole in that order. The writer applies the order (it is
+given the sampled tokens), and so does the inline path (:func:`rollfeed.payload.canonical_rows`).
+Example: tokens ``[.., 40, ..]``, kept set ``{7, 40, 3}`` at the position of 40 with logprobs
+``{3: -2.0, 7: -1.5, 40: -0.1}`` -> stored mask row ``[3, 7]``, logprobs row ``[-0.1, -2.0, -1.5]``;
+``to_tensor_micro_batch`` gives the mask row ``[40, 3, 7]``.
+
 Adding a field is one call, ``register_field("my_field", PayloadField(fill=0, window="inputs"))``,
 or one entry in your own mapping passed as ``fields=`` to the writer and reader; nothing else
 changes.
@@ -27,6 +40,8 @@ from rollfeed.payload.errors import PayloadFieldError, UnknownFieldError
 
 Window = Literal["inputs", "labels", "sequence"]
 WINDOWS: tuple[Window, ...] = ("inputs", "labels", "sequence")
+Label = Literal["omitted", "first"]
+LABELS: tuple[Label, ...] = ("omitted", "first")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,13 +50,16 @@ class PayloadField:
 
     ``ragged=False``: fixed width, each row ``[*shape]``; read back as ``[n, *shape]``.
     ``ragged=True``: a variable-length row per token (CSR); read back as ``[n, W]`` padded with
-    fill,
-    values ``int32`` for an int fill and ``float32`` for a float fill.
+    fill, values ``int32`` for an int fill and ``float32`` for a float fill.
+    ``label`` (ragged only; module doc): ``"omitted"`` for kept-set ids stored without the
+    sampled token (read back with column 0 at fill, for the label), ``"first"`` for values
+    aligned with them (the sampled token's value first); ``None`` for rows stored as given.
     """
 
     fill: int | float
     window: Window
     ragged: bool = False
+    label: Label | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.fill, bool) or not isinstance(self.fill, int | float):
@@ -56,6 +74,13 @@ class PayloadField:
             raise PayloadFieldError(
                 "PayloadField fill must not be NaN (it would never compare equal)"
             )
+        if self.label is not None and (self.label not in LABELS or not self.ragged):
+            raise PayloadFieldError(
+                f"PayloadField label must be one of {LABELS} on a ragged field, or None; got "
+                f"{self.label!r} (ragged={self.ragged})"
+            )
+        if self.label == "omitted" and not isinstance(self.fill, int):
+            raise PayloadFieldError("PayloadField label='omitted' holds token ids: an int fill")
 
     @property
     def is_int(self) -> bool:
@@ -70,8 +95,10 @@ class PayloadField:
 PAYLOAD_FIELDS: dict[str, PayloadField] = {
     "routed_experts": PayloadField(fill=0, window="inputs"),
     "routed_expert_weights": PayloadField(fill=0.0, window="inputs"),
-    "sampling_mask": PayloadField(fill=-1, window="labels", ragged=True),
-    "sampling_mask_logprobs": PayloadField(fill=-math.inf, window="sequence", ragged=True),
+    "sampling_mask": PayloadField(fill=-1, window="labels", ragged=True, label="omitted"),
+    "sampling_mask_logprobs": PayloadField(
+        fill=-math.inf, window="sequence", ragged=True, label="first"
+    ),
 }
 
 

@@ -27,7 +27,7 @@ from rollfeed.payload.checksum import (
     unique_blocks,
 )
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import DTYPE_CODES, REGION_HEADER, VERSION
+from rollfeed.payload.layout import DTYPE_CODES, REGION_HEADER
 from rollfeed.payload.lease import FieldFiles, Reads
 from rollfeed.payload.read_plan import coverage, fit, header_ranges, overlaps, slots
 from rollfeed.payload.regions import check_file_ids, check_regions
@@ -116,8 +116,8 @@ class FixedJob:
         c, n, elems = self.c, self.n, self.elems
         check_file_ids(c, files.file_id[c.file_idx])
         version, hsize, hstart = header_ranges(c, files, self.key)
-        if check and (version != VERSION).any():
-            i = int(np.argmax(version != VERSION))
+        if check and (version == 1).any():
+            i = int(np.argmax(version == 1))
             raise no_checksums_error(file=c.segs[i].file, field=self.name, region=c.segs[i].offset)
         size = fit(c, files, self._fits, self._needs)  # every record read lies inside its file
         hbuf = np.zeros((len(c.segs), REGION_HEADER.size + len(self.key)), np.uint8)

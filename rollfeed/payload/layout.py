@@ -5,17 +5,21 @@ a checksum table. Readers go straight to a body through the segment record (``of
 body's byte offset) and check the region header right before it, read in the same batch, against
 the record; the region headers also make a file self-describing for ``verify`` and ``inspect``.
 
-Format version 2 (written; version 1 stays readable):
+Format version 3 (written; versions 1 and 2 stay readable):
 
-- file header ``<8sHHIQ`` (24 bytes): magic ``b"RFPAYLD\\0"``, version 2, flags (0), reserved (0),
+- file header ``<8sHHIQ`` (24 bytes): magic ``b"RFPAYLD\\0"``, version 3, flags (0), reserved (0),
   file id (random, ``1 <= id < 2**63``; every region header and every record repeats it, so a
   reader holding a descriptor of a replaced file notices from the bytes it reads anyway);
-- region header ``<4sBBBBIQQQQBB2x4I`` (64 bytes): magic ``b"RGN2"``, kind (0 fixed, 1 ragged),
+- region header ``<4sBBBBIQQQQBBBx4I`` (64 bytes): magic ``b"RGN3"``, kind (0 fixed, 1 ragged),
   count bytes, dtype code, field name length, block rows, rows, values, body bytes, file id, row
-  ndim (at most 4), checksum kind (1: CRC-32C), row dims (u32, unused ones 0); then the field name
-  (UTF-8), then the body, then the checksum table (:mod:`rollfeed.payload.checksum`): one
-  little-endian u32 CRC-32C of the header and name, then one per block of the body.
+  ndim (at most 4), checksum kind (1: CRC-32C), row flags (bit 0: each row omits its sampled
+  token, see below; 0 for fixed-width regions), one zero byte, row dims (u32, unused ones 0);
+  then the field name (UTF-8), then the body, then the checksum table
+  (:mod:`rollfeed.payload.checksum`): one little-endian u32 CRC-32C of the header and name, then
+  one per block of the body.
 
+Version 2: the same file header (version 2) and region header with magic ``b"RGN2"`` and a zero
+row-flags byte; its ragged values are always 4 bytes (int32 / float32) and its rows whole.
 Version 1: file header ``<8sHHI`` (16 bytes, no id); region header ``<4sBBBBIQQQ4x`` (40 bytes,
 magic ``b"RGN1"``, no file id, no row shape, no checksums), then the name, then the body.
 
@@ -28,24 +32,34 @@ Ragged (CSR) body, everything relative to the body start, so no file-size cap::
     index:  ceil(rows / B) blocks; block k = u64 offset of its first value, then the B row lengths
             (``count_bytes`` each: 1 when every row has < 256 values, else 2, else 4)
     pad to 4 bytes
-    values: int32 (int fill) or float32 (float fill), row after row
+    values: row after row, at the region's value dtype (the header's dtype code): float32 for a
+            float fill; for an int fill the narrowest of uint8, uint16, uint24 (3 bytes, little
+            endian) and int32 that holds every value of the region (int32 when one is negative)
+
+Rows of a field declared ``label="omitted"`` (the sampling mask; row flags bit 0) hold a kept set
+without its sampled token, which is the token at the row's own position: the other ids
+ascending (a singleton is an empty row). A direct reader rebuilds row ``p`` as
+``[token_ids[p], *stored_row]``. Rows of a ``label="first"`` field (the mask logprobs) are whole,
+the sampled token's value first, then the others' in ascending id order
+(:mod:`rollfeed.payload.label_rows`).
 
 Its checksum blocks follow the index blocks: per block k of B rows, one CRC of index block k (the
 last one with the padding) and one of the values of its rows, so a window checks the index and
 values blocks of the rows it reads and nothing else.
 
 With B = 128 and 1-byte lengths the index costs 1 + 8/128 = 1.06 bytes per row and its checksums
-8/128 = 0.06, so a mask with a mean of 1.7 kept ids per token costs about 1.13 + 1.7 * 4 = 7.9
-bytes per token (a padded ``[T, 32]`` int32 layout costs 128); routing ``[T, 48, 8]`` uint8 costs
-384 + 4/170 bytes per token. Reading rows ``[a, b)`` of a region takes one read of the index
-blocks covering them and one read of their values; no second pass over values for widths.
+8/128 = 0.06, so a mask with a mean of 1.7 kept ids per token (ids < 2**24: 3 bytes) costs about
+1.13 + 0.7 * 3 = 3.2 bytes per token (version 2: 1.13 + 1.7 * 4 = 7.9; a padded ``[T, 32]`` int32
+layout: 128); routing ``[T, 48, 8]`` uint8 costs 384 + 4/170 bytes per token. Reading rows
+``[a, b)`` of a region takes one read of the index blocks covering them and one read of their
+values; no second pass over values for widths.
 
-Worked example (B = 2, counts [2, 0, 1], values [7, 9, 4])::
+Worked example (B = 2, counts [2, 0, 1], values [7, 9, 4]: uint8)::
 
     block 0: offset=0, lengths [2, 0]      block 1: offset=2, lengths [1]
-    index bytes = 2 * 8 + 3 * 1 = 19 -> values start at 20 -> body is 20 + 3 * 4 = 32 bytes
-    checksum table (5 u32): crc(header + name), crc(body[0:10]), crc(body[20:28]),
-                            crc(body[10:20]) (index block 1 and the padding), crc(body[28:32])
+    index bytes = 2 * 8 + 3 * 1 = 19 -> values start at 20 -> body is 20 + 3 * 1 = 23 bytes
+    checksum table (5 u32): crc(header + name), crc(body[0:10]), crc(body[20:22]),
+                            crc(body[10:20]) (index block 1 and the padding), crc(body[22:23])
 """
 
 from __future__ import annotations
@@ -58,17 +72,22 @@ from typing import TypeVar
 import numpy as np
 
 from rollfeed.payload.errors import PayloadHeaderError, PayloadIndexError, PayloadInputError
+from rollfeed.payload.values import encode_values
 
 MAGIC = b"RFPAYLD\0"
-VERSION = 2
+VERSION = 3
+VERSIONS = (1, 2, 3)  # the versions this reader reads
 FILE_HEADER = struct.Struct("<8sHHIQ")
 FILE_HEADER_V1 = struct.Struct("<8sHHI")
-REGION_MAGIC = b"RGN2"
+REGION_MAGIC = b"RGN3"
+REGION_MAGIC_V2 = b"RGN2"
 REGION_MAGIC_V1 = b"RGN1"
-REGION_HEADER = struct.Struct("<4sBBBBIQQQQBB2x4I")
+REGION_HEADER = struct.Struct("<4sBBBBIQQQQBBBx4I")
 REGION_HEADER_V1 = struct.Struct("<4sBBBBIQQQ4x")
 MAX_NDIM = 4  # row dims a version-2 region header holds
-CHECKSUM_CRC32C = 1  # the checksum kind of every version-2 region
+CHECKSUM_CRC32C = 1  # the checksum kind of every version-2 and -3 region
+LABEL_OMITTED = 1  # row flags bit 0: each row omits its sampled token
+FLAGS_AT = 46  # byte of the row flags in a version-3 region header
 KIND_FIXED, KIND_RAGGED = 0, 1
 DTYPE_CODES = (
     "uint8",
@@ -81,7 +100,11 @@ DTYPE_CODES = (
     "float16",
     "float32",
     "float64",
+    "uint24",  # ragged values only
 )
+# Bytes of one stored value, by dtype name (uint24 has no NumPy dtype: 3 bytes, little endian).
+DTYPE_SIZES = {name: 3 if name == "uint24" else np.dtype(name).itemsize for name in DTYPE_CODES}
+RAGGED_INT_DTYPES = ("uint8", "uint16", "uint24", "int32")  # narrowest first
 BLOCK_ROWS = 128
 _OFFSET = np.dtype("<u8")
 Rows = TypeVar("Rows", int, np.ndarray)
@@ -101,7 +124,8 @@ REGION_RECORD = np.dtype(
         ("file_id", "<u8"),
         ("ndim", "u1"),
         ("checksum", "u1"),
-        ("pad", "V2"),
+        ("flags", "u1"),
+        ("pad", "V1"),
         ("dims", "<u4", (MAX_NDIM,)),
     ]
 )
@@ -129,7 +153,7 @@ def new_file_id() -> int:
 
 
 def file_header(file_id: int) -> bytes:
-    """The version-2 file header of a file with id ``file_id``."""
+    """The version-3 file header of a file with id ``file_id``."""
     return FILE_HEADER.pack(MAGIC, VERSION, 0, 0, file_id)
 
 
@@ -151,9 +175,9 @@ def parse_file_header(raw: bytes) -> FileHeader:
     version = FILE_HEADER_V1.unpack_from(raw)[1]
     if version == 1:
         return FileHeader(version=1, file_id=None, size=FILE_HEADER_V1.size)
-    if version != VERSION:
+    if version not in VERSIONS:
         raise PayloadHeaderError(
-            f"payload format version {version}; this reader reads versions 1 and {VERSION}",
+            f"payload format version {version}; this reader reads versions {VERSIONS}",
             offset=0,
         )
     if len(raw) < FILE_HEADER.size:
@@ -163,25 +187,29 @@ def parse_file_header(raw: bytes) -> FileHeader:
     _, _, flags, reserved, file_id = FILE_HEADER.unpack_from(raw)
     if flags or reserved:
         raise PayloadHeaderError(
-            f"file header flags {flags} / reserved {reserved}: version {VERSION} writes 0 (a "
+            f"file header flags {flags} / reserved {reserved}: version {version} writes 0 (a "
             "damaged header, or a newer writer's flags this reader does not know)",
             offset=4,
         )
     if not 0 < file_id < 1 << 63:
         raise PayloadHeaderError(f"file id {file_id} is outside [1, 2**63)", offset=0)
-    return FileHeader(version=VERSION, file_id=file_id, size=FILE_HEADER.size)
+    return FileHeader(version=version, file_id=file_id, size=FILE_HEADER.size)
 
 
 def region_struct(version: int) -> struct.Struct:
     """The fixed part of a region header in format ``version`` (the field name follows it)."""
-    return REGION_HEADER if version == VERSION else REGION_HEADER_V1
+    return REGION_HEADER_V1 if version == 1 else REGION_HEADER
+
+
+def region_magic(version: int) -> bytes:
+    return {1: REGION_MAGIC_V1, 2: REGION_MAGIC_V2}.get(version, REGION_MAGIC)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegionHeader:
     """One region header. ``file_id``, ``shape`` (a fixed-width row's dims; ``()`` for ragged
     regions) and ``checksum`` (the checksum kind) are ``None`` in version 1, which does not record
-    them."""
+    them; ``flags`` (row flags, :data:`LABEL_OMITTED`) is 0 before version 3."""
 
     field: str
     kind: int
@@ -194,6 +222,7 @@ class RegionHeader:
     file_id: int | None = None
     shape: tuple[int, ...] | None = None
     checksum: int | None = CHECKSUM_CRC32C
+    flags: int = 0
     version: int = VERSION
 
     @property
@@ -202,7 +231,7 @@ class RegionHeader:
         return region_struct(self.version).size + len(self.field.encode())
 
     def pack(self) -> bytes:
-        """The version-2 bytes of this header (writers only write version 2)."""
+        """The version-3 bytes of this header (writers only write version 3)."""
         assert self.version == VERSION and self.file_id is not None and self.shape is not None
         name = self.field.encode()
         dims = [*self.shape, *[0] * (MAX_NDIM - len(self.shape))]
@@ -220,6 +249,7 @@ class RegionHeader:
                 self.file_id,
                 len(self.shape),
                 self.checksum,
+                self.flags,
                 *dims,
             )
             + name
@@ -233,8 +263,7 @@ class RegionHeader:
         if len(raw) != st.size:
             return None
         magic, kind, cb, code, name_len, block, rows, values, body, *rest = st.unpack(raw)
-        want = REGION_MAGIC if version == VERSION else REGION_MAGIC_V1
-        if magic != want or kind not in (0, 1) or code >= len(DTYPE_CODES):
+        if magic != region_magic(version) or kind not in (0, 1) or code >= len(DTYPE_CODES):
             return None
         if len(name) != name_len:
             return None
@@ -243,11 +272,14 @@ class RegionHeader:
         except UnicodeDecodeError:
             return None
         file_id = shape = checksum = None
-        if version == VERSION:
-            file_id, ndim, checksum, *dims = rest
+        flags = 0
+        if version != 1:
+            file_id, ndim, checksum, flags, *dims = rest
             if ndim > MAX_NDIM or any(dims[ndim:]) or (kind == KIND_RAGGED and ndim):
                 return None
-            if checksum != CHECKSUM_CRC32C:
+            if checksum != CHECKSUM_CRC32C or flags & ~LABEL_OMITTED:
+                return None
+            if flags and (version != VERSION or kind != KIND_RAGGED):
                 return None
             shape = tuple(dims[:ndim])
         return cls(
@@ -262,6 +294,7 @@ class RegionHeader:
             file_id=file_id,
             shape=shape,
             checksum=checksum,
+            flags=flags,
             version=version,
         )
 
@@ -280,13 +313,10 @@ def values_start(rows: Rows, count_bytes: int, block_rows: int) -> Rows:
     return -(-index_bytes(rows, count_bytes, block_rows) // 4) * 4
 
 
-def ragged_bytes(
-    counts: np.ndarray, values: np.ndarray, *, dtype: np.dtype, block_rows: int = BLOCK_ROWS
-) -> tuple[bytes, int]:
-    """Encode a ragged region body. Returns ``(body, count_bytes)``.
-
-    counts ``[rows]`` (>= 0), values ``[sum(counts)]`` cast to ``dtype`` (int32 or float32).
-    """
+def check_ragged(counts, values, is_int: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(counts, values)`` as arrays, once they are CSR rows a region can hold: counts a 1-D
+    integer array >= 0, values 1-D with ``sum(counts)`` entries (int ones fitting int32);
+    else :class:`PayloadInputError`."""
     counts = np.asarray(counts)
     values = np.asarray(values)
     if counts.ndim != 1 or counts.dtype.kind not in "iu":
@@ -301,10 +331,23 @@ def ragged_bytes(
         raise PayloadInputError(
             f"ragged values must be 1-D with sum(counts)={total} entries, got shape {values.shape}"
         )
-    if dtype.kind == "i" and values.size and (values.min() < -(1 << 31) or values.max() >= 1 << 31):
+    wide = values.size and (values.min() < -(1 << 31) or values.max() >= 1 << 31)
+    if is_int and wide:
         raise PayloadInputError(
             f"ragged int values must fit int32, got [{values.min()}, {values.max()}]"
         )
+    return counts, values
+
+
+def ragged_bytes(
+    counts: np.ndarray, values: np.ndarray, *, dtype: str, block_rows: int = BLOCK_ROWS
+) -> tuple[bytes, int]:
+    """Encode a ragged region body. Returns ``(body, count_bytes)``.
+
+    counts ``[rows]`` (>= 0), values ``[sum(counts)]`` stored as ``dtype`` (a ragged value dtype
+    name, :mod:`rollfeed.payload.values`).
+    """
+    counts, values = check_ragged(counts, values, dtype != "float32")
     widest = int(counts.max()) if counts.size else 0
     count_bytes = 1 if widest < 1 << 8 else 2 if widest < 1 << 16 else 4
     rows, per_block = counts.size, _OFFSET.itemsize + block_rows * count_bytes
@@ -322,7 +365,7 @@ def ragged_bytes(
     # The last block holds only its own rows: trim the zero tail of lengths past `rows`.
     index = index[: index_bytes(rows, count_bytes, block_rows)]
     pad = values_start(rows, count_bytes, block_rows) - index.size
-    body = b"".join([index.tobytes(), bytes(pad), values.astype(dtype.newbyteorder("<")).tobytes()])
+    body = b"".join([index.tobytes(), bytes(pad), encode_values(values, dtype).tobytes()])
     return body, count_bytes
 
 

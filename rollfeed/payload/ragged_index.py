@@ -18,6 +18,8 @@ from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.checksum import Entries, check_blocks, table_entries
 from rollfeed.payload.errors import PayloadIndexError
 from rollfeed.payload.layout import (
+    DTYPE_CODES,
+    DTYPE_SIZES,
     REGION_HEADER,
     RowIndex,
     decode_index,
@@ -28,6 +30,7 @@ from rollfeed.payload.layout import (
 from rollfeed.payload.lease import Reads
 from rollfeed.payload.read_plan import fit, header_ranges, slots
 from rollfeed.payload.regions import check_regions
+from rollfeed.payload.values import decode_into, spare
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,24 +40,29 @@ class Decoded:
     table: RecordTable
     index: RowIndex
     block_rows: int
+    dtype: str  # the stored value dtype (a name of DTYPE_CODES)
+    size: int  # bytes of one stored value
     index_base: np.ndarray  # [S + 1] first decoded index block of each record
     values_at: np.ndarray  # [S] byte offset of the values inside each region body
     held_at: np.ndarray  # [S] first element of the region's values in ``held``, or -1
-    held: np.ndarray  # values of the regions read whole, back to back (``ragged_dtype``)
+    held: np.ndarray  # values of the regions read whole, back to back, decoded (``ragged_dtype``)
     entries: Entries | None  # a checking read's table entries
 
 
 class IndexStep:
-    """Step 1 for the records of one ``(count_bytes, block_rows)`` kind: the reads of every
-    record's index (all its rows: W depends on them, not the window) and its region header.
+    """Step 1 for the records of one ``(count_bytes, block_rows, dtype code)`` kind: the reads of
+    every record's index (all its rows: W depends on them, not the window) and its region header.
 
     A record that spans its whole region and whose every row the window reads (``read_all``;
     the common case: one request, one region) is read in one go, index and values together;
     another one reads only the index blocks covering it (its values are read in step 2).
     """
 
-    def __init__(self, t: RecordTable, cb, block, name, spec, files, check: bool, read_all):
+    def __init__(self, t: RecordTable, kind, name, spec, files, check: bool, read_all):
+        cb, block, code = kind
         self.t, self.cb, self.block, self.name, self.check = t, cb, block, name, check
+        self.spec, self.dtype = spec, DTYPE_CODES[code]
+        self.vsize = size = DTYPE_SIZES[self.dtype]
         self.key = name.encode()
         self.version, self.hsize, self.hstart = header_ranges(t, files, self.key)
         self.files = files
@@ -62,11 +70,11 @@ class IndexStep:
 
         def body(rows, values):  # a checking read needs the checksum table too
             tail = 4 * table_entries(True, rows, block) if check else 0
-            return values_start(rows, cb, block) + 4 * values + tail
+            return values_start(rows, cb, block) + size * values + tail
 
-        def fits(size: np.ndarray) -> np.ndarray:
-            room = size - t.offset
-            ok = (room >= 0) & (lay_rows <= room) & (lay_values <= room // 4)  # no wrap below
+        def fits(file_size: np.ndarray) -> np.ndarray:
+            room = file_size - t.offset
+            ok = (room >= 0) & (lay_rows <= room) & (lay_values <= room // size)  # no wrap below
             return ok & (body(np.where(ok, lay_rows, 0), np.where(ok, lay_values, 0)) <= room)
 
         def needs(i: int) -> str:
@@ -83,7 +91,7 @@ class IndexStep:
         self.whole = whole = (t.first == 0) & (t.rows == lay_rows) & read_all
         held_len = np.where(whole, lay_values, 0)
         self.held_at = held_at = np.where(whole, np.cumsum(held_len) - held_len, -1)
-        self.held = np.empty(int(held_len.sum()), spec.ragged_dtype)
+        self.raw = np.zeros(size * int(held_len.sum()) + spare(self.dtype), np.uint8)
         self.hbuf = np.zeros((len(t.segs), REGION_HEADER.size + len(self.key)), np.uint8)
         self.pad = np.zeros((len(t.segs), 4), np.uint8)  # the index's padding to 4 bytes
         w = np.flatnonzero(whole)
@@ -100,15 +108,15 @@ class IndexStep:
             (
                 t.file_idx[w],
                 t.offset[w] + values_at[w],
-                4 * lay_values[w],
-                self.held,
-                4 * held_at[w],
+                size * lay_values[w],
+                self.raw,
+                size * held_at[w],
             ),
         ]
         self.entries = None
         if check:  # entries 0 .. 2 + 2 * (last block read): the header, index and values CRCs
             last = (t.first + t.rows - 1) // block
-            at = t.offset + values_at + 4 * lay_values
+            at = t.offset + values_at + size * lay_values
             self.entries = Entries.plan(at, 3 + 2 * last)
             reads.append(
                 (
@@ -135,6 +143,7 @@ class IndexStep:
             file_id=file_id,
             shape=None,
             ragged=(self.cb, block),
+            omitted=self.spec.label == "omitted",
         )
         if self.check:
             self._check_index()
@@ -145,14 +154,18 @@ class IndexStep:
             raise err.with_place(file=s.file, field=self.name, offset=s.offset, pos=s.pos) from None
         if self.check:
             self._check_held(index)
+        held = np.empty((self.raw.size - spare(self.dtype)) // self.vsize, self.spec.ragged_dtype)
+        decode_into(held, self.raw, self.dtype)
         return Decoded(
             table=t,
             index=index,
             block_rows=block,
+            dtype=self.dtype,
+            size=self.vsize,
             index_base=table.block_base,
             values_at=self.values_at,
             held_at=self.held_at,
-            held=self.held,
+            held=held,
             entries=self.entries,
         )
 
@@ -202,17 +215,22 @@ class IndexStep:
         rec = rec[j]
         k = j - table.block_base[rec]  # a whole region's table starts at its block 0
         bs, be = index.block_start[j], index.block_end[j]
-        J = len(j)
+        J, size = len(j), self.vsize
         check_blocks(
             t.segs,
             self.name,
-            [memoryview(self.held.view(np.uint8))],
-            (np.zeros(J, np.int64), 4 * (self.held_at[rec] + bs), 4 * (be - bs), np.arange(J)),
+            [memoryview(self.raw)],
+            (
+                np.zeros(J, np.int64),
+                size * (self.held_at[rec] + bs),
+                size * (be - bs),
+                np.arange(J),
+            ),
             (
                 rec,
                 np.full(J, 3),
                 k,
-                t.offset[rec] + self.values_at[rec] + 4 * bs,
+                t.offset[rec] + self.values_at[rec] + size * bs,
                 self.entries.stored(rec, 2 + 2 * k),
             ),
         )

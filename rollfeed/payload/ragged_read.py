@@ -20,11 +20,11 @@ from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.checksum import check_blocks, no_checksums_error, unique_blocks
 from rollfeed.payload.errors import PayloadWidthError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import VERSION
 from rollfeed.payload.lease import FieldFiles, Reads
 from rollfeed.payload.ragged_index import IndexStep
 from rollfeed.payload.read_plan import coverage, inside, overlaps, spread
 from rollfeed.payload.regions import check_file_ids
+from rollfeed.payload.values import decode_into, spare
 
 
 class RaggedJob:
@@ -44,11 +44,15 @@ class RaggedJob:
         self.files = np.flatnonzero(opened)  # the files opened (indexes into file_list)
         if self.empty:
             self.kinds = []
-        elif (t.count_bytes == t.count_bytes[0]).all() and (t.block_rows == t.block_rows[0]).all():
-            self.kinds = [(int(t.count_bytes[0]), int(t.block_rows[0]))]  # the common case
+        elif (
+            (t.count_bytes == t.count_bytes[0]).all()
+            and (t.block_rows == t.block_rows[0]).all()
+            and (t.dtype == t.dtype[0]).all()
+        ):  # the common case
+            self.kinds = [(int(t.count_bytes[0]), int(t.block_rows[0]), int(t.dtype[0]))]
         else:
-            pairs = zip(t.count_bytes.tolist(), t.block_rows.tolist(), strict=True)
-            self.kinds = sorted(set(pairs))
+            cols = (t.count_bytes.tolist(), t.block_rows.tolist(), t.dtype.tolist())
+            self.kinds = sorted(set(zip(*cols, strict=True)))
 
     def steps(self, files: FieldFiles, check: bool) -> Generator[Reads, None, np.ndarray]:
         """Yield the batches to read, one at a time; return the rows ``[n, W]``."""
@@ -57,15 +61,18 @@ class RaggedJob:
             return np.full((self.n, self.width or 1), spec.fill, spec.ragged_dtype)
         check_file_ids(t, files.file_id[t.file_idx])
         version = files.version[t.file_idx]
-        if check and (version != VERSION).any():
-            i = int(np.argmax(version != VERSION))
+        if check and (version == 1).any():
+            i = int(np.argmax(version == 1))
             raise no_checksums_error(file=t.segs[i].file, field=self.name, region=t.segs[i].offset)
         indexes = []
-        for cb, block in self.kinds:
-            idx = np.flatnonzero((t.count_bytes == cb) & (t.block_rows == block))
+        for cb, block, code in self.kinds:
+            idx = np.flatnonzero(
+                (t.count_bytes == cb) & (t.block_rows == block) & (t.dtype == code)
+            )
             kind = t if len(self.kinds) == 1 else t.take(idx)
             read_all = inside(kind, self.ranges)  # the window reads every row of these
-            indexes.append(IndexStep(kind, cb, block, self.name, spec, files, check, read_all))
+            step = IndexStep(kind, (cb, block, code), self.name, spec, files, check, read_all)
+            indexes.append(step)
         yield Reads.concat([x.reads for x in indexes])
         decoded = [x.decode() for x in indexes]
         return (yield from self._gather(decoded, files, check))
@@ -73,14 +80,16 @@ class RaggedJob:
     def _gather(self, decoded, files: FieldFiles, check: bool):
         """Step 2: ``[n, W]`` from the decoded indexes; values of clipped regions read now."""
         n, spec, width = self.n, self.spec, self.width
-        widest = max(int(d.index.counts.max()) for d in decoded)
+        lead = int(spec.label == "omitted")  # column 0 is the label's, filled by the caller
+        widest = max(int(d.index.counts.max()) for d in decoded) + lead
         if width is not None and widest > width:
-            d = next(d for d in decoded if int(d.index.counts.max()) == widest)
+            d = next(d for d in decoded if int(d.index.counts.max()) + lead == widest)
             row = int(np.argmax(d.index.counts))
             i = int(np.searchsorted(d.index.row_base, row, side="right") - 1)
             s = d.table.segs[i]
+            what = f"{widest} values (its sampled token included)" if lead else f"{widest} values"
             raise PayloadWidthError(
-                f"a row holds {widest} values, wider than width={width}; raise width or pass None",
+                f"a row holds {what}, wider than width={width}; raise width or pass None",
                 file=s.file,
                 field=self.name,
                 offset=s.offset,
@@ -118,26 +127,40 @@ class RaggedJob:
                     (d, seg[rest], dst[rest], v0[rest], count[rest], row[rest], rows[rest])
                 )
         if clipped and not check:
-            yield Reads.concat(
-                [
-                    files.reads(
-                        d.table.file_idx[seg],
-                        d.table.offset[seg] + d.values_at[seg] + 4 * v0,
-                        4 * count,
-                        [values],
-                        0,
-                        4 * dst,
-                    )
-                    for d, seg, dst, v0, count, _, _ in clipped
-                ]
-            )
+            yield from _clipped_values(clipped, values, files)
         elif clipped:
             yield from _checked_values(clipped, values, files, self.name)
         W = width if width is not None else max(1, widest)
         out = np.full((n, W), spec.fill, spec.ragged_dtype)
-        if values.size:  # value k of row r lands at flat index r * W + (k - value_base[r])
-            out.reshape(-1)[spread(np.arange(0, n * W, W), row_counts)] = values
+        if values.size:  # row r's values fill its first row_counts[r] columns (after the lead)
+            out[:, lead:][np.arange(W - lead) < row_counts[:, None]] = values
         return out
+
+
+def _clipped_values(clipped, values: np.ndarray, files: FieldFiles):
+    """Step 2 for clipped regions: their window values, read as stored bytes at the window
+    values' places (one buffer per kind), then decoded into ``values``."""
+    plans = []
+    for d, seg, dst, v0, count, _, _ in clipped:
+        raw = np.zeros(d.size * values.size + spare(d.dtype), np.uint8)
+        plans.append((d, seg, dst, v0, count, raw))
+    yield Reads.concat(
+        [
+            files.reads(
+                d.table.file_idx[seg],
+                d.table.offset[seg] + d.values_at[seg] + d.size * v0,
+                d.size * count,
+                [raw],
+                0,
+                d.size * dst,
+            )
+            for d, seg, dst, v0, count, raw in plans
+        ]
+    )
+    for d, _, dst, _, count, raw in plans:
+        got = np.empty(values.size, values.dtype)
+        decode_into(got, raw, d.dtype)
+        _copy_runs(values, dst, got, dst, count)
 
 
 def _checked_values(clipped, values: np.ndarray, files: FieldFiles, name: str):
@@ -150,12 +173,20 @@ def _checked_values(clipped, values: np.ndarray, files: FieldFiles, name: str):
         j = d.index_base[ur] + uk - t.first[ur] // block  # table block of each pair
         bs, be = d.index.block_start[j], d.index.block_end[j]
         slot = np.cumsum(be - bs) - (be - bs)
-        scratch = np.empty(int((be - bs).sum()), values.dtype)
-        src = t.offset[ur] + d.values_at[ur] + 4 * bs
+        total = int((be - bs).sum())
+        scratch = np.zeros(d.size * total + spare(d.dtype), np.uint8)
+        src = t.offset[ur] + d.values_at[ur] + d.size * bs
         plans.append((d, seg, dst, v0, count, ur, uk, first, bs, be, slot, scratch, src))
     yield Reads.concat(
         [
-            files.reads(p[0].table.file_idx[p[5]], p[12], 4 * (p[9] - p[8]), [p[11]], 0, 4 * p[10])
+            files.reads(
+                p[0].table.file_idx[p[5]],
+                p[12],
+                p[0].size * (p[9] - p[8]),
+                [p[11]],
+                0,
+                p[0].size * p[10],
+            )
             for p in plans
         ]
     )
@@ -164,11 +195,13 @@ def _checked_values(clipped, values: np.ndarray, files: FieldFiles, name: str):
         check_blocks(
             d.table.segs,
             name,
-            [memoryview(scratch.view(np.uint8))],
-            (np.zeros(J, np.int64), 4 * slot, 4 * (be - bs), np.arange(J)),
+            [memoryview(scratch)],
+            (np.zeros(J, np.int64), d.size * slot, d.size * (be - bs), np.arange(J)),
             (ur, np.full(J, 3), uk, src, d.entries.stored(ur, 2 + 2 * uk)),
         )
-        _copy_runs(values, dst, scratch, slot[first] + v0 - bs[first], count)
+        got = np.empty(int((be - bs).sum()), values.dtype)
+        decode_into(got, scratch, d.dtype)
+        _copy_runs(values, dst, got, slot[first] + v0 - bs[first], count)
 
 
 def _copy_runs(dst: np.ndarray, d0: np.ndarray, src: np.ndarray, s0: np.ndarray, n: np.ndarray):

@@ -14,7 +14,7 @@ import numpy as np
 
 from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.errors import PayloadTruncatedError
-from rollfeed.payload.layout import REGION_HEADER, REGION_HEADER_V1, VERSION
+from rollfeed.payload.layout import REGION_HEADER, REGION_HEADER_V1
 from rollfeed.payload.lease import FieldFiles
 from rollfeed.payload.regions import check_room
 
@@ -64,7 +64,7 @@ def inside(t: RecordTable, ranges: list[tuple[int, int]]) -> np.ndarray:
 def header_ranges(t: RecordTable, lease: FieldFiles, key: bytes):
     """Version ``[S]``, region header size ``[S]`` and start ``[S]`` of each record's region."""
     version = lease.version[t.file_idx]
-    hsize = np.where(version == VERSION, REGION_HEADER.size, REGION_HEADER_V1.size) + len(key)
+    hsize = np.where(version != 1, REGION_HEADER.size, REGION_HEADER_V1.size) + len(key)
     check_room(t, lease.header_size[t.file_idx], hsize)
     return version, hsize, t.offset - hsize
 

@@ -22,15 +22,17 @@ from rollfeed.payload.errors import PayloadRegionError, PayloadStaleFileError
 from rollfeed.payload.layout import (
     CHECKSUM_CRC32C,
     DTYPE_CODES,
+    FLAGS_AT,
     KIND_FIXED,
     KIND_RAGGED,
+    LABEL_OMITTED,
     MAX_NDIM,
     REGION_HEADER,
     REGION_MAGIC,
-    REGION_MAGIC_V1,
     REGION_RECORD,
     REGION_RECORD_V1,
     VERSION,
+    region_magic,
     values_start,
 )
 
@@ -71,7 +73,7 @@ def check_file_ids(t: RecordTable, file_id: np.ndarray) -> None:
 class RegionColumns:
     """``S`` region headers as ``[S]`` int64 columns (values past ``2**62`` clamp to it, which no
     record value reaches; file ids are taken as they are). ``file_id`` 0, ``ndim`` -1 and
-    ``checksum`` 0 for version-1 headers (not recorded)."""
+    ``checksum`` 0 for version-1 headers (not recorded); ``flags`` 0 before version 3."""
 
     magic_ok: np.ndarray
     name_ok: np.ndarray
@@ -87,6 +89,7 @@ class RegionColumns:
     checksum: np.ndarray
     dims: np.ndarray  # [S, MAX_NDIM]
     pad_ok: np.ndarray  # 1 where the padding bytes are zero, as written
+    flags: np.ndarray
 
 
 _CLAMP = np.uint64(_MAX_EXTENT)
@@ -100,7 +103,7 @@ def parse_regions(hbuf: np.ndarray, version: np.ndarray, name: bytes) -> RegionC
             **{"pad_ok": np.ones(len(hbuf), np.int64), **_parse(hbuf, VERSION, name)}
         )
     n = len(hbuf)
-    cols = {k: np.zeros(n, np.int64) for k in _SMALL + _LARGE + ("file_id", "checksum")}
+    cols = {k: np.zeros(n, np.int64) for k in _SMALL + _LARGE + ("file_id", "checksum", "flags")}
     cols.update(
         ndim=np.full(n, -1, np.int64),
         dims=np.zeros((n, MAX_NDIM), np.int64),
@@ -108,7 +111,7 @@ def parse_regions(hbuf: np.ndarray, version: np.ndarray, name: bytes) -> RegionC
         name_ok=np.zeros(n, bool),
         pad_ok=np.ones(n, np.int64),
     )
-    for ver in (VERSION, 1):
+    for ver in (VERSION, 2, 1):
         m = version == ver
         for key, col in _parse(hbuf[m], ver, name).items():
             cols[key][m] = col
@@ -120,18 +123,23 @@ _LARGE = ("rows", "values", "body_bytes")
 
 
 def _parse(hbuf: np.ndarray, version: int, name: bytes) -> dict[str, np.ndarray]:
-    record = REGION_RECORD if version == VERSION else REGION_RECORD_V1
+    record = REGION_RECORD_V1 if version == 1 else REGION_RECORD
     k = record.itemsize
     h = np.ascontiguousarray(hbuf[:, :k]).view(record)[:, 0]
     want = np.frombuffer(name, np.uint8)
     cols = {key: h[key].astype(np.int64) for key in _SMALL}
     cols.update({key: np.minimum(h[key], _CLAMP).astype(np.int64) for key in _LARGE})
-    cols["magic_ok"] = h["magic"] == (REGION_MAGIC if version == VERSION else REGION_MAGIC_V1)
+    cols["magic_ok"] = h["magic"] == region_magic(version)
     cols["name_ok"] = (h["name_len"] == len(name)) & (hbuf[:, k : k + len(name)] == want).all(1)
-    if version == VERSION:  # file ids are < 2**63 when valid; others wrap around: a mismatch
+    cols["flags"] = np.zeros(len(hbuf), np.int64)
+    if version != 1:  # file ids are < 2**63 when valid; others wrap around: a mismatch
         cols.update(file_id=h["file_id"].astype(np.int64), ndim=h["ndim"].astype(np.int64))
         cols.update(checksum=h["checksum"].astype(np.int64), dims=h["dims"].astype(np.int64))
-        cols["pad_ok"] = (hbuf[:, 46:48] == 0).all(axis=1).astype(np.int64)
+        cols["pad_ok"] = (hbuf[:, FLAGS_AT + 1] == 0).astype(np.int64)
+        if version == VERSION:
+            cols["flags"] = h["flags"].astype(np.int64)
+        else:
+            cols["pad_ok"] &= hbuf[:, FLAGS_AT] == 0
     return cols
 
 
@@ -148,30 +156,49 @@ def check_regions(
     file_id: np.ndarray,
     shape: tuple[int, ...] | None,
     ragged: tuple[int, int] | None,
+    omitted: bool = False,
 ) -> None:
     """Every record agrees with its region header, else a typed error naming the first that
     does not, what it claims and what the header says.
 
     ``hbuf``/``version``: as for :func:`parse_regions`; ``size``/``file_id`` ``[S]``: the
     record's file size and id as opened; fixed-width records pass their row ``shape``, ragged
-    ones ``ragged=(count_bytes, block_rows)``. Headers of version 2 are compared as bytes with
-    what the records determine (a few vectorised operations); anything else, or any mismatch,
-    takes the column by column path that names what disagrees.
+    ones ``ragged=(count_bytes, block_rows)`` (values of the record's dtype) and ``omitted``
+    (the field's rows omit their sampled token: version-3 headers say so). Headers of the
+    current version are compared as bytes with what the records determine (a few vectorised
+    operations); anything else, or any mismatch, takes the column by column path that names what
+    disagrees.
     """
-    if (version == VERSION).all() and not _mismatch(t, hbuf, name, size, file_id, shape, ragged):
+    flags = LABEL_OMITTED if omitted else 0
+    if (version == VERSION).all() and not _mismatch(
+        t, hbuf, name, size, file_id, shape, ragged, flags
+    ):
         return
-    _explain(t, parse_regions(hbuf, version, name), size, file_id, shape, ragged)
+    _explain(t, parse_regions(hbuf, version, name), version, size, file_id, shape, ragged, flags)
 
 
-def _mismatch(t, hbuf, name, size, file_id, shape, ragged) -> bool:
-    """Whether any version-2 header disagrees with its record (the fast path)."""
+def _mismatch(t, hbuf, name, size, file_id, shape, ragged, flags) -> bool:
+    """Whether any version-3 header disagrees with its record (the fast path)."""
     ndim = len(shape) if ragged is None else 0
     if ndim > MAX_NDIM:
         return True
     dims = [*(shape or ()), *[0] * (MAX_NDIM - ndim)]
     kind, cb, block = (KIND_FIXED, 0, 0) if ragged is None else (KIND_RAGGED, *ragged)
     head = REGION_HEADER.pack(
-        REGION_MAGIC, kind, cb, 0, len(name), block, 0, 0, 0, 0, ndim, CHECKSUM_CRC32C, *dims
+        REGION_MAGIC,
+        kind,
+        cb,
+        0,
+        len(name),
+        block,
+        0,
+        0,
+        0,
+        0,
+        ndim,
+        CHECKSUM_CRC32C,
+        flags if ragged else 0,
+        *dims,
     )
     diff = hbuf != np.frombuffer(head + name, np.uint8)
     diff[:, 6] = hbuf[:, 6] != t.dtype
@@ -191,12 +218,12 @@ def _mismatch(t, hbuf, name, size, file_id, shape, ragged) -> bool:
         if not rows.all():
             bad |= (rows == 0) & (row_bytes > np.maximum(size, _ROW_FLOOR))
     else:
-        want = values_start(np.minimum(t.lay_rows, room), cb, block) + 4 * t.lay_values
+        want = values_start(np.minimum(t.lay_rows, room), cb, block) + t.itemsize * t.lay_values
         bad |= (rows != t.lay_rows) | (values != t.lay_values) | (body != want)
     return bool(bad.any())
 
 
-def _explain(t, h: RegionColumns, size, file_id, shape, ragged) -> None:
+def _explain(t, h: RegionColumns, version, size, file_id, shape, ragged, flags) -> None:
     """Raise the typed error for the first record that disagrees with its header, if any."""
     room = size - t.offset  # bytes from the body start to the end of the file (>= 0: checked)
     checks = [
@@ -250,8 +277,24 @@ def _explain(t, h: RegionColumns, size, file_id, shape, ragged) -> None:
     else:
         cb, block = ragged
         rows, values = np.minimum(t.lay_rows, room), np.minimum(t.lay_values, room)
-        body = values_start(rows, cb, block) + 4 * values  # bounded: no wrap-around
+        body = values_start(rows, cb, block) + t.itemsize * values  # bounded: no wrap-around
+        wide = (h.dtype == DTYPE_CODES.index("int32")) | (h.dtype == DTYPE_CODES.index("float32"))
+        want_flags = np.where(version == VERSION, flags, 0)
         checks += [
+            (
+                (version < VERSION) & ~wide,
+                lambda i: (
+                    f"values of {_dtype_name(h.dtype[i])} in a version-{version[i]} region "
+                    "(which stores 4-byte values)"
+                ),
+            ),
+            (
+                h.flags != want_flags,
+                lambda i: (
+                    f"row flags {h.flags[i]} (the field's rows "
+                    f"{'omit' if want_flags[i] else 'keep'} their sampled token: {want_flags[i]})"
+                ),
+            ),
             (h.count_bytes != cb, lambda i: f"count bytes {h.count_bytes[i]}"),
             (h.block_rows != block, lambda i: f"block rows {h.block_rows[i]}"),
             (h.rows != t.lay_rows, lambda i: f"region rows {h.rows[i]}"),

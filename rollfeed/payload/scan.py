@@ -45,11 +45,11 @@ from rollfeed.payload.errors import (
     PayloadTruncatedError,
 )
 from rollfeed.payload.layout import (
+    DTYPE_SIZES,
     FILE_HEADER,
     FILE_HEADER_V1,
     KIND_FIXED,
     KIND_RAGGED,
-    VERSION,
     RegionHeader,
     decode_index,
     index_table,
@@ -59,7 +59,6 @@ from rollfeed.payload.layout import (
 )
 from rollfeed.payload.safe_open import open_beneath
 from rollfeed.payload.scan_claims import check_claims, malformed
-from rollfeed.payload.segment import ITEMSIZE
 
 SUFFIX = ".rfp"
 
@@ -249,7 +248,7 @@ def _check_bytes(
 
     end = body_at + h.body_bytes
     sums = None
-    if h.version == VERSION:
+    if h.version != 1:
         n = 4 * table_entries(h.kind == KIND_RAGGED, h.rows, h.block_rows)
         if end + n > size:
             raise bad(
@@ -264,7 +263,7 @@ def _check_bytes(
         end += n
     if h.kind == KIND_FIXED:
         if sums is not None:
-            row_bytes = ITEMSIZE[h.dtype] * math.prod(h.shape or ())
+            row_bytes = DTYPE_SIZES[h.dtype] * math.prod(h.shape or ())
             sums.fixed(read, h.rows, row_bytes, h.block_rows)
         return end
     if h.rows == 0:
@@ -287,5 +286,5 @@ def _check_bytes(
     if sums is not None:
         vs = values_start(h.rows, h.count_bytes, h.block_rows)
         sums.index(table.table[:n], read(body_at + n, vs - n), 8 + h.block_rows * h.count_bytes)
-        sums.values(read, vs, index.block_start, index.block_end)
+        sums.values(read, vs, index.block_start, index.block_end, DTYPE_SIZES[h.dtype])
     return end

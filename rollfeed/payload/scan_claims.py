@@ -19,28 +19,29 @@ from rollfeed.payload.layout import (
     BLOCK_ROWS,
     CHECKSUM_CRC32C,
     DTYPE_CODES,
+    DTYPE_SIZES,
     KIND_FIXED,
     KIND_RAGGED,
+    LABEL_OMITTED,
     MAX_NDIM,
-    REGION_MAGIC,
-    REGION_MAGIC_V1,
+    RAGGED_INT_DTYPES,
     REGION_RECORD,
     REGION_RECORD_V1,
     VERSION,
     FileHeader,
     RegionHeader,
+    region_magic,
     values_start,
 )
-from rollfeed.payload.segment import ITEMSIZE
 
 
 def malformed(
     head: FileHeader, fixed: bytes, name: bytes, rel: str, at: int, k: int
 ) -> PayloadRegionError:
     """Which part of a region header ``RegionHeader.unpack`` refused."""
-    v2 = head.version == VERSION
+    v2 = head.version != 1
     rec = np.frombuffer(fixed, REGION_RECORD if v2 else REGION_RECORD_V1)[0]
-    magic = REGION_MAGIC if v2 else REGION_MAGIC_V1
+    magic = region_magic(head.version)
     if rec["magic"] != magic:
         what = f"magic {bytes(rec['magic'])!r}, expected {magic!r}"
     elif rec["kind"] not in (KIND_FIXED, KIND_RAGGED):
@@ -53,6 +54,15 @@ def malformed(
         what = f"header field dims = {rec['dims'].tolist()} has dims past ndim = {rec['ndim']}"
     elif v2 and rec["checksum"] != CHECKSUM_CRC32C:
         what = f"header field checksum = {rec['checksum']}, expected {CHECKSUM_CRC32C} (CRC-32C)"
+    elif (
+        v2
+        and rec["flags"]
+        and (rec["flags"] != LABEL_OMITTED or head.version != VERSION or rec["kind"] != KIND_RAGGED)
+    ):
+        what = (
+            f"header field flags = {rec['flags']}, expected 0 or {LABEL_OMITTED} (rows omit their "
+            f"sampled token) in a ragged region of version {VERSION}"
+        )
     else:
         what = f"field name {name!r} is not UTF-8"
     return PayloadRegionError(
@@ -73,7 +83,7 @@ def check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k:
             f"(only {extent} bytes follow the header; cut short, or a damaged header)",
             PayloadTruncatedError,
         )
-    itemsize = ITEMSIZE[h.dtype]
+    itemsize = DTYPE_SIZES[h.dtype]
     if h.kind == KIND_FIXED:
         # version 2: blocks of the checksum table; version 1 has none
         block = 0 if h.shape is None else fixed_block_rows(itemsize * math.prod(h.shape))
@@ -95,10 +105,11 @@ def check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k:
         if h.shape is None and h.values and (h.rows == 0 or h.values % h.rows):  # version 1
             raise bad(f"header field rows = {h.rows} does not divide values = {h.values}")
         return
-    if itemsize != 4 or h.count_bytes not in (1, 2, 4):
+    kinds = ("int32", "float32") if h.version != VERSION else (*RAGGED_INT_DTYPES, "float32")
+    if h.dtype not in kinds or h.count_bytes not in (1, 2, 4):
         raise bad(
-            f"header fields dtype = {h.dtype}, count_bytes = {h.count_bytes}: a ragged region "
-            "stores 4-byte values and 1, 2 or 4-byte row lengths"
+            f"header fields dtype = {h.dtype}, count_bytes = {h.count_bytes}: a ragged region of "
+            f"version {h.version} stores values as one of {kinds} and 1, 2 or 4-byte row lengths"
         )
     if not 1 <= h.block_rows <= max(h.rows, BLOCK_ROWS):
         # Bounds the index table below: ceil(rows / B) blocks of 8 + B * count_bytes bytes.
@@ -106,7 +117,7 @@ def check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k:
             f"header field block_rows = {h.block_rows}, expected 1..max(rows = {h.rows}, "
             f"{BLOCK_ROWS})"
         )
-    expected = values_start(h.rows, h.count_bytes, h.block_rows) + 4 * h.values
+    expected = values_start(h.rows, h.count_bytes, h.block_rows) + itemsize * h.values
     if h.body_bytes != expected:
         raise bad(
             f"header field body_bytes = {h.body_bytes}, but rows = {h.rows} and values = "

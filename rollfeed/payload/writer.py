@@ -18,13 +18,20 @@ header, every region header and every record carry (:mod:`rollfeed.payload.layou
 body is followed by its checksum table (CRC-32C per block, :mod:`rollfeed.payload.checksum`),
 computed here from the bytes about to be written.
 
+Kept-set fields (``PayloadField.label``) are written in their canonical order, the sampled token
+first then the other ids ascending (:mod:`rollfeed.payload.label_rows`); the writer is given the
+sampled tokens (``sampled=``), checks that each row holds its own, and stores a
+``label="omitted"`` field without it.
+
 Example::
 
     with PayloadWriter(root, group="step_000001") as w:
         segs = w.write({"routed_experts": experts,            # [T - 1, layers, top_k], ids < 256
                         "sampling_mask": (counts, ids)},       # counts [C], ids [sum(counts)]
-                       pos={"routed_experts": 0, "sampling_mask": prompt_len})
-    # routed_experts is stored as uint8; sampling_mask as a CSR region (layout.py)
+                       pos={"routed_experts": 0, "sampling_mask": prompt_len},
+                       sampled=completion_ids)                 # [C], each in its kept set
+    # routed_experts is stored as uint8; sampling_mask as a CSR region of the ids other than
+    # the sampled one, at 3 bytes an id for a vocabulary below 2**24 (layout.py)
 """
 
 from __future__ import annotations
@@ -50,11 +57,14 @@ from rollfeed.payload.errors import (
     PayloadPathError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
+from rollfeed.payload.label_rows import canonical_arrays
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
+    DTYPE_SIZES,
     FILE_HEADER,
     KIND_FIXED,
     KIND_RAGGED,
+    LABEL_OMITTED,
     MAX_NDIM,
     RegionHeader,
     file_header,
@@ -65,6 +75,7 @@ from rollfeed.payload.layout import (
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.safe_open import handle_parts, open_parent_beneath
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
+from rollfeed.payload.values import value_dtype
 
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
 TableFn = Callable[[bytes, memoryview], bytes]  # checksum table from header+name and body
@@ -242,13 +253,20 @@ class PayloadWriter:
         return at if at else FILE_HEADER.size
 
     def write(
-        self, arrays: Mapping[str, FieldArray], pos: int | Mapping[str, int]
+        self,
+        arrays: Mapping[str, FieldArray],
+        pos: int | Mapping[str, int],
+        *,
+        sampled: np.ndarray | None = None,
     ) -> list[PayloadSegment]:
         """Write one region per field and return one segment per field, in ``arrays`` order.
 
         ``arrays[name]``: fixed width ``[rows, *shape]`` or ragged ``(counts[rows], values[sum])``.
         ``pos``: first token position of every field, or one per field.
+        ``sampled``: ``[rows]`` the sampled token of each row of the kept-set fields
+        (``PayloadField.label``; needed when one is written), each a member of its row's ids.
         """
+        arrays = canonical_arrays(arrays, sampled, self.fields)
         regions = []
         for name, arr in arrays.items():
             field = lookup_field(name, self.fields)
@@ -365,27 +383,28 @@ class PayloadWriter:
             raise PayloadInputError(
                 f"field {name!r} holds {kind} values, got dtype {values.dtype}", field=name
             )
+        dtype = value_dtype(values, field.is_int)
         try:
-            body, count_bytes = ragged_bytes(
-                counts, values, dtype=field.ragged_dtype, block_rows=BLOCK_ROWS
-            )
+            body, count_bytes = ragged_bytes(counts, values, dtype=dtype, block_rows=BLOCK_ROWS)
         except PayloadInputError as err:
             raise err.with_place(field=name) from None
-        assert len(body) == values_start(counts.size, count_bytes, BLOCK_ROWS) + values.size * 4
+        size = DTYPE_SIZES[dtype]
+        assert len(body) == values_start(counts.size, count_bytes, BLOCK_ROWS) + values.size * size
         header = RegionHeader(
             field=name,
             kind=KIND_RAGGED,
             count_bytes=count_bytes,
-            dtype=field.ragged_dtype.name,
+            dtype=dtype,
             block_rows=BLOCK_ROWS,
             rows=counts.size,
             values=values.size,
             body_bytes=len(body),
             shape=(),
+            flags=LABEL_OMITTED if field.label == "omitted" else 0,
         )
         return (
             header,
             body,
             (),
-            lambda head, view: ragged_table(head, view, counts, count_bytes, BLOCK_ROWS),
+            lambda head, view: ragged_table(head, view, counts, count_bytes, BLOCK_ROWS, size),
         )

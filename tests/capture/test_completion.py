@@ -18,7 +18,7 @@ from rollfeed.capture import (
     support_from_logprob_rows,
 )
 from rollfeed.collate import Sample
-from rollfeed.payload import PayloadWriter, read_field
+from rollfeed.payload import PayloadWriter, read_field, read_fields
 
 INF = math.inf
 
@@ -64,12 +64,14 @@ def test_round_trip_through_the_payload(tmp_path):
     mask_lp = read_field(got.segments, "sampling_mask_logprobs", (0, T), root=tmp_path)
     for i, row in enumerate(dicts):
         kept = sorted(t for t, lp in row.items() if lp > -INF)
+        y = int(completion[i])  # the label: stored rows omit it, column 0 is its place
+        assert mask[6 + i][0] == -1 and y in kept  # the label is in its support
         ids = mask[6 + i][mask[6 + i] >= 0].tolist()
-        assert ids == kept
+        assert ids == [t for t in kept if t != y]
+        canonical = [y, *ids]  # the sampled token first, then the others ascending
         np.testing.assert_allclose(
-            mask_lp[7 + i][: len(kept)].numpy(), [row[t] for t in kept], rtol=1e-6
+            mask_lp[7 + i][: len(kept)].numpy(), [row[t] for t in canonical], rtol=1e-6
         )
-        assert int(completion[i]) in ids  # the label is in its support
     assert (mask[:6] == -1).all() and (mask[T - 1] == -1).all()
     sample = Sample(
         token_ids=got.token_ids,
@@ -172,12 +174,13 @@ def test_multi_turn_prompt_start_deltas_stitch_into_the_full_routing(tmp_path):
     forwarded[[8, 17]] = False  # each turn's final sampled token
     assert np.array_equal(back[forwarded], routing[forwarded])
     assert not back[~forwarded].any()
-    mask = read_field(segments, "sampling_mask", (0, 18), root=tmp_path)
+    got = read_fields(segments, {"sampling_mask": (0, 18)}, root=tmp_path)["sampling_mask"]
+    mask, covered = got.values, got.coverage.numpy()
     sampled_at = np.r_[5:9, 12:18]
-    assert ((mask[sampled_at] >= 0).sum(-1) > 0).all()
+    assert covered[sampled_at].all() and not np.delete(covered, sampled_at).any()
     assert (mask[np.setdiff1d(np.arange(18), sampled_at)] == -1).all()
-    for pos in sampled_at:
-        assert int(full[pos]) in mask[pos].tolist()
+    for pos in sampled_at:  # stored without the sampled token (the label), column 0 its place
+        assert mask[pos][0] == -1 and int(full[pos]) not in mask[pos].tolist()
 
 
 def test_wide_expert_ids_need_one_writer_dtype(tmp_path):
@@ -224,9 +227,9 @@ def test_repair_takes_tokens_out_of_the_loss(tmp_path):
     np.testing.assert_allclose(got.inference_logprobs, [0.0, -0.1, -0.3, 0.0], rtol=1e-6)
     ref = support_from_logprob_rows(rows, completion, requested=3, policy="repair")
     mask = read_field(got.segments, "sampling_mask", (1, 4), root=tmp_path)
-    for i in range(3):
+    for i in range(3):  # stored rows omit the sampled token (the label)
         assert (
-            mask[i][mask[i] >= 0].tolist()
+            sorted([completion[i], *mask[i][mask[i] >= 0].tolist()])
             == ref.ids[ref.counts[:i].sum() :][: ref.counts[i]].tolist()
         )
-    assert 6 in mask[2].tolist()
+    assert 6 in ref.ids[ref.counts[:2].sum() :][: ref.counts[2]].tolist()  # added by the repair

@@ -22,7 +22,8 @@ def turns(tmp_path):
     with PayloadWriter(tmp_path) as w:
         ids0, seg0 = _routing(w, 3, 0)  # turn 0: 4 tokens, forwarded 0..2
         ids1, seg1 = _routing(w, 2, 1)  # turn 1: 3 tokens, forwarded 0..1
-        mask = w.write({"sampling_mask": (np.array([1, 2]), np.array([5, 6, 7], np.int32))}, 1)
+        kept = (np.array([1, 2]), np.array([5, 6, 7], np.int32))
+        mask = w.write({"sampling_mask": kept}, 1, sampled=np.array([5, 7]))
     return (
         PayloadRoot(tmp_path),
         (ids0, ids1),

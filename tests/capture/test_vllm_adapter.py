@@ -148,7 +148,7 @@ def test_request_output_with_two_completions(tmp_path):
     routed = read_field(got[1].segments, "routed_experts", (0, 4), root=tmp_path)
     assert routed[:3].tolist() == [[[1, 2]], [[3, 0]], [[2, 1]]] and not routed[3].any()
     mask = read_field(got[1].segments, "sampling_mask", (3, 4), root=tmp_path)
-    assert mask.tolist() == [[6, 9]]
+    assert mask.tolist() == [[-1, 6]]  # {6, 9} without the sampled 9 (the label, column 0)
     np.testing.assert_allclose(got[1].inference_logprobs, [0, 0, 0, -0.6], rtol=1e-6)
     with pytest.raises(CaptureError, match="finished"):
         capture_request_output(writer, SimpleNamespace(finished=False), config)
@@ -217,6 +217,7 @@ def test_readme_capture_snippet_runs(tmp_path, monkeypatch):
     exec(compile(_readme_capture_snippet(), "README.md", "exec"), scope)
     c = scope["c"]
     assert c.token_ids.tolist() == [8, 9, 10, 0, 1]
-    assert read_field(c.segments, "sampling_mask", (3, 5), root=tmp_path).tolist() == [[0, 1]] * 2
+    mask = read_field(c.segments, "sampling_mask", (3, 5), root=tmp_path)
+    assert mask.tolist() == [[-1, 1], [-1, 0]]  # {0, 1} without each row's sampled token
     routed = read_field(c.segments, "routed_experts", (0, 4), root=tmp_path)
     assert routed.dtype == torch.uint8 and (routed == 127).all()

@@ -1,9 +1,10 @@
 """Random samples for the collate tests, each built twice: fields inline and by handle.
 
 Routing (``routed_experts`` uint8 ``[T, 2, 2]`` and ``routed_expert_weights`` float32) covers the
-forwarded positions ``[0, T - 1)`` and is written as two regions in two files. The sampling mask and
-its logprobs (ragged) cover the completion ``[P, T)``, written as one region per request and handed
-over as two segments split mid-request (the second one with a clipped head, ``first > 0``).
+forwarded positions ``[0, T - 1)`` and is written as two regions in two files. The sampling mask
+(kept sets holding their sampled token, in random order) and its logprobs (ragged) cover the
+completion ``[P, T)``, written as one region per request and handed over as two segments split
+mid-request (the second one with a clipped head, ``first > 0``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ def _route(rng, n):
         rng.integers(0, 8, (n, LAYERS, TOPK)).astype(np.uint8),
         rng.random((n, LAYERS, TOPK), dtype=np.float32),
     )
+
+
+def kept_sets(rng, counts: np.ndarray, sampled: np.ndarray) -> np.ndarray:
+    """Kept sets of ``counts`` distinct ids below 1000, each holding its sampled token, in no
+    particular order (the collate path and the writer order them alike)."""
+    rows = []
+    for c, y in zip(counts.tolist(), sampled.tolist(), strict=True):
+        others = rng.choice(np.setdiff1d(np.arange(1000), [y]), c - 1, replace=False)
+        rows.append(rng.permutation(np.concatenate([[y], others])))
+    return np.concatenate(rows).astype(np.int32) if rows else np.zeros(0, np.int32)
 
 
 def make_pair(rng, T: int, writers: list[PayloadWriter], uid: str) -> tuple[Sample, Sample]:
@@ -46,14 +57,17 @@ def make_pair(rng, T: int, writers: list[PayloadWriter], uid: str) -> tuple[Samp
                 segs += wr.write(arrays, lo)
     if rng.random() < 0.8:
         n = T - P
-        counts = rng.choice([0, 1, 1, 2, 3, 7], n)
-        mask = rng.integers(0, 1000, int(counts.sum())).astype(np.int32)
+        counts = rng.choice([1, 1, 2, 3, 7], n)
+        sampled = base["token_ids"][P:]
+        mask = kept_sets(rng, counts, sampled)
         logp = -rng.random(int(counts.sum()), dtype=np.float32)
         full = np.concatenate([np.zeros(P, np.int64), counts])
         inline["sampling_mask"] = (full, mask)
         inline["sampling_mask_logprobs"] = (full, logp)
         region = writers[int(rng.integers(0, 2))].write(
-            {"sampling_mask": (counts, mask), "sampling_mask_logprobs": (counts, logp)}, P
+            {"sampling_mask": (counts, mask), "sampling_mask_logprobs": (counts, logp)},
+            P,
+            sampled=sampled,
         )
         m = int(rng.integers(P, T + 1))
         segs += clip_segments(region, P, m) + clip_segments(region, m, T)

@@ -126,9 +126,10 @@ def test_field_cut_to_placeholders_reads_width_one_fill(tmp_path):
     from rollfeed.collate import Sample
 
     T, P = 20, 12
-    counts, values = np.full(T - P, 2), np.arange(2 * (T - P), dtype=np.int32)
+    counts, sampled = np.full(T - P, 2), np.arange(P, T)  # tokens are arange(T)
+    values = np.stack([sampled, 100 + sampled], axis=1).reshape(-1).astype(np.int32)
     with PayloadWriter(tmp_path) as w:
-        segs = w.write({"sampling_mask": (counts, values)}, P)
+        segs = w.write({"sampling_mask": (counts, values)}, P, sampled=sampled)
     base = dict(loss_mask=np.ones(T), advantages=np.zeros(T), inference_logprobs=np.zeros(T))
     full = np.concatenate([np.zeros(P, np.int64), counts])
     a = Sample(np.arange(T), **base, fields={"sampling_mask": (full, values)})

@@ -207,14 +207,17 @@ def test_readme_collate_loop_runs_on_every_micro_batch_dummies_included():
     lines = []
     for i, n in enumerate((40, 25, 9)):
         counts = rng.integers(0, 3, n)
+        tokens = rng.integers(0, 100, n)
+        kept = rng.integers(100, 200, int(counts.sum()))
+        kept[np.cumsum(counts)[counts > 0] - 1] = tokens[counts > 0]  # each set holds its token
         sample = Sample(
-            rng.integers(0, 100, n),
+            tokens,
             loss_mask=np.arange(n) > 0,
             advantages=np.ones(n, np.float32),
             inference_logprobs=-np.ones(n, np.float32),
             fields={
                 "routed_experts": rng.integers(0, 8, (n, 2, 2)).astype(np.uint8),
-                "sampling_mask": (counts, rng.integers(0, 100, int(counts.sum()))),
+                "sampling_mask": (counts, kept),
             },
             uid=f"s{i}",
         )

@@ -72,7 +72,8 @@ def test_demo_writers_of_two_runs_never_share_a_file(tmp_path):
     files = set()
     for run_id in (new_run_id(), new_run_id()):
         with PayloadWriter(tmp_path, group="step_000001", name=writer_name(run_id)) as w:
-            seg = w.write({"sampling_mask": (np.array([1]), np.array([3]))}, pos=0)[0]
+            kept = (np.array([1]), np.array([3]))
+            seg = w.write({"sampling_mask": kept}, pos=0, sampled=np.array([3]))[0]
         assert run_id in seg.file
         files.add(seg.file)
     assert len(files) == 2

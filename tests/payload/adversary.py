@@ -52,7 +52,11 @@ FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_
 RAGGED = {"sampling_mask", "sampling_mask_logprobs"}
 FILL = {"routed_experts": 0, "routed_expert_weights": 0.0, "sampling_mask": -1}
 FILL["sampling_mask_logprobs"] = -math.inf
-# Canary rows: values the in-root writers never write (ids < 200, |weights| < 10, mask ids < 50000).
+SAMPLED = "sampled"  # the key of a request's sampled tokens (one per row), beside its fields
+# Mask ids the in-root writers use: [MASK_LO, MASK_HI), three bytes each when stored.
+MASK_LO, MASK_HI = 70_000, 900_000
+# Canary rows: values the in-root writers never write (ids < 200, |weights| < 10, mask ids below
+# MASK_HI; the canary's kept sets are 987654 + j).
 CANARY = {
     "routed_experts": np.array([255, 254, 253, 252, 251, 250], np.uint8).reshape(2, 3),
     "routed_expert_weights": np.full((2, 3), 7777.0, np.float32),
@@ -201,10 +205,15 @@ class Region:
     dtype: str
     shape: tuple[int, ...]
     data: np.ndarray | None  # fixed [rows, *shape]
-    counts: np.ndarray | None  # ragged [rows]
-    values: np.ndarray | None  # ragged [sum(counts)]
+    counts: np.ndarray | None  # ragged [rows], as stored
+    values: np.ndarray | None  # ragged [sum(counts)], as stored
     count_bytes: int = 0
     block_rows: int = 0
+    lead: int = 0  # 1: the rows omit their sampled token, read back at column 0 as the fill
+
+    @property
+    def value_bytes(self) -> int:
+        return VALUE_BYTES[self.dtype]
 
     @property
     def values_at(self) -> int:
@@ -216,7 +225,7 @@ class Region:
     def body_bytes(self) -> int:
         if self.data is not None:
             return self.data.size * self.data.itemsize
-        return self.values_at + 4 * len(self.values)
+        return self.values_at + self.value_bytes * len(self.values)
 
     @property
     def end(self) -> int:
@@ -242,8 +251,47 @@ class Region:
             data = np.frombuffer(body, np.dtype(self.dtype).newbyteorder("<"))
             return _replace(self, data=data.reshape(self.data.shape))
         at = self.offset + self.values_at
-        vals = np.frombuffer(raw[at : at + 4 * len(self.values)], np.dtype(self.dtype))
+        k = self.value_bytes
+        body = np.frombuffer(raw[at : at + k * len(self.values)], np.uint8).reshape(-1, k)
+        if self.dtype == "float32":
+            vals = body.copy().view("<f4").reshape(-1)
+        else:  # little-endian unsigned of k bytes (int32 values of the corpus are >= 0)
+            vals = (body.astype(np.int64) << (8 * np.arange(k))).sum(axis=1)
         return _replace(self, values=vals)
+
+
+VALUE_BYTES = {"uint8": 1, "uint16": 2, "uint24": 3, "int32": 4, "float32": 4}
+
+
+def region_of(s, arrays: dict) -> Region:
+    """The region a writer made of ``arrays[s.field]`` (the corpus writes kept sets in canonical
+    order: the sampled token first, so the mask's stored rows are the others, in order)."""
+    a = arrays[s.field]
+    if s.ragged is None:
+        data = np.asarray(a).astype(s.dtype)
+        return Region(s.field, s.file, s.offset, s.rows, s.dtype, s.shape, data, None, None)
+    counts, values = (np.asarray(x) for x in a)
+    lead = int(s.field == "sampling_mask")
+    if lead:
+        firsts = np.cumsum(counts) - counts
+        values = np.delete(values, firsts)
+        counts = counts - 1
+    stored = values.astype(np.float32 if s.dtype == "float32" else np.int64)
+    lay = s.ragged
+    return Region(
+        s.field,
+        s.file,
+        s.offset,
+        s.rows,
+        s.dtype,
+        (),
+        None,
+        counts,
+        stored,
+        lay.count_bytes,
+        lay.block_rows,
+        lead,
+    )
 
 
 def _replace(r: Region, **kw) -> Region:
@@ -254,30 +302,14 @@ def _replace(r: Region, **kw) -> Region:
 
 def write_request(writer, arrays: dict, regions: dict, pos: int = 0) -> list:
     """Write one request; add its regions to ``regions`` keyed by ``(file, offset)``."""
-    segs = writer.write(arrays, pos=pos)
+    segs = writer.write(fields_of(arrays), pos=pos, sampled=arrays[SAMPLED])
     for s in segs:
-        a = arrays[s.field]
-        if s.ragged is None:
-            data = np.asarray(a).astype(s.dtype)
-            reg = Region(s.field, s.file, s.offset, s.rows, s.dtype, s.shape, data, None, None)
-        else:
-            counts, values = (np.asarray(x) for x in a)
-            lay = s.ragged
-            reg = Region(
-                s.field,
-                s.file,
-                s.offset,
-                s.rows,
-                s.dtype,
-                (),
-                None,
-                counts,
-                values.astype(s.dtype),
-                lay.count_bytes,
-                lay.block_rows,
-            )
-        regions[(s.file, s.offset)] = reg
+        regions[(s.file, s.offset)] = region_of(s, arrays)
     return segs
+
+
+def fields_of(arrays: dict) -> dict:
+    return {k: v for k, v in arrays.items() if k != SAMPLED}
 
 
 def check_read(out, segs, name: str, ranges, regions: dict) -> None:
@@ -290,7 +322,10 @@ def check_read(out, segs, name: str, ranges, regions: dict) -> None:
     got = out.numpy()
     flat = got.reshape(len(got), -1) if got.ndim else got.reshape(1, 1)
     canary = CANARY[name]
-    if name in RAGGED:
+    if name == "sampling_mask":
+        if (flat >= canary).any():
+            raise Escaped(f"{name}: a canary id (>= {canary}) in the output")
+    elif name in RAGGED:
         if np.isin(flat, [canary]).any():
             raise Escaped(f"{name}: canary value {canary} in the output")
     elif any(np.array_equal(row, canary.reshape(-1)) for row in flat):
@@ -339,15 +374,15 @@ def _check_rows(got: np.ndarray, s, positions: np.ndarray, regions: dict, name: 
                 f"the writer's (shape {got.shape} vs {want.shape})"
             )
         return
-    counts = reg.counts[r]
-    if counts.max(initial=0) > got.shape[1]:
+    counts, lead = reg.counts[r], reg.lead
+    if counts.max(initial=0) + lead > got.shape[1]:
         raise Wrong(f"{name}: width {got.shape[1]} < the widest written row {counts.max()}")
     starts = (np.cumsum(reg.counts) - reg.counts)[r]
     want = np.full(got.shape, fill, got.dtype)
-    cols = np.arange(got.shape[1])
+    cols = np.arange(got.shape[1] - lead)
     keep = cols[None, :] < counts[:, None]
     take = (starts[:, None] + cols[None, :])[keep]
-    want[keep] = reg.values[take]
+    want[:, lead:][keep] = reg.values[take]
     if not _same(got, want):
         bad = int(positions[np.argmax((got != want).any(axis=1))])
         raise Wrong(
@@ -436,15 +471,18 @@ def boundary_values(code: str, old: bytes) -> list[bytes]:
 
 
 def canary_of(arrays: dict) -> dict:
-    """The same shapes and row counts as ``arrays``, holding canary values only."""
+    """The same shapes, row counts and stored widths as ``arrays``, holding canary values only
+    (each kept set ``987654 + [0, 1, ..]``, sampled 987654)."""
     counts = arrays["sampling_mask"][0]
     n, rows = int(counts.sum()), len(counts)
+    ids = CANARY["sampling_mask"] + np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
     return {
+        SAMPLED: np.full(rows, CANARY["sampling_mask"]),
         "routed_experts": np.broadcast_to(CANARY["routed_experts"], (rows, 2, 3)).copy(),
         "routed_expert_weights": np.broadcast_to(
             CANARY["routed_expert_weights"], (rows, 2, 3)
         ).astype(arrays["routed_expert_weights"].dtype),
-        "sampling_mask": (counts, np.full(n, CANARY["sampling_mask"])),
+        "sampling_mask": (counts, ids),
         "sampling_mask_logprobs": (
             counts,
             np.full(n, CANARY["sampling_mask_logprobs"], np.float32),
@@ -477,7 +515,8 @@ def build_corpus(workdir: Path, rng: np.random.Generator, sizes=(5, 300, 0, 129,
         for i, n in enumerate(sizes):
             arrays = request_arrays(rng, n, wide=(i == 3))
             requests.append(write_request(a, arrays, regions))
-            c.write(canary_of(arrays), pos=0)
+            canary = canary_of(arrays)
+            c.write(fields_of(canary), pos=0, sampled=canary[SAMPLED])
             rows.append(n)
         for n in (7, 200, 2):
             requests.append(write_request(b, request_arrays(rng, n), regions))
@@ -490,19 +529,33 @@ def build_corpus(workdir: Path, rng: np.random.Generator, sizes=(5, 300, 0, 129,
     return Corpus(root, outside, regions, requests, rows)
 
 
+def kept_sets(rng: np.random.Generator, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Kept sets of ``counts`` ids each (>= 1), in canonical order: ``(ids, sampled)``, each row
+    its sampled token then distinct other ids ascending, all in ``[MASK_LO, MASK_HI)``."""
+    rows = []
+    for c in counts.tolist():
+        row = rng.choice(MASK_HI - MASK_LO, c, replace=False) + MASK_LO
+        rows.append(np.concatenate([row[:1], np.sort(row[1:])]))
+    ids = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    return ids, ids[np.cumsum(counts) - counts] if len(counts) else np.zeros(0, np.int64)
+
+
 def request_arrays(rng: np.random.Generator, rows: int, *, wide: bool = False) -> dict:
-    """The four fields of one request of ``rows`` tokens (ids < 200, mask ids < 50000)."""
-    counts = rng.integers(0, 6, rows)
+    """The four fields of one request of ``rows`` tokens (ids < 200, mask ids in
+    ``[MASK_LO, MASK_HI)``), and its sampled tokens (key :data:`SAMPLED`)."""
+    counts = rng.integers(1, 6, rows)
     if wide and rows:
-        counts[rows // 2] = 300  # a row wider than 255 values: 2-byte row lengths
+        counts[rows // 2] = 300  # a row wider than 256 ids: 2-byte row lengths
     n = int(counts.sum())
+    ids, sampled = kept_sets(rng, counts)
     return {
         "routed_experts": rng.integers(1, 200, (rows, 2, 3)),
         "routed_expert_weights": rng.normal(size=(rows, 2, 3)).astype(
             str(rng.choice(["float32", "float16", "float64"]))
         ),
-        "sampling_mask": (counts, rng.integers(0, 50_000, n)),
+        "sampling_mask": (counts, ids),
         "sampling_mask_logprobs": (counts, (-9 * rng.random(n)).astype(np.float32)),
+        SAMPLED: sampled,
     }
 
 
@@ -802,7 +855,7 @@ def _killed_writer(root: Path, k: int, seed: int, fd: int) -> None:
     with PayloadWriter(root, group="live", name=f"w{k}") as w:
         for i in range(10**6):
             arrays = request_arrays(np.random.default_rng([seed, k, i]), 1 + (i * 7919) % 30000)
-            segs = w.write(arrays, pos=0)
+            segs = w.write(fields_of(arrays), pos=0, sampled=arrays[SAMPLED])
             line = json.dumps({"i": i, "segs": [s.model_dump_json() for s in segs]}) + "\n"
             os.write(fd, line.encode())
 
@@ -850,35 +903,7 @@ def family_kill(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
             i = item["i"]
             arrays = request_arrays(np.random.default_rng([seed, k, i]), 1 + (i * 7919) % 30000)
             segs = [PayloadSegment.from_json(t) for t in item["segs"]]
-            regions: dict = {}
-            for s in segs:
-                a = arrays[s.field]
-                if s.ragged is None:
-                    regions[(s.file, s.offset)] = Region(
-                        s.field,
-                        s.file,
-                        s.offset,
-                        s.rows,
-                        s.dtype,
-                        s.shape,
-                        np.asarray(a),
-                        None,
-                        None,
-                    )
-                else:
-                    regions[(s.file, s.offset)] = Region(
-                        s.field,
-                        s.file,
-                        s.offset,
-                        s.rows,
-                        s.dtype,
-                        (),
-                        None,
-                        a[0],
-                        a[1],
-                        s.ragged.count_bytes,
-                        s.ragged.block_rows,
-                    )
+            regions = {(s.file, s.offset): region_of(s, arrays) for s in segs}
             rows = segs[0].rows
             for name in FIELDS:
 
@@ -923,11 +948,13 @@ def _version(root: Path, v: int, counts: np.ndarray) -> tuple[list, dict]:
 
     rng = np.random.default_rng(v)
     rows = len(counts)
+    ids, sampled = kept_sets(rng, counts)
     arrays = {
         "routed_experts": rng.integers(1, 200, (rows, 2, 3)),
         "routed_expert_weights": rng.normal(size=(rows, 2, 3)).astype(np.float32),
-        "sampling_mask": (counts, rng.integers(0, 50_000, int(counts.sum()))),
+        "sampling_mask": (counts, ids),
         "sampling_mask_logprobs": (counts, -rng.random(int(counts.sum())).astype(np.float32)),
+        SAMPLED: sampled,
     }
     regions: dict = {}
     with PayloadWriter(root, group="step", name="w") as w:
@@ -944,7 +971,7 @@ def family_races(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     from rollfeed.payload import PayloadRoot
 
     root = workdir / "root"
-    counts = rng.integers(0, 5, 300)
+    counts = rng.integers(1, 5, 300)
     reader = PayloadRoot(root, retries=1, backoff_s=0.001)
     orchestrator = PayloadRoot(root)
     old = _version(root, 0, counts)

@@ -17,7 +17,8 @@ from rollfeed.payload import (
     read_fields,
 )
 from rollfeed.payload.checksum import crc, fixed_block_rows, ragged_table, table_entries
-from rollfeed.payload.layout import BLOCK_ROWS, ragged_bytes, values_start
+from rollfeed.payload.layout import BLOCK_ROWS, DTYPE_SIZES, ragged_bytes, values_start
+from tests.payload.reference import kept_sets, stored
 from tests.payload.test_reliability import _version_1_file
 
 GROUP = "step_000001"
@@ -27,13 +28,14 @@ SHAPE = (48, 8)  # 384-byte routing rows -> blocks of 65536 // 384 = 170 rows
 
 def write(tmp_path):
     rng = np.random.default_rng(0)
-    counts = rng.integers(1, 5, ROWS)
+    counts = rng.integers(2, 5, ROWS)
+    ids, sampled = kept_sets(rng, counts)
     arrays = {
         "routed_experts": rng.integers(0, 200, (ROWS, *SHAPE)),
-        "sampling_mask": (counts, rng.integers(0, 50_000, counts.sum())),
+        "sampling_mask": (counts, ids),
     }
     with PayloadWriter(tmp_path, group=GROUP, name="w0") as w:
-        segs = w.write(arrays, pos=0)
+        segs = w.write(arrays, pos=0, sampled=sampled)
     return {s.field: s for s in segs}, arrays
 
 
@@ -56,21 +58,23 @@ def verify_finding(tmp_path, capsys) -> str:
 
 def mask_value_byte(seg, value: int) -> int:
     lay = seg.ragged
-    return seg.offset + values_start(lay.rows, lay.count_bytes, lay.block_rows) + 4 * value
+    start = values_start(lay.rows, lay.count_bytes, lay.block_rows)
+    return seg.offset + start + DTYPE_SIZES[seg.dtype] * value
 
 
 def test_checksum_blocks_follow_the_layout_worked_example():
     counts, values = np.array([2, 0, 1]), np.array([7, 9, 4])
-    body, cb = ragged_bytes(counts, values, dtype=np.dtype("int32"), block_rows=2)
-    table = np.frombuffer(ragged_table(b"head", memoryview(body), counts, cb, 2), "<u4")
+    body, cb = ragged_bytes(counts, values, dtype="uint8", block_rows=2)
+    table = np.frombuffer(ragged_table(b"head", memoryview(body), counts, cb, 2, 1), "<u4")
+    assert len(body) == 23
     assert (
         table.tolist()
         == [
             crc(b"head"),
             crc(body[0:10]),  # index block 0
-            crc(body[20:28]),  # values of rows 0, 1
+            crc(body[20:22]),  # values of rows 0, 1
             crc(body[10:20]),  # index block 1 and the padding
-            crc(body[28:32]),  # values of row 2
+            crc(body[22:23]),  # values of row 2
         ]
     )
     assert table_entries(True, 3, 2) == 5 and table_entries(False, 600, 170) == 5
@@ -129,12 +133,13 @@ def test_a_flipped_byte_outside_a_clipped_window_is_left_to_verify(tmp_path, cap
     )
     want = np.concatenate([arrays["routed_experts"][:100], arrays["routed_experts"][200:300]])
     np.testing.assert_array_equal(got["routed_experts"].values.numpy(), want)
-    counts, ids = arrays["sampling_mask"]
+    counts, ids = stored(*arrays["sampling_mask"])
     first = np.cumsum(counts) - counts
     mask_rows = got["sampling_mask"].values.numpy()
     for r in (0, 150, 299):
+        assert mask_rows[r, 0] == -1  # the sampled token's place
         np.testing.assert_array_equal(
-            mask_rows[r, : counts[r]], ids[first[r] : first[r] + counts[r]]
+            mask_rows[r, 1 : 1 + counts[r]], ids[first[r] : first[r] + counts[r]]
         )
     assert "rows block 3" in verify_finding(tmp_path, capsys)
 

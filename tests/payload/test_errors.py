@@ -35,9 +35,10 @@ def written(tmp_path):
         segs = w.write(
             {
                 "routed_experts": np.ones((4, 2), np.int64),
-                "sampling_mask": (np.array([1, 3, 0, 2]), np.arange(6)),
+                "sampling_mask": (np.array([2, 4, 1, 3]), np.arange(10)),
             },
             pos=0,
+            sampled=np.array([0, 2, 6, 7]),  # stored: [1] [3 4 5] [] [8 9]
         )
     return tmp_path, {s.field: s for s in segs}
 
@@ -123,8 +124,8 @@ def test_segments_disagree_in_shape_or_float_dtype(written):
 
 def test_row_wider_than_width(written):
     root, segs = written
-    with pytest.raises(PayloadWidthError, match="holds 3 values, wider than width=2") as info:
-        read_field([segs["sampling_mask"]], "sampling_mask", (3, 4), root=root, width=2)
+    with pytest.raises(PayloadWidthError, match=r"holds 4 values .*, wider than width=3") as info:
+        read_field([segs["sampling_mask"]], "sampling_mask", (3, 4), root=root, width=3)
     assert info.value.pos == 1  # the widest row's position, even outside the window
 
 
@@ -184,12 +185,26 @@ def test_unknown_field(written):
         ({"routed_experts": np.ones((2, 2), np.float32)}, "holds integer values"),
         ({"routed_expert_weights": np.ones((2, 2), np.int64)}, "holds float values"),
         ({"sampling_mask": np.ones((2, 2), np.int64)}, "needs a \\(counts, values\\) pair"),
+        ({"sampling_mask": (np.array([2, 1]), np.arange(3))}, "without its sampled token 5"),
+        ({"sampling_mask": (np.array([2, 0]), np.arange(2))}, "row 1 .* holds ids \\[\\]"),
+        (
+            {"sampling_mask_logprobs": (np.array([1, 1]), np.zeros(2, np.float32))},
+            "one label='omitted' field written in the same call",
+        ),
     ],
 )
 def test_bad_writer_input(tmp_path, arrays, match):
     with PayloadWriter(tmp_path) as w, pytest.raises(PayloadInputError, match=match) as info:
-        w.write(arrays, pos=0)
+        w.write(arrays, pos=0, sampled=np.array([0, 5]))
     assert info.value.field == next(iter(arrays))
+
+
+def test_kept_sets_need_their_sampled_tokens(tmp_path):
+    mask = (np.array([1]), np.array([4]))
+    with PayloadWriter(tmp_path) as w, pytest.raises(PayloadInputError, match="pass sampled="):
+        w.write({"sampling_mask": mask}, pos=0)
+    with PayloadWriter(tmp_path) as w, pytest.raises(PayloadInputError, match="sampled must be"):
+        w.write({"sampling_mask": mask}, pos=0, sampled=np.array([4, 4]))
 
 
 def test_writer_refuses_a_taken_name_and_a_closed_writer(tmp_path):

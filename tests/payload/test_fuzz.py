@@ -49,7 +49,11 @@ def records(draw):
         offset=draw(ints),
         pos=draw(st.integers(-2, 50)),
         rows=draw(ints),
-        dtype=draw(st.sampled_from(["uint8", "int32", "float32", "float16", "bool", "complex64"])),
+        dtype=draw(
+            st.sampled_from(
+                ["uint8", "uint16", "uint24", "int32", "float32", "float16", "bool", "complex64"]
+            )
+        ),
         shape=tuple(draw(st.lists(st.integers(-1, 4), max_size=2))),
         first=draw(ints),
         ragged=ragged,
@@ -81,13 +85,14 @@ def test_random_bytes_and_records_raise_only_typed_errors(tmp_path, body, segs, 
 def test_corrupted_real_files_raise_only_typed_errors(tmp_path, flips):
     (tmp_path / "real.rfp").unlink(missing_ok=True)  # hypothesis reuses tmp_path
     with PayloadWriter(tmp_path, name="real") as w:
-        counts = np.arange(300) % 4
+        counts = 1 + np.arange(300) % 4
         segs = w.write(
             {
-                "sampling_mask": (counts, np.arange(counts.sum())),
+                "sampling_mask": (counts, np.arange(counts.sum()) * 97),  # 3-byte ids
                 "routed_experts": np.ones((300, 2), np.int64),
             },
             pos=0,
+            sampled=(np.cumsum(counts) - counts) * 97,
         )
     path = tmp_path / "real.rfp"
     raw = bytearray(path.read_bytes())
@@ -104,15 +109,15 @@ def _produce(root: str, queue, n: int) -> None:
     with PayloadWriter(root, group="live") as w:
         for i in range(n):
             rows = int(rng.integers(1, 400))
-            counts = rng.integers(0, 6, rows)
+            counts = rng.integers(1, 6, rows)
+            ids = np.full(counts.sum(), i)
+            ids[np.cumsum(counts) - counts] = 1000 + i  # each row's sampled token, then i's
             segs = w.write(
-                {
-                    "routed_experts": np.full((rows, 4), i % 200),
-                    "sampling_mask": (counts, np.full(counts.sum(), i)),
-                },
+                {"routed_experts": np.full((rows, 4), i % 200), "sampling_mask": (counts, ids)},
                 pos=0,
+                sampled=np.full(rows, 1000 + i),
             )
-            queue.put(([s.model_dump_json() for s in segs], rows, counts.tolist()))
+            queue.put(([s.model_dump_json() for s in segs], rows, (counts - 1).tolist()))
     queue.put(None)
 
 
@@ -129,7 +134,9 @@ def test_concurrent_reader_never_sees_incomplete_bytes(tmp_path):
         experts = read_field(segs, "routed_experts", (0, rows), root=root)
         mask = read_field(segs, "sampling_mask", (0, rows), root=root)
         assert torch.equal(experts, torch.full((rows, 4), i % 200, dtype=torch.uint8))
+        # the ids other than the sampled token, after column 0 (its place, at fill)
         assert (mask >= 0).sum(dim=1).tolist() == counts and bool((mask[mask >= 0] == i).all())
+        assert bool((mask[:, 0] == -1).all())
         seen, i = seen + 1, i + 1
     producer.join(30)
     assert producer.exitcode == 0 and seen == 60
@@ -139,7 +146,7 @@ VALID = {
     "routed_experts": dict(dtype="uint8", shape=(2, 8), ragged=None),
     "routed_expert_weights": dict(dtype="float32", shape=(2, 8), ragged=None),
     "sampling_mask": dict(
-        dtype="int32",
+        dtype="uint24",
         shape=(),
         ragged=RaggedLayout(rows=10, values=20, count_bytes=1, block_rows=128),
     ),
@@ -170,7 +177,9 @@ def near_valid(draw):
         ids = st.none() | st.integers(-2, 2) | st.sampled_from([(1 << 63) - 1, 1 << 63])
         seg = seg.model_copy(update={"file_id": draw(ids)})
     elif what == "dtype":
-        seg = seg.model_copy(update={"dtype": draw(st.sampled_from(sorted(STORED_DTYPES)))})
+        seg = seg.model_copy(
+            update={"dtype": draw(st.sampled_from(sorted(STORED_DTYPES | {"uint24"})))}
+        )
     elif what == "shape":
         seg = seg.model_copy(
             update={"shape": tuple(draw(st.lists(st.integers(-1, 4), max_size=2)))}

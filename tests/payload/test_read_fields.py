@@ -18,6 +18,7 @@ from rollfeed.payload import (
     shift_segments,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS
+from tests.payload.reference import kept_sets
 
 FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")
 
@@ -29,16 +30,17 @@ def packed_micro_batch(tmp_path, rng, *, files=3, samples=7, unit=4, clip=True):
     segs, cu = [], [0]
     for k in range(samples):
         rows = int(rng.integers(1, 300))
-        counts = rng.integers(0, 6, rows)
+        counts = rng.integers(1, 6, rows)
+        ids, sampled = kept_sets(rng, counts, 5000)
         arrays = {
             "routed_experts": rng.integers(0, 200, (rows, 2, 3)),
             "routed_expert_weights": rng.random((rows, 2)).astype(np.float32),
-            "sampling_mask": (counts, rng.integers(0, 5000, counts.sum())),
+            "sampling_mask": (counts, ids),
             "sampling_mask_logprobs": (counts, -rng.random(counts.sum()).astype(np.float32)),
         }
         if k % 3 == 1:
             del arrays["routed_expert_weights"]  # a field some samples lack
-        mine = writers[k % files].write(arrays, pos=0)
+        mine = writers[k % files].write(arrays, pos=0, sampled=sampled)
         if clip and k % 4 == 2:  # a record clipped at its tail (truncation)
             mine = [s.model_copy(update={"rows": s.rows // 2}) for s in mine]
         slot = -(-(rows + 1) // unit) * unit
@@ -133,19 +135,20 @@ def test_an_error_names_the_field_whose_file_it_is(tmp_path):
 
 def _pair(rng, writer, T: int, uid: str):
     """(inline sample, by-handle sample) whose fields hold the same rows at the same positions:
-    every position [0, T) (a sample's inline field has a row per token; some mask rows empty)."""
+    every position [0, T) (a sample's inline field has a row per token, holding the token)."""
     from rollfeed.collate import Sample
 
-    counts = rng.choice([0, 1, 2, 5], T)
+    counts = rng.choice([1, 2, 5], T)
+    ids = rng.integers(0, 1000, T)
+    kept, _ = kept_sets(rng, counts, 1000, sampled=ids)
     arrays = {
         "routed_experts": rng.integers(0, 200, (T, 2, 2)).astype(np.uint8),
-        "sampling_mask": (counts, rng.integers(0, 1000, counts.sum()).astype(np.int32)),
+        "sampling_mask": (counts, kept.astype(np.int32)),
     }
     tokens = dict(loss_mask=np.ones(T, bool), advantages=np.zeros(T, np.float32))
     tokens.update(inference_logprobs=np.zeros(T, np.float32))
-    ids = rng.integers(0, 1000, T)
     inline = Sample(ids, **tokens, fields=arrays, uid=uid)
-    handle = Sample(ids, **tokens, payload=writer.write(arrays, pos=0), uid=uid)
+    handle = Sample(ids, **tokens, payload=writer.write(arrays, pos=0, sampled=ids), uid=uid)
     return inline, handle
 
 

@@ -9,14 +9,17 @@ import errno
 import json
 import os
 import random
+import shutil
 import threading
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from rollfeed.cli import main
 from rollfeed.payload import (
     PAYLOAD_FIELDS,
     PayloadDtypeError,
@@ -35,6 +38,7 @@ from rollfeed.payload import (
     PayloadWriter,
     RaggedLayout,
     read_field,
+    read_fields,
     register_field,
 )
 from rollfeed.payload.layout import (
@@ -62,13 +66,11 @@ def routing(seed: int, rows: int = ROWS) -> np.ndarray:
 
 def write(root, name="w0", group=GROUP, seed=0, rows=ROWS, ragged=False):
     """Two regions (routing, then a mask) in one file; returns the segments by field."""
-    counts = np.arange(rows) % 3
-    arrays = {
-        "routed_experts": routing(seed, rows),
-        "sampling_mask": (counts, np.arange(counts.sum()) + 1000 * seed),
-    }
+    counts = 1 + np.arange(rows) % 3
+    ids = np.arange(counts.sum()) + 1000 * seed  # each row's first id is its sampled token
+    arrays = {"routed_experts": routing(seed, rows), "sampling_mask": (counts, ids)}
     with PayloadWriter(root, group=group, name=name) as w:
-        segs = w.write(arrays, pos=0)
+        segs = w.write(arrays, pos=0, sampled=ids[np.cumsum(counts) - counts])
     return {s.field: s for s in segs}
 
 
@@ -404,7 +406,7 @@ def test_writer_refuses_a_dtype_override_it_cannot_read_back(tmp_path):
     for dtypes in (
         {"routed_experts": "float32"},  # an int field read back as floats: refused by readers
         {"routed_experts": "uint64"},  # not a stored dtype
-        {"sampling_mask": "int16"},  # ragged values are always int32
+        {"sampling_mask": "int16"},  # ragged values take the narrowest width of each region
         {"tool_call_id": "uint8"},  # cannot hold the fill -7
         {"routed_experts": "not-a-dtype"},
     ):
@@ -457,9 +459,36 @@ def test_version_1_files_stay_readable_beside_version_2_files(tmp_path):
     got = read_field(old + new, "routed_experts", (0, 2 * ROWS), root=root)
     np.testing.assert_array_equal(got.numpy(), np.concatenate([old_data, routing(3)]))
     mask = read_field(old + new, "sampling_mask", (0, ROWS), root=root)
-    assert mask[:, :3].tolist() == [[50, 51, -1], [-1] * 3, [52, -1, -1], [53, 54, 55],
-                                    [56, -1, -1], [-1] * 3]  # fmt: skip
+    # rows as stored, after column 0 (the sampled token's place: version 1 kept it in the row)
+    assert mask[:, :4].tolist() == [[-1, 50, 51, -1], [-1] * 4, [-1, 52, -1, -1],
+                                    [-1, 53, 54, 55], [-1, 56, -1, -1], [-1] * 4]  # fmt: skip
     assert torch.equal(mask, read_field(old, "sampling_mask", (0, ROWS), root=root))
     bad = old[0].model_copy(update={"dtype": "int8"})
     with pytest.raises(PayloadRegionError, match="dtype"):
         read_field([bad], "routed_experts", (0, ROWS), root=root)
+
+
+def test_version_2_files_stay_readable_beside_version_3_files(tmp_path):
+    """A file the version-2 writer wrote (checked in): rows whole (the sampled token included,
+    ids ascending, 4-byte values), read after column 0 like version-3 rows; checksums hold."""
+    fixture = Path(__file__).parent / "fixtures"
+    shutil.copytree(fixture / "v2", tmp_path / "v2")
+    saved = json.loads((fixture / "v2" / "tiny.json").read_text())
+    old = [PayloadSegment.model_validate(s) for s in saved["segments"]]
+    assert {s.dtype for s in old if s.ragged} == {"int32", "float32"}
+    new = [write(tmp_path, name="new", rows=4)["sampling_mask"].model_copy(update={"pos": 10})]
+    windows = {"sampling_mask": (2, 14), "sampling_mask_logprobs": (2, 7)}
+    windows["routed_experts"] = (0, 6)
+    for root in (fast_root(tmp_path), fast_root(tmp_path, verify_checksums=True)):
+        got = read_fields(old + new, windows, root=root)
+        mask = got["sampling_mask"].values
+        assert mask[:5].tolist() == [[-1, 3, 40, -1], [-1, 7, -1, -1], [-1, 7, 300, 70000],
+                                     [-1, 7, -1, -1], [-1, 9, 65000, -1]]  # fmt: skip
+        assert mask[5:8].tolist() == [[-1] * 4] * 3
+        assert mask[8:].tolist() == [[-1] * 4, [-1, 2, -1, -1], [-1, 4, 5, -1], [-1] * 4]
+        lp = got["sampling_mask_logprobs"].values.numpy()
+        want = np.float32([-1.5, -0.3, -2.5])  # version 2: ascending ids, as stored
+        np.testing.assert_array_equal(lp[2], want)
+        routing = got["routed_experts"].values
+        assert routing.reshape(-1).tolist() == (np.arange(36) % 8).tolist()
+    assert main(["verify", str(tmp_path)]) == 0

@@ -23,13 +23,15 @@ GROUP = "step_000001"
 def write_file(root, name="w0"):
     """One payload file, one region per write; returns (path, sizes after each write, segments)."""
     sizes, segments = [], []
+    counts = np.array([3, 1, 2, 4, 2, 3, 2, 2, 3, 2])  # 14 ids besides the sampled tokens
+    firsts = np.cumsum(counts) - counts
     with PayloadWriter(root, group=GROUP, name=name) as w:
-        for arrays in (
-            {"routed_experts": np.arange(12, dtype=np.int64).reshape(3, 2, 2) % 5},
-            {"sampling_mask": (np.array([2, 0, 1, 3, 1, 2, 1, 1, 2, 1]), np.arange(14))},
-            {"sampling_mask": (np.zeros(0, np.int64), np.zeros(0, np.int64))},
+        for arrays, sampled in (
+            ({"routed_experts": np.arange(12, dtype=np.int64).reshape(3, 2, 2) % 5}, None),
+            ({"sampling_mask": (counts, np.arange(24))}, firsts),
+            ({"sampling_mask": (np.zeros(0, np.int64), np.zeros(0, np.int64))}, firsts[:0]),
         ):
-            segments += w.write(arrays, pos=0)
+            segments += w.write(arrays, pos=0, sampled=sampled)
             sizes.append(os.path.getsize(os.path.join(root, w.file)))
     return Path(root) / GROUP / f"{name}.rfp", sizes, segments
 

@@ -21,8 +21,10 @@ from rollfeed.payload import (
 from tests.payload.reference import (
     dense_fixed,
     dense_ragged,
+    kept_sets,
     read_fixed_ref,
     read_ragged_ref,
+    stored,
 )
 
 SETTINGS = settings(
@@ -75,37 +77,53 @@ def test_fixed_routing_round_trip(tmp_path, case):
 def test_ragged_mask_round_trip(tmp_path, case, mean):
     length, cut, _, seed, (lo, hi), delta, ranges = case
     rng = np.random.default_rng(seed)
-    counts = rng.poisson(mean, length)
-    values = rng.integers(0, 151_936, counts.sum()).astype(np.int32)
+    counts = 1 + rng.poisson(mean, length)
+    high = int(rng.choice([200, 60_000, 151_936, 1 << 30]))  # 1, 2, 3 and 4-byte ids
+    values, sampled = kept_sets(rng, counts, high)
     starts = np.cumsum(counts) - counts
     segs = []
     for a, b in [(0, cut), (cut, length)]:
         if b > a:
             vals = values[starts[a] : starts[a] + counts[a:b].sum()]
             with PayloadWriter(tmp_path, group="g") as w:
-                segs += w.write({"sampling_mask": (counts[a:b], vals)}, pos=a)
+                segs += w.write({"sampling_mask": (counts[a:b], vals)}, a, sampled=sampled[a:b])
     segs = shift_segments(clip_segments(segs, lo, hi), delta)
-    rows = dense_ragged(length + delta, [(delta, counts, values)])
+    rows = dense_ragged(length + delta, [(delta, *stored(counts, values))])
     covered = range(delta + lo, delta + min(hi, length))
     got = read_field(segs, "sampling_mask", ranges, root=tmp_path)
-    want = read_ragged_ref(rows, ranges, -1, np.int32, covered)
+    want = read_ragged_ref(rows, ranges, -1, np.int32, covered, lead=1)
     assert got.dtype == torch.int32
     np.testing.assert_array_equal(got.numpy(), want)
 
 
-def test_float_ragged_and_fixed_weights(tmp_path):
+def test_kept_sets_are_stored_in_canonical_order_and_their_logprobs_follow(tmp_path):
+    """Rows given in any order: the mask is stored without the sampled token, the others
+    ascending; the logprobs row holds the sampled token's value first, then the others' in
+    ascending id order; a repeated sampled token stands once."""
     rng = np.random.default_rng(3)
-    counts = np.array([1, 0, 3, 2])
-    lp = rng.normal(size=6).astype(np.float32)
-    weights = rng.random((4, 2, 2)).astype(np.float32)
+    counts = np.array([1, 4, 3])
+    ids = np.array([5, 9, 4, 6, 4, 300, 70_000, 2])  # sampled 5; 4 (twice); 2
+    lp = np.array([-0.0, -1.9, -0.4, -1.6, -0.4, -2.3, -3.1, -0.2], np.float32)
+    weights = rng.random((3, 2, 2)).astype(np.float32)
     with PayloadWriter(tmp_path) as w:
         segs = w.write(
-            {"sampling_mask_logprobs": (counts, lp), "routed_expert_weights": weights}, pos=2
+            {
+                "sampling_mask": (counts, ids),
+                "sampling_mask_logprobs": (counts, lp),
+                "routed_expert_weights": weights,
+            },
+            pos=2,
+            sampled=np.array([5, 4, 2]),
         )
-    got = read_field(segs, "sampling_mask_logprobs", (0, 7), root=tmp_path)
-    want = np.full((7, 3), -np.inf, np.float32)
-    want[2, :1], want[4, :3], want[5, :2] = lp[:1], lp[1:4], lp[4:]
-    np.testing.assert_array_equal(got.numpy(), want)
+    mask = next(s for s in segs if s.field == "sampling_mask")
+    assert mask.dtype == "uint24" and mask.ragged.values == 4  # 6, 9 | 300, 70000
+    got = read_field(segs, "sampling_mask", (0, 6), root=tmp_path)
+    want = [[-1] * 3, [-1] * 3, [-1] * 3, [-1, 6, 9], [-1, 300, 70_000], [-1] * 3]
+    assert got.tolist() == want
+    got = read_field(segs, "sampling_mask_logprobs", (0, 6), root=tmp_path)
+    inf = -np.inf
+    want = [[inf] * 3] * 2 + [[-0.0, inf, inf], [-0.4, -1.6, -1.9], [-0.2, -2.3, -3.1], [inf] * 3]
+    np.testing.assert_array_equal(got.numpy(), np.array(want, np.float32))
     w_got = read_field(segs, "routed_expert_weights", (1, 4), root=tmp_path)
     assert w_got.dtype == torch.float32
     np.testing.assert_array_equal(
@@ -145,7 +163,9 @@ def test_register_field_refuses_a_conflicting_definition():
 
 def test_absent_field_is_none_and_placeholder_is_width_one_fill(tmp_path):
     with PayloadWriter(tmp_path) as w:
-        segs = w.write({"sampling_mask": (np.array([2, 1]), np.array([5, 6, 7]))}, pos=3)
+        segs = w.write(
+            {"sampling_mask": (np.array([2, 1]), np.array([5, 6, 7]))}, 3, sampled=np.array([6, 7])
+        )
     assert read_field(segs, "routed_experts", (0, 4), root=tmp_path) is None
     placeholder = clip_segments(segs, 0, 3)
     assert placeholder[0].rows == 0
@@ -155,9 +175,14 @@ def test_absent_field_is_none_and_placeholder_is_width_one_fill(tmp_path):
 
 def test_width_is_taken_over_all_segment_rows_not_the_window(tmp_path):
     with PayloadWriter(tmp_path) as w:
-        segs = w.write({"sampling_mask": (np.array([1, 5, 1]), np.arange(7))}, pos=0)
+        segs = w.write(
+            {"sampling_mask": (np.array([1, 5, 1]), np.arange(7))},
+            pos=0,
+            sampled=np.array([0, 1, 6]),
+        )
     narrow = read_field(segs, "sampling_mask", (2, 3), root=tmp_path)
-    assert narrow.shape == (1, 5) and narrow[0].tolist() == [6, -1, -1, -1, -1]
+    assert narrow.shape == (1, 5) and narrow[0].tolist() == [-1] * 5  # label column + 4
+    assert read_field(segs, "sampling_mask", (1, 2), root=tmp_path)[0].tolist() == [-1, 2, 3, 4, 5]
     fixed = read_field(segs, "sampling_mask", (2, 3), root=tmp_path, width=8)
     assert fixed.shape == (1, 8)
 
