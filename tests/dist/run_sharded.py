@@ -1,0 +1,284 @@
+"""Sharded scoring and training on 4 gloo ranks equals one unsharded float64 process.
+
+Every configuration trains a tiny Qwen3 (or Qwen3-MoE, routing replayed) the way a torchtitan-style
+trainer shards it, from one ``DeviceMesh`` (plans: :mod:`tests.dist.sharding_plans`):
+
+    fsdp2      fully_shard over 2 ranks (each decoder layer and the root)
+    tp2        DTensor TP 2, body and vocabulary-parallel LM head
+    tp2_sp     TP 2 with sequence-parallel norms (hidden entering the head Shard(1))
+    dp2_tp2    FSDP2 over dp 2 x TP 2 (dense and MoE)
+    dp2_cp2    FSDP2 over the flattened dp 2 x cp 2, Ulysses over cp, zigzag rows (dense and MoE)
+    cp2_tp2    FSDP2 over cp 2 x TP 2, Ulysses over cp, contiguous rows
+
+The 2-rank configurations run on each half of a ``(half, axis)`` mesh (both halves the same case).
+Micro batches come from the planner (``prepare_batch`` for the mesh's dp size and cp layout, then
+``to_tensor_micro_batch`` for this rank's cp rank, both read from ``Topology.from_mesh``), the
+scorer from ``PolicyScorer.from_mesh``. Per configuration, against
+:func:`tests.dist.sharded_reference.train_reference` on the union of the DP ranks' samples: the
+logprobs, entropies and valid mask of both steps within 1e-10; the gradient of every parameter,
+gathered to a full tensor, within 1e-10 at step 0 (the loss is ``Σ ℓ / global count``, so a
+gradient twice too large fails); every parameter after 2 AdamW steps within 1e-10; replicas of
+every TP-replicated parameter bitwise equal across TP after each step; and no ``[S, V]``-like
+tensor in the scoring forward and backward of step 0 (:class:`tests.dist.shape_record.ShapeRecord`,
+which is first shown to catch the logits of a plain HF forward).
+
+Also here: ``Topology.from_mesh`` on torchtitan-style meshes selects the same data as the flat
+``Topology.from_rank``, and unknown or ambiguous axes raise ``MeshAxisError``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate
+
+from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.loaders import Topology
+from rollfeed.models import PolicyScorer
+from tests.dist.policy_cases import make_samples, own_routing
+from tests.dist.shape_record import ShapeRecord
+from tests.dist.sharded_reference import (
+    ADAMW,
+    STEPS,
+    Reference,
+    loss_sum,
+    loss_tokens,
+    train_reference,
+    whole_row,
+)
+from tests.dist.sharding_plans import apply_fsdp, apply_tp, full
+from tests.dist.topology_meshes import check_topology_from_mesh
+from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
+
+TOL = 1e-10
+VOCAB = 160  # > the samples' ids (< 128); neither V nor V / 2 is any other width of the model
+LENGTHS = [11, 6, 14, 9, 5, 13, 8, 10]
+SEQ_LEN = 32  # < the hidden size 64, so no row length equals a parameter's width
+SEED = 21
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """``dims``: the configuration's mesh axes, each of size 2 (one axis: a 2-rank sub-mesh of
+    ``(half, axis)``); ``fsdp``: the axes ``fully_shard`` runs over (flattened when two)."""
+
+    name: str
+    dims: tuple[str, ...]
+    moe: bool = False
+    fsdp: tuple[str, ...] = ()
+    sequence_parallel: bool = False
+    layout: str = "contiguous"
+
+
+CASES = (
+    Case(name="fsdp2", dims=("dp_shard",), fsdp=("dp_shard",)),
+    Case(name="tp2", dims=("tp",)),
+    Case(name="tp2_sp", dims=("tp",), sequence_parallel=True),
+    Case(name="dp2_tp2", dims=("dp_shard", "tp"), fsdp=("dp_shard",)),
+    Case(name="dp2_tp2_moe", dims=("dp_shard", "tp"), fsdp=("dp_shard",), moe=True),
+    Case(name="dp2_cp2", dims=("dp_shard", "cp"), fsdp=("dp_shard", "cp"), layout="zigzag"),
+    Case(
+        name="dp2_cp2_moe",
+        dims=("dp_shard", "cp"),
+        fsdp=("dp_shard", "cp"),
+        moe=True,
+        layout="zigzag",
+    ),
+    Case(name="cp2_tp2", dims=("cp", "tp"), fsdp=("cp",)),
+)
+
+
+class Meshes:
+    """One root mesh per axis tuple, built once by every rank in the same order; ``release``
+    drops their references to the process groups before teardown."""
+
+    def __init__(self) -> None:
+        self.roots: dict[tuple[str, ...], DeviceMesh] = {}
+
+    def get(self, dims: tuple[str, ...]) -> DeviceMesh:
+        names = ("half", *dims) if len(dims) == 1 else dims
+        if names not in self.roots:
+            self.roots[names] = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+        root = self.roots[names]
+        return root[dims[0]] if len(dims) == 1 else root
+
+    def release(self) -> None:
+        for root in self.roots.values():
+            root._pg_registry.clear()
+        self.roots.clear()
+
+
+def build(moe: bool) -> torch.nn.Module:
+    return (tiny_qwen3_moe if moe else tiny_qwen3)(seed=SEED, vocab_size=VOCAB)
+
+
+def samples_and_reference(moe: bool) -> tuple[list, Reference]:
+    samples = make_samples(5, LENGTHS)
+    sdpa = build(moe)
+    sdpa.set_attn_implementation("sdpa")
+    if moe:
+        routing = own_routing(sdpa, [s.token_ids for s in samples])
+        samples = make_samples(5, LENGTHS, own_routing=routing)
+    return samples, train_reference(sdpa, samples)
+
+
+def check_shape_record_sees_logits() -> None:
+    """The recorder finds the ``[1, S, V]`` logits of a plain HF forward (so it can fail)."""
+    model = build(moe=False)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad(), ShapeRecord() as rec:
+        model(input_ids=torch.arange(12)[None])
+    found = rec.matching(vocab={VOCAB}, rows={12})
+    assert (1, 12, VOCAB) in found, found
+
+
+def shard(case: Case, model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    if "tp" in case.dims:
+        apply_tp(model, mesh["tp"], sequence_parallel=case.sequence_parallel)
+    if len(case.fsdp) == 1:
+        apply_fsdp(model, mesh if mesh.ndim == 1 else mesh[case.fsdp[0]])
+    elif case.fsdp:
+        apply_fsdp(model, mesh[case.fsdp]._flatten("_".join(case.fsdp)))
+
+
+def compare_scores(case: Case, step: int, mb, out, ref: Reference) -> float:
+    """Worst difference of this micro batch's scores to the reference's (sample coordinates)."""
+    worst = 0.0
+    scored = torch.zeros(mb.length, dtype=torch.bool)
+    for sample, start in zip(mb.samples, mb.starts, strict=True):
+        rows = slice(start, start + len(sample.token_ids) - 1)
+        scored[rows] = True
+        logp, ent, valid = ref.scores[step][sample.uid]
+        where = f"{case.name} step {step} sample {sample.uid}"
+        assert torch.equal(out.valid_mask[rows], valid), where
+        for got, want in ((out.logprobs[rows], logp), (out.entropy[rows], ent)):
+            diff = (got.detach() - want)[valid].abs()
+            worst = max(worst, diff.max().item() if diff.numel() else 0.0)
+    assert not out.valid_mask[~scored].any(), f"{case.name}: a padding row is scored"
+    return worst
+
+
+def check_replicas(case: Case, model: torch.nn.Module, mesh: DeviceMesh, step: int) -> None:
+    """Every parameter replicated over TP holds bitwise the same values on every TP rank."""
+    if "tp" not in case.dims:
+        return
+    group = mesh.get_group("tp")
+    for name, p in model.named_parameters():
+        local = p
+        if isinstance(p, DTensor):
+            # Under FSDP2 alone a TP-replicated parameter is a DTensor on the data axes only.
+            names = p.device_mesh.mesh_dim_names
+            if "tp" in names and not isinstance(p.placements[names.index("tp")], Replicate):
+                continue
+            local = p.to_local()
+        parts = [torch.empty_like(local) for _ in range(2)]
+        dist.all_gather(parts, local.detach().contiguous(), group=group)
+        assert torch.equal(parts[0], parts[1]), f"{case.name} step {step}: {name} drifted"
+
+
+def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]]) -> str:
+    began = time.perf_counter()
+    samples, ref = data[case.moe]
+    mesh = meshes.get(case.dims)
+    model = build(case.moe)
+    shard(case, model, mesh)
+    topo = Topology.from_mesh(mesh)
+    scorer = PolicyScorer.from_mesh(
+        model, mesh, compute_entropy=True, entropy_requires_grad=True, chunk_size=8
+    )
+    config = PlanConfig(
+        seq_len=SEQ_LEN, cp_size=topo.cp_size, cp_layout=case.layout, pad_to_multiple_of=4
+    )
+    mine = prepare_batch(samples, config, dp_size=topo.dp_size)[topo.dp_rank]
+    count = torch.tensor(sum(loss_tokens(mb) for mb in mine))
+    if topo.dp_size > 1:
+        dist.all_reduce(count, group=mesh.get_group(case.fsdp[0]))
+    assert int(count) == ref.count, (case.name, int(count), ref.count)
+    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
+    worst_scores = 0.0
+    for step in range(STEPS):
+        optimizer.zero_grad(set_to_none=True)
+        for mb in mine:
+            whole = whole_row(mb)
+            tmb = to_tensor_micro_batch(mb, cp_rank=topo.cp_rank)
+            with ShapeRecord() as rec:
+                out = scorer.score(tmb)
+                loss = loss_sum(
+                    out.logprobs, out.entropy, out.valid_mask, whole.loss_mask, whole.advantages
+                )
+                (loss / ref.count).backward()
+            rows = {mb.length, mb.length // topo.cp_size, mb.length // 2}
+            big = rec.matching(vocab={VOCAB, VOCAB // 2}, rows=rows)
+            assert not big, f"{case.name}: [S, V]-like tensors {big} (S in {rows})"
+            if case.moe and not mb.is_dummy:
+                assert int(out.metrics["rows_replayed"]) > 0, case.name
+            worst_scores = max(worst_scores, compare_scores(case, step, mb, out, ref))
+        if step == 0:
+            worst_grad = 0.0
+            for name, p in model.named_parameters():
+                assert p.grad is not None, f"{case.name}: {name} got no gradient"
+                worst_grad = max(worst_grad, (full(p.grad) - ref.grads[name]).abs().max().item())
+        optimizer.step()
+        check_replicas(case, model, mesh, step)
+    worst_param = max(
+        (full(p.detach()) - ref.params[n]).abs().max().item() for n, p in model.named_parameters()
+    )
+    assert worst_scores < TOL, (case.name, "scores", worst_scores)
+    assert worst_grad < TOL, (case.name, "gradients", worst_grad)
+    assert worst_param < TOL, (case.name, "parameters", worst_param)
+    return (
+        f"case {case.name} rank {dist.get_rank()} ok: scores {worst_scores:.1e} gradients "
+        f"{worst_grad:.1e} parameters {worst_param:.1e} ({time.perf_counter() - began:.1f} s)"
+    )
+
+
+def main() -> None:
+    only = set(sys.argv[1:])
+    began = time.perf_counter()
+    check_shape_record_sees_logits()
+    data = {moe: samples_and_reference(moe) for moe in (False, True)}
+    print(f"reference rank {dist.get_rank()} {time.perf_counter() - began:.1f} s", flush=True)
+    meshes = Meshes()
+    try:
+        for case in CASES:
+            if not only or case.name in only:
+                print(run_case(case, meshes, data), flush=True)
+        began = time.perf_counter()
+        check_topology_from_mesh(meshes)
+        print(
+            f"topology rank {dist.get_rank()} ok ({time.perf_counter() - began:.1f} s)", flush=True
+        )
+    finally:
+        meshes.release()
+
+
+def run_rank_and_exit() -> None:
+    """``tests.dist.launch.run_rank`` without its final check that no gloo thread is left.
+
+    DTensor's functional collectives keep a reference to the default process group that no
+    Python object holds (measured: ten extra references after one ``full_tensor()``), so
+    ``destroy_process_group`` cannot join its gloo workers, and the interpreter's teardown could
+    abort on them (see ``tests/dist/launch.py``). After every group is destroyed and the output
+    flushed, the rank ends without that teardown.
+    """
+    dist.init_process_group("gloo")
+    try:
+        main()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    run_rank_and_exit()
