@@ -1,4 +1,4 @@
-"""``python -m rollfeed {demo,inspect,verify}``."""
+"""``python -m rollfeed {demo,serve,inspect,verify}``."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m rollfeed demo | inspect ROOT | verify ROOT``."""
+"""Command line: ``python -m rollfeed demo | serve ... | inspect ROOT | verify ROOT``."""
 
 from __future__ import annotations
 
@@ -100,16 +100,26 @@ def verify(root: str) -> int:
     return 0 if sound == scan.entries else 1
 
 
-def demo(workdir: str | None, *, prompts: int, samples: int, max_tokens: int) -> int:
-    """Tiny MoE -> vLLM rollouts captured by handle -> 2 DP x 2 CP trainer ranks -> report."""
+def demo(
+    workdir: str | None, *, prompts: int, samples: int, max_tokens: int, server: str | None
+) -> int:
+    """Tiny MoE -> capture server rollouts by handle -> 2 DP x 2 CP trainer ranks -> report."""
     from rollfeed.demo.run import run_demo
 
-    return run_demo(workdir, prompts=prompts, samples=samples, max_tokens=max_tokens)
+    return run_demo(workdir, prompts=prompts, samples=samples, max_tokens=max_tokens, server=server)
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"]:  # vLLM's serve flags are parsed by vLLM's own parser
+        from rollfeed.capture.server import main as serve
+
+        return serve(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m rollfeed")
     sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser(
+        "serve",
+        help="vLLM's OpenAI server plus the capture route: --payload-root R --model M [vllm flags]",
+    )
     d = sub.add_parser(
         "demo", help="vLLM rollouts captured by handle, scored by torchrun ranks (needs vLLM)"
     )
@@ -121,6 +131,12 @@ def main(argv: list[str]) -> int:
     d.add_argument("--prompts", type=int, default=16)
     d.add_argument("--samples", type=int, default=4, help="completions per prompt")
     d.add_argument("--max-tokens", type=int, default=48)
+    d.add_argument(
+        "--server",
+        default=None,
+        help="a running capture server (http://host:port) with --payload-root WORKDIR/payload "
+        "and the demo's model (default: the demo starts its own)",
+    )
     for name, help_text in (
         ("inspect", "summarise a payload root"),
         ("verify", "check a payload root"),
@@ -129,7 +145,11 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.command == "demo":
         return demo(
-            args.workdir, prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens
+            args.workdir,
+            prompts=args.prompts,
+            samples=args.samples,
+            max_tokens=args.max_tokens,
+            server=args.server,
         )
     if not os.path.isdir(args.root):
         what = "is not a directory" if os.path.lexists(args.root) else "does not exist"

@@ -1,4 +1,5 @@
-"""Imports flow one way: capture -> payload <- collate <- loaders, models may import collate;
+"""Imports flow one way: capture -> payload <- collate <- loaders, models may import collate,
+capture's client may import collate and loaders (it makes their samples and step files);
 rollfeed.errors may be imported by anyone; payload loads nothing of ours and never vLLM."""
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ ALLOWED = {
     "__init__": set(),  # ``import rollfeed.payload`` runs it: it must load nothing else
     "errors": set(),
     "payload": set(),
-    "capture": {"payload"},
+    # The orchestrator's client (capture/client.py) hands the trainer side its Samples and step
+    # files: the end of the inference side, where capture meets collate's and loaders' formats.
+    "capture": {"payload", "collate", "loaders"},
     "collate": {"payload"},
     "loaders": {"collate", "payload"},
     "models": {"collate"},

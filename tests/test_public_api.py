@@ -34,7 +34,8 @@ PUBLIC = {
         logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts
         routed_dtype Turn assemble_turns CaptureError CaptureModeError RoutingShapeError
         SamplingSettingsError SupportBoundError SupportMembershipError TurnGapError
-        TurnRangeError""",
+        TurnRangeError CaptureServerError CaptureRoute GenerateRequest GenerateResponse
+        CompletionRecord ServerInfo CaptureClient Rollout""",
 }
 
 

@@ -1,8 +1,9 @@
 """Inference side: the sampler's kept sets and routed experts, captured by handle; turn assembly.
 
 A client of :mod:`rollfeed.payload` (it writes with :class:`~rollfeed.payload.PayloadWriter` and
-hands out segment records) and of nothing else of ours; vLLM is imported only when asked for
-(:func:`capture_sampling_params`), so the pure conversions work without it.
+hands out segment records); its orchestrator client also makes :mod:`rollfeed.collate` samples
+and :mod:`rollfeed.loaders` step files. vLLM is imported only when asked for
+(:func:`capture_sampling_params`, the route), so the pure conversions work without it.
 
 - kept sets (:func:`support_from_logprob_rows`, :func:`support_from_native_mask`) and routed
   experts (:func:`align_routed_experts`) from engine outputs, pure NumPy;
@@ -11,14 +12,20 @@ hands out segment records) and of nothing else of ours; vLLM is imported only wh
 - the vLLM adapter (:func:`check_engine`, :func:`capture_sampling_params`,
   :func:`capture_request_output`);
 - :func:`assemble_turns`: the turns of a multi-turn rollout stitched into one sample's payload;
+- serving (``python -m rollfeed serve``, :mod:`rollfeed.capture.server`): the capture route
+  (:class:`CaptureRoute`; :class:`GenerateRequest` in, :class:`GenerateResponse` of
+  :class:`CompletionRecord`\\ s out, :class:`ServerInfo`) in vLLM's OpenAI-compatible server;
+  :class:`CaptureClient` and :class:`Rollout` turn its answers into samples and step files;
 - :class:`CaptureError` and its family.
 """
 
+from rollfeed.capture.client import CaptureClient, Rollout
 from rollfeed.capture.completion import CapturedCompletion, capture_completion
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import (
     CaptureError,
     CaptureModeError,
+    CaptureServerError,
     RoutingShapeError,
     SamplingSettingsError,
     SupportBoundError,
@@ -32,6 +39,13 @@ from rollfeed.capture.kept_set import (
     support_from_logprob_rows,
     support_from_native_mask,
 )
+from rollfeed.capture.protocol import (
+    CompletionRecord,
+    GenerateRequest,
+    GenerateResponse,
+    ServerInfo,
+)
+from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.routing import align_routed_experts, routed_dtype
 from rollfeed.capture.turns import Turn, assemble_turns
 from rollfeed.capture.vllm_adapter import (
@@ -43,13 +57,21 @@ from rollfeed.capture.vllm_adapter import (
 )
 
 __all__ = [
+    "CaptureClient",
     "CaptureConfig",
     "CaptureError",
     "CaptureModeError",
+    "CaptureRoute",
+    "CaptureServerError",
     "CapturedCompletion",
+    "CompletionRecord",
+    "GenerateRequest",
+    "GenerateResponse",
     "LogprobRows",
+    "Rollout",
     "RoutingShapeError",
     "SamplingSettingsError",
+    "ServerInfo",
     "SupportBoundError",
     "SupportCapture",
     "SupportMembershipError",

@@ -52,3 +52,10 @@ class TurnRangeError(CaptureError):
 
 class TurnGapError(CaptureError):
     """Turn assembly found a gap in an ``inputs`` field's coverage under ``gap="raise"``."""
+
+
+class CaptureServerError(CaptureError):
+    """A capture server refused a request (``status``: its HTTP status) or gave no answer
+    (``status=None``: unreachable, or died mid-request); no record came back."""
+
+    PLACE = (*CaptureError.PLACE, "status")

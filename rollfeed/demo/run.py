@@ -1,8 +1,9 @@
 """``python -m rollfeed demo``: the whole pipeline on one CPU machine, in four stages.
 
 1. build the tiny Qwen3-MoE and its tokenizer into the cache (once);
-2. rollouts: vLLM samples, the capture writes kept sets by handle and a step file
-   (:mod:`rollfeed.demo.rollouts`, its own process);
+2. rollouts: a capture server (``python -m rollfeed serve``: vLLM samples, the server writes kept
+   sets by handle) and a client process that turns its records into a step file
+   (:mod:`rollfeed.demo.rollouts`); ``--server URL`` uses a running server instead;
 3. trainer: ``torchrun`` starts 2 DP x 2 CP gloo ranks that load the step with
    ``build_dataloader`` and score it with the ``PolicyScorer`` (:mod:`rollfeed.demo.trainer`);
 4. report: text and a PNG (:mod:`rollfeed.demo.report`).
@@ -40,7 +41,12 @@ def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
 
 
 def run_demo(
-    workdir: str | os.PathLike[str] | None, *, prompts: int, samples: int, max_tokens: int
+    workdir: str | os.PathLike[str] | None,
+    *,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    server: str | None = None,
 ) -> int:
     from rollfeed.capture.vllm_adapter import import_vllm
 
@@ -56,13 +62,17 @@ def run_demo(
 
     try:
         with claim_workdir(workdir, base=default_cache_dir() / "demo") as run:
-            return _run_stages(run, prompts=prompts, samples=samples, max_tokens=max_tokens)
+            return _run_stages(
+                run, prompts=prompts, samples=samples, max_tokens=max_tokens, server=server
+            )
     except DemoWorkdirInUseError as err:
         print(f"rollfeed demo: {err}", file=sys.stderr)
         return 2
 
 
-def _run_stages(run: DemoRun, *, prompts: int, samples: int, max_tokens: int) -> int:
+def _run_stages(
+    run: DemoRun, *, prompts: int, samples: int, max_tokens: int, server: str | None
+) -> int:
     from rollfeed.demo.report import format_report, summarize, write_plot
     from rollfeed.demo.tiny_model import build_tiny_moe
 
@@ -81,12 +91,17 @@ def _run_stages(run: DemoRun, *, prompts: int, samples: int, max_tokens: int) ->
     model_dir = build_tiny_moe()
     print(f"      {model_dir} ({time.perf_counter() - t0:.1f} s)")
 
-    t0 = _stage(2, f"rollouts with vLLM on CPU: {prompts} prompts x {samples} completions")
-    cmd = [sys.executable, "-m", "rollfeed.demo.rollouts", "--model-dir", str(model_dir)]
-    cmd += ["--workdir", str(work), "--run-id", run.run_id, "--prompts", str(prompts)]
-    cmd += ["--samples-per-prompt", str(samples), "--max-tokens", str(max_tokens)]
-    # Streams to the terminal: vLLM's own progress bar shows generation.
-    proc = subprocess.run(cmd, env=env)
+    t0 = _stage(2, f"rollouts via the capture server: {prompts} prompts x {samples} completions")
+    from rollfeed.demo.rollouts import rollout_server
+
+    with rollout_server(server, model_dir, work, run_id=run.run_id, env=env) as (url, started):
+        print(f"      capture server {url} ({started:.1f} s to start)", flush=True)
+        cmd = [sys.executable, "-m", "rollfeed.demo.rollouts", "--server", url]
+        cmd += ["--server-start-s", f"{started:.3f}", "--model-dir", str(model_dir)]
+        cmd += ["--workdir", str(work), "--prompts", str(prompts)]
+        cmd += ["--samples-per-prompt", str(samples), "--max-tokens", str(max_tokens)]
+        # Streams to the terminal: the client's progress bar shows the requests.
+        proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"rollouts failed with exit code {proc.returncode}")
     print(f"      payload root {work / 'payload'} ({time.perf_counter() - t0:.1f} s)")

