@@ -2,14 +2,16 @@
 and what checksums cost.
 
 Prints:
-- mask bytes per completion token (CSR, as written to disk, headers and checksum tables
-  included) at a mean of 1.7 and of 8 kept ids, against a padded ``[T, 32]`` int32 layout, and
-  the share of the checksum tables;
+- mask bytes per completion token (as written to disk: file and region headers, bodies and
+  checksum tables) for kept sets of a mean of 1.7 ids (60% singletons), of 8, and a heavy-tailed
+  distribution (45% singletons, p99 about 80 ids), against a padded ``[T, W]`` int32 layout
+  (``W`` the widest row) and against the format-2 CSR layout (whole rows, 4-byte ids);
 - routing bytes per token for 48 layers x top-8 of 128 experts (uint8) against int32 / int64;
 - the time to read one micro batch's window (16,384 tokens; routing ``[T, 48, 8]`` uint8 plus the
-  CSR mask, spread over 64 request files) with one ``read_fields`` call, as ``raw / ours`` where
-  raw is ``os.preadv`` of exactly the same byte ranges into one preallocated buffer with the files
-  already open (goal >= 0.7);
+  mask at a mean of 1.7 kept ids, spread over 64 request files) with one ``read_fields`` call
+  (headers and file ids checked), as ``raw / ours`` where raw is ``os.preadv`` of exactly the
+  byte ranges ours asks for (each record's region header and body), one call per range, into one
+  preallocated buffer with the files already open (goal >= 0.7); routing alone and masks alone;
 - the same read checking every block's CRC-32C (``PayloadRoot(verify_checksums=True)``), against
   the plain read, and the share of the checksum tables in the time to write those requests.
 
@@ -31,39 +33,46 @@ from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.checksum import fixed_block_rows, fixed_table, ragged_table, table_entries
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
+    DTYPE_SIZES,
     FILE_HEADER,
     REGION_HEADER,
-    index_bytes,
     ragged_bytes,
     values_start,
 )
 
-
-def kept_counts(rng: np.random.Generator, n: int, mean: float) -> np.ndarray:
-    """Kept-set sizes with a heavy singleton mass: 1 + a geometric tail with the requested mean."""
-    if mean <= 1:
-        return np.ones(n, np.int64)
-    return rng.geometric(1.0 / mean, n).astype(np.int64)
+VOCAB = 151_936  # Qwen's vocabulary: ids take 3 bytes
 
 
-def request_arrays(rng: np.random.Generator, per: int, mean: float, routing: bool) -> dict:
-    counts = kept_counts(rng, per, mean)
-    arrays = {"sampling_mask": (counts, rng.integers(0, 151_936, counts.sum()).astype(np.int32))}
+def kept_counts(rng: np.random.Generator, n: int, kind: str) -> np.ndarray:
+    """Kept-set sizes: ``"1.7"`` / ``"8"`` a geometric law of that mean (60% / 12% singletons);
+    ``"heavy"`` 45% singletons, the rest ``2 + floor(lognormal)`` (p99 about 80 ids)."""
+    if kind == "heavy":
+        tail = 2 + np.floor(np.exp(rng.normal(1.25, 1.4, n)))
+        return np.where(rng.random(n) < 0.45, 1, np.minimum(tail, 1024)).astype(np.int64)
+    return rng.geometric(1.0 / float(kind), n).astype(np.int64)
+
+
+def request_arrays(rng: np.random.Generator, per: int, kind: str, routing: bool):
+    """One request of ``per`` completion tokens: its fields and its sampled tokens."""
+    counts = kept_counts(rng, per, kind)
+    ids = rng.integers(0, VOCAB, counts.sum()).astype(np.int32)
+    sampled = ids[np.cumsum(counts) - counts]  # a kept set holds the token sampled from it
+    arrays = {"sampling_mask": (counts, ids)}
     if routing:
         arrays["routed_experts"] = rng.integers(0, 128, (per, 48, 8)).astype(np.uint8)
-    return arrays
+    return arrays, sampled
 
 
-def write_requests(root: str, requests: list[dict], tag: str):
+def write_requests(root: str, requests: list, tag: str):
     """One file per request; returns (segments at consecutive positions, per field the bytes on
     disk per token (region headers, bodies and checksum tables) and the checksum tables' share,
     write seconds)."""
     segs, tokens, spent = [], 0, 0.0
-    on_disk: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for i, arrays in enumerate(requests):
+    on_disk: dict[str, list[float]] = defaultdict(lambda: [0, 0])
+    for i, (arrays, sampled) in enumerate(requests):
         t0 = time.perf_counter()
         with PayloadWriter(root, group="bench", name=f"{tag}-{i}") as w:
-            written = w.write(arrays, pos=0)
+            written = w.write(arrays, pos=0, sampled=sampled)
         spent += time.perf_counter() - t0
         for s in written:
             segs.append(s.model_copy(update={"pos": tokens}))
@@ -72,7 +81,8 @@ def write_requests(root: str, requests: list[dict], tag: str):
                 entries = table_entries(False, s.rows, fixed_block_rows(s.row_bytes))
             else:
                 lay = s.ragged
-                body = values_start(lay.rows, lay.count_bytes, lay.block_rows) + 4 * lay.values
+                body = values_start(lay.rows, lay.count_bytes, lay.block_rows)
+                body += DTYPE_SIZES[s.dtype] * lay.values
                 entries = table_entries(True, s.rows, lay.block_rows)
             head = REGION_HEADER.size + len(s.field.encode()) + FILE_HEADER.size / len(written)
             on_disk[s.field][0] += head + body + 4 * entries
@@ -82,32 +92,80 @@ def write_requests(root: str, requests: list[dict], tag: str):
     return segs, per_token, spent
 
 
-def checksum_seconds(requests: list[dict]) -> float:
+def format_2_bytes(requests: list) -> float:
+    """Mask bytes per token in the format-2 CSR layout (whole rows, 4-byte values), headers and
+    checksum tables included, for the same requests."""
+    total = tokens = 0
+    for arrays, _ in requests:
+        counts = arrays["sampling_mask"][0]
+        cb = 1 if counts.max() < 256 else 2 if counts.max() < 1 << 16 else 4
+        total += REGION_HEADER.size + len("sampling_mask") + FILE_HEADER.size
+        total += values_start(len(counts), cb, BLOCK_ROWS) + 4 * int(counts.sum())
+        total += 4 * table_entries(True, len(counts), BLOCK_ROWS)
+        tokens += len(counts)
+    return total / tokens
+
+
+def checksum_seconds(requests: list) -> float:
     """The time the writer spends on checksum tables for ``requests`` (the same calls)."""
     t0 = time.perf_counter()
-    for arrays in requests:
+    for arrays, _ in requests:
         if "routed_experts" in arrays:
             body = arrays["routed_experts"]
             view = memoryview(body.reshape(-1))
             fixed_table(b"header", view, len(body), body[0].nbytes)
         counts, values = arrays["sampling_mask"]
-        body, cb = ragged_bytes(counts, values, dtype=np.dtype("int32"))
-        ragged_table(b"header", memoryview(body), counts, cb, BLOCK_ROWS)
+        body, cb = ragged_bytes(counts, values, dtype="uint24")
+        ragged_table(b"header", memoryview(body), counts, cb, BLOCK_ROWS, 3)
     return time.perf_counter() - t0
 
 
 def raw_ranges(segs) -> list[tuple[str, int, int]]:
-    """Byte ranges the read needs for the whole window: routing bodies, CSR index, values."""
+    """The byte ranges a window read over whole records asks for: each record's region header
+    (right before its body) and its body."""
     out = []
     for s in segs:
+        head = REGION_HEADER.size + len(s.field.encode())
         if s.ragged is None:
-            out.append((s.file, s.offset, s.rows * s.row_bytes))
+            body = s.rows * s.row_bytes
         else:
             lay = s.ragged
-            out.append((s.file, s.offset, index_bytes(lay.rows, lay.count_bytes, lay.block_rows)))
-            vs = values_start(lay.rows, lay.count_bytes, lay.block_rows)
-            out.append((s.file, s.offset + vs, 4 * lay.values))
+            body = values_start(lay.rows, lay.count_bytes, lay.block_rows)
+            body += DTYPE_SIZES[s.dtype] * lay.values
+        out.append((s.file, s.offset - head, head + body))
     return out
+
+
+def _medians(fns: dict, reps: int) -> dict:
+    for fn in fns.values():
+        fn()  # warm: open files, page cache
+    times: dict = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _bytes_per_token(tmp: str, rng: np.random.Generator) -> None:
+    print("mask bytes per completion token (file and region headers, checksums included)")
+    for kind in ("1.7", "8", "heavy"):
+        reqs = [request_arrays(rng, 65_536 // 16, kind, routing=False) for _ in range(16)]
+        _, per_token, _ = write_requests(tmp, reqs, f"mask{kind}")
+        total, sums = per_token["sampling_mask"]
+        counts = np.concatenate([a["sampling_mask"][0] for a, _ in reqs])
+        widest = int(counts.max())
+        v2 = format_2_bytes(reqs)
+        label = (
+            f"mean {counts.mean():.1f}, {np.mean(counts == 1):.0%} singletons, "
+            f"p99 {np.percentile(counts, 99):.0f}"
+        )
+        print(f"  {kind:>5} ({label}): {total:6.2f} B/token ({sums:.3f} checksums)")
+        print(
+            f"        format-2 CSR {v2:6.2f} ({v2 / total:.2f}x more), padded [T, {widest}] int32 "
+            f"{4 * widest:7.2f} ({4 * widest / total:.0f}x more)"
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -118,17 +176,9 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        print("payload bytes per completion token (file and region headers, checksums included)")
-        for mean in (1.7, 8.0):
-            reqs = [request_arrays(rng, 65_536 // 16, mean, routing=False) for _ in range(16)]
-            _, per_token, _ = write_requests(tmp, reqs, f"mask{mean}")
-            total, sums = per_token["sampling_mask"]
-            print(
-                f"  mask, mean {mean:>3} kept ids: {total:6.2f} B/token, {sums:.3f} of them", end=""
-            )
-            print(f" checksums  (padded [T, 32] int32: 128.00, {128 / total:5.1f}x more)")
+        _bytes_per_token(tmp, rng)
         reqs = [
-            request_arrays(rng, args.tokens // args.files, 1.7, routing=True)
+            request_arrays(rng, args.tokens // args.files, "1.7", routing=True)
             for _ in range(args.files)
         ]
         segs, per_token, write_s = write_requests(tmp, reqs, "window")
@@ -137,41 +187,43 @@ def main(argv: list[str]) -> None:
         print(f" {sums:.3f} of them checksums  (int32: {48 * 8 * 4}, int64: {48 * 8 * 8})")
 
         plain, checking = PayloadRoot(tmp), PayloadRoot(tmp, verify_checksums=True)
-        windows = {"routed_experts": (0, args.tokens), "sampling_mask": (0, args.tokens)}
-        ranges = raw_ranges(segs)
-        fds = {f: os.open(os.path.join(tmp, f), os.O_RDONLY) for f, _, _ in ranges}
-        buf = bytearray(sum(n for _, _, n in ranges))
-        view = memoryview(buf)
+        window = (0, args.tokens)
+        names = {"routing + masks": ("routed_experts", "sampling_mask")}
+        names.update({"routing alone": ("routed_experts",), "masks alone": ("sampling_mask",)})
+        fds = {s.file: os.open(os.path.join(tmp, s.file), os.O_RDONLY) for s in segs}
+        fns, sizes = {}, {}
+        for what, fields in names.items():
+            ranges = raw_ranges([s for s in segs if s.field in fields])
+            view = memoryview(bytearray(sum(n for _, _, n in ranges)))
+            sizes[what] = (len(ranges), len(view))
 
-        def raw() -> None:
-            at = 0
-            for f, off, n in ranges:
-                os.preadv(fds[f], [view[at : at + n]], off)
-                at += n
+            def raw(ranges=ranges, view=view) -> None:
+                at = 0
+                for f, off, n in ranges:
+                    os.preadv(fds[f], [view[at : at + n]], off)
+                    at += n
 
-        def ours() -> None:
-            read_fields(segs, windows, root=plain)
+            def ours(fields=fields) -> None:
+                read_fields(segs, dict.fromkeys(fields, window), root=plain)
 
-        def checked() -> None:
-            read_fields(segs, windows, root=checking)
-
-        ours(), checked(), raw()  # warm: open files, page cache
-        times: dict = {raw: [], ours: [], checked: []}
-        for _ in range(args.reps):
-            for fn, acc in times.items():
-                t0 = time.perf_counter()
-                fn()
-                acc.append(time.perf_counter() - t0)
+            fns[(what, "raw")], fns[(what, "ours")] = raw, ours
+        fns["checked"] = lambda: read_fields(
+            segs, dict.fromkeys(names["routing + masks"], window), root=checking
+        )
+        t = _medians(fns, args.reps)
         for fd in fds.values():
             os.close(fd)
-        r, o, c = (statistics.median(times[f]) for f in (raw, ours, checked))
         sums_s = min(checksum_seconds(reqs) for _ in range(3))
-        mib = len(buf) / 2**20
-        print(
-            f"read one micro batch window ({args.tokens} tokens, {args.files} files, {mib:.1f} MiB)"
-        )
-        print(f"  raw preadv {r * 1e3:.2f} ms, read_fields {o * 1e3:.2f} ms", end="")
-        print(f" -> raw/ours = {r / o:.2f} (goal >= 0.7)")
+        print(f"read one micro batch window ({args.tokens} tokens, {args.files} files)")
+        for what in names:
+            r, o = t[(what, "raw")], t[(what, "ours")]
+            calls, size = sizes[what]
+            goal = "  (goal >= 0.7)" if what == "routing + masks" else ""
+            print(
+                f"  {what:<15} {size / 2**20:5.2f} MiB in {calls:3d} ranges: raw preadv "
+                f"{r * 1e3:5.2f} ms, read_fields {o * 1e3:5.2f} ms -> raw/ours = {r / o:.2f}{goal}"
+            )
+        o, c = t[("routing + masks", "ours")], t["checked"]
         print(f"  checking every block's CRC-32C: {c * 1e3:.2f} ms -> checked/plain = {c / o:.2f}")
         print(
             f"  writing those {args.files} requests: {write_s * 1e3:.1f} ms, of which checksum",

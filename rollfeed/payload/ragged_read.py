@@ -113,9 +113,11 @@ class RaggedJob:
                     (d, seg, at + a - lo, v0, v1 - v0, t.first[seg] + a - t.pos[seg], b - a)
                 )
         value_base = np.concatenate([[0], np.cumsum(row_counts)])
-        values = np.empty(int(value_base[-1]), spec.ragged_dtype)
+        values = _held_run(pieces, value_base)  # the common case: one run of held values
         clipped = []
-        for d, seg, first_row, v0, count, row, rows in pieces:
+        for d, seg, first_row, v0, count, row, rows in pieces if values is None else []:
+            if values is None:
+                values = np.empty(int(value_base[-1]), spec.ragged_dtype)
             dst = value_base[first_row]
             held = d.held_at[seg] >= 0
             if held.any():
@@ -132,9 +134,24 @@ class RaggedJob:
             yield from _checked_values(clipped, values, files, self.name)
         W = width if width is not None else max(1, widest)
         out = np.full((n, W), spec.fill, spec.ragged_dtype)
-        if values.size:  # row r's values fill its first row_counts[r] columns (after the lead)
-            out[:, lead:][np.arange(W - lead) < row_counts[:, None]] = values
+        if values is not None and values.size:
+            # value k of row r lands at flat index r * W + lead + (k - value_base[r])
+            out.reshape(-1)[spread(np.arange(lead, n * W, W), row_counts)] = values
         return out
+
+
+def _held_run(pieces, value_base: np.ndarray) -> np.ndarray | None:
+    """The window's values as one slice of a kind's held values, when one piece holds them all
+    in order (regions read whole, window rows in record order), else ``None``."""
+    if len(pieces) != 1:
+        return None
+    d, seg, first_row, v0, count, _, _ = pieces[0]
+    src, dst = d.held_at[seg] + v0, value_base[first_row]
+    if (d.held_at[seg] < 0).any() or int(dst[0]) != 0 or int(count.sum()) != int(value_base[-1]):
+        return None
+    if not ((dst[1:] == dst[:-1] + count[:-1]).all() and (src[1:] == src[:-1] + count[:-1]).all()):
+        return None
+    return d.held[int(src[0]) : int(src[0]) + int(value_base[-1])]
 
 
 def _clipped_values(clipped, values: np.ndarray, files: FieldFiles):
