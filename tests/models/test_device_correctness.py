@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
-from rollfeed.models import PolicyScorer
+from rollfeed.models import PolicyScorer, fused_support_logprobs, support_logprobs
 from tests.devices import DEVICES
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing
+from tests.models.reference import random_batch
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
 LENGTHS = [9, 5, 11]
@@ -42,6 +43,33 @@ def test_batch_path_scoring_and_backward_create_nothing_off_the_inputs_device():
         (scores.logprobs.sum() + scores.entropy.sum()).backward()
     _check_on("cpu", scores, model)
     assert all(t.device.type == "cpu" for t in built)  # the batch path builds host tensors
+
+
+def test_plain_and_fused_support_scoring_create_nothing_off_the_inputs_device():
+    rows = 47
+    logits = random_batch(rows, 123, seed=1)
+    heads = random_batch(rows, 123, seed=1, hidden=16)
+    fallback = torch.zeros(rows, dtype=torch.bool)
+    fallback[[0, 10]] = True
+    per_token = torch.linspace(0.5, 1.5, rows, dtype=torch.float64)
+    kw = {"compute_entropy": True, "entropy_requires_grad": True, "fallback_mask": fallback}
+    kw["missing_label"] = "full_vocab"
+    x = logits["logits"].requires_grad_()
+    h, w = heads["hidden"].requires_grad_(), heads["weight"].requires_grad_()
+    with torch.device("meta"):
+        runs = [support_logprobs(x, logits["labels"], logits["support"], temperature=0.7, **kw)]
+        for t in (0.7, per_token):
+            runs.append(
+                fused_support_logprobs(
+                    h, w, heads["labels"], heads["support"], temperature=t, chunk_size=5, **kw
+                )
+            )
+        for scores in runs:
+            (scores.logprobs.sum() + scores.entropy.sum()).backward()
+    for scores in runs:
+        assert scores.logprobs.device.type == scores.entropy.device.type == "cpu"
+        assert all(v.device.type == "cpu" for v in scores.metrics.values())
+    assert {g.device.type for g in (x.grad, h.grad, w.grad)} == {"cpu"}
 
 
 def vars_of(tmb):
