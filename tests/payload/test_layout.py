@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from rollfeed.payload import PayloadInputError
+from rollfeed.payload import PayloadInputError, canonical_rows
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
     decode_index,
@@ -9,6 +9,7 @@ from rollfeed.payload.layout import (
     ragged_bytes,
     values_start,
 )
+from rollfeed.payload.values import decode_into, encode_values, spare, value_dtype
 
 
 def fill_table(bodies, lo, hi, rows, values, *, count_bytes, block_rows):
@@ -31,7 +32,7 @@ def decode_rows(
 
 def test_worked_example_bytes():
     body, count_bytes = ragged_bytes(
-        np.array([2, 0, 1]), np.array([7, 9, 4]), dtype=np.dtype("int32"), block_rows=2
+        np.array([2, 0, 1]), np.array([7, 9, 4]), dtype="int32", block_rows=2
     )
     assert count_bytes == 1
     expected = (
@@ -47,7 +48,7 @@ def test_worked_example_bytes():
 
 def test_wide_rows_use_wider_lengths():
     counts = np.array([1, 300, 2])
-    body, count_bytes = ragged_bytes(counts, np.arange(303), dtype=np.dtype("int32"))
+    body, count_bytes = ragged_bytes(counts, np.arange(303), dtype="int32")
     assert count_bytes == 2
     idx = decode_rows(body, 1, 3, rows=3, values=303, count_bytes=2, block_rows=128)
     assert idx.counts.tolist() == [300, 2] and idx.starts.tolist() == [1, 301]
@@ -55,21 +56,56 @@ def test_wide_rows_use_wider_lengths():
 
 @pytest.mark.parametrize("mean", [1.7, 8.0])
 def test_bytes_per_token_target(mean):
+    """Kept sets of a vocabulary below 2**24 without their sampled token: 3-byte ids, a 1-byte
+    length and 8/128 bytes of block offset per row."""
     rng = np.random.default_rng(0)
-    counts = 1 + rng.poisson(mean - 1, 100_000)
-    body, _ = ragged_bytes(counts, np.zeros(counts.sum(), np.int32), dtype=np.dtype("int32"))
+    counts = rng.geometric(1 / mean, 100_000) - 1  # stored: the kept set less its sampled token
+    ids = rng.integers(0, 151_936, counts.sum())
+    dtype = value_dtype(ids, is_int=True)
+    body, _ = ragged_bytes(counts, ids, dtype=dtype)
     per_token = len(body) / counts.size
-    assert per_token <= 4 * counts.mean() + 1.1
+    assert dtype == "uint24" and per_token <= 3 * counts.mean() + 1.07
     if mean == 1.7:
-        assert per_token <= 8.0
+        assert per_token <= 3.3
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "size"),
+    [
+        ([0, 7, 255], "uint8", 1),
+        ([256, 65_535], "uint16", 2),
+        ([0, 151_935, (1 << 24) - 1], "uint24", 3),
+        ([1 << 24, 5], "int32", 4),
+        ([-1, 3], "int32", 4),
+        ([], "uint8", 1),
+    ],
+)
+def test_ragged_values_take_the_narrowest_width_and_decode_back(values, dtype, size):
+    values = np.array(values, np.int64)
+    assert value_dtype(values, is_int=True) == dtype
+    raw = encode_values(values, dtype)
+    assert raw.size == size * values.size
+    if dtype == "uint24":  # little endian, 3 bytes: 151935 = 0x02517f
+        assert raw[3:6].tolist() == [0x7F, 0x51, 0x02]
+    got = np.empty(values.size, np.int32)
+    decode_into(got, np.concatenate([raw, np.full(spare(dtype), 0xAB, np.uint8)]), dtype)
+    np.testing.assert_array_equal(got, values)  # the spare byte never leaks into a value
+    floats = np.array([-0.5, np.inf], np.float32)
+    assert value_dtype(floats, is_int=False) == "float32"
+
+
+def test_canonical_rows_follow_the_worked_example():
+    """rollfeed.payload.label_rows: sampled first, the others ascending, a repeat dropped."""
+    rows = canonical_rows(np.array([3, 1, 0, 3]), np.array([7, 40, 3, 7, 5, 9, 5]), [40, 7, 5, 5])
+    assert rows.counts.tolist() == [3, 1, 0, 2] and rows.missing.tolist() == []
+    assert rows.order.tolist() == [1, 2, 0, 3, 4, 5]  # rows [40, 3, 7] [7] [] [5, 9]
+    missing = canonical_rows(np.array([2, 0]), np.array([3, 4]), np.array([9, 9]))
+    assert missing.missing.tolist() == [0]  # a non-empty row without its sampled token
 
 
 def test_index_decodes_several_requests_at_once():
     counts = [np.array([1, 0, 2, 3]), np.array([4, 1]), np.array([0, 0, 5])]
-    bodies = [
-        ragged_bytes(c, np.arange(c.sum()), dtype=np.dtype("int32"), block_rows=2)[0]
-        for c in counts
-    ]
+    bodies = [ragged_bytes(c, np.arange(c.sum()), dtype="int32", block_rows=2)[0] for c in counts]
     lo, hi = [1, 0, 2], [4, 2, 3]
     rows, values = [c.size for c in counts], [int(c.sum()) for c in counts]
     idx = fill_table(bodies, lo, hi, rows, values, count_bytes=1, block_rows=2)
@@ -84,9 +120,7 @@ def test_index_decodes_any_window():
         n, block = int(rng.integers(1, 700)), int(rng.integers(1, 140))
         block = min(block, max(BLOCK_ROWS, n))  # a block larger than both is refused
         counts = rng.integers(0, 300 if trial % 4 == 0 else 5, n)
-        body, cb = ragged_bytes(
-            counts, np.arange(counts.sum()), dtype=np.dtype("int32"), block_rows=block
-        )
+        body, cb = ragged_bytes(counts, np.arange(counts.sum()), dtype="int32", block_rows=block)
         lo = int(rng.integers(0, n))
         hi = int(rng.integers(lo + 1, n + 1))
         idx = decode_rows(
@@ -109,4 +143,4 @@ def test_index_decodes_any_window():
 )
 def test_bad_ragged_input(counts, values, match):
     with pytest.raises(PayloadInputError, match=match):
-        ragged_bytes(counts, values, dtype=np.dtype("int32"))
+        ragged_bytes(counts, values, dtype="int32")
