@@ -1,19 +1,35 @@
-"""Demo trainer ranks: read the step by handle, score with and without support replay.
+"""Demo trainer ranks: read the step by handle, score it, train on it for a few steps, checkpoint.
 
 Run under torchrun (gloo), e.g. 2 DP x 2 CP ranks::
 
     torchrun --standalone --nproc_per_node=4 -m rollfeed.demo.trainer \\
-        --model-dir M --workdir W --cp 2
+        --model-dir M --workdir W --cp 2 --steps 3 --checkpoint-every 1
 
-Each rank builds its :class:`~rollfeed.loaders.Topology`, a loader over ``W/steps`` that reads
-only this rank's windows of ``W/payload``, and a :class:`~rollfeed.models.PolicyScorer` (Ulysses
-over the rank's ``cp`` group) on the same weights the sampler used. Every loss-bearing token is
-scored twice: over its recorded kept set (support replay) and over the full vocabulary. Rank 0
-writes ``W/trainer.json`` with the per-token differences to the sampler's logprobs.
+Each rank builds a ``(dp, cp)`` device mesh, its :class:`~rollfeed.loaders.Topology`, a loader
+that reads only this rank's windows of ``W/payload`` for the samples of the step file in
+``W/steps``, the model the sampler used sharded with FSDP2 (:mod:`rollfeed.demo.train`) and a
+:class:`~rollfeed.models.PolicyScorer` (Ulysses over the rank's ``cp`` group). The captured step
+is trained on ``--steps`` times (off-policy epochs: one loader pass and one AdamW step each;
+nothing goes back to the sampler). Every loss token is scored before each update; at step 0 it is
+also scored over the full vocabulary, so the report can separate the numerics (support replay
+against full vocabulary, before any update) from the drift the updates cause.
 
-The process ends normally: the loader is closed (its workers and thread end), and every process
-group is destroyed and no longer referenced when ``main`` returns, so no gloo worker thread is left
-to release a collective's tensors during interpreter teardown (which aborts the process). The
+Rank 0 writes ``W/trainer.json``::
+
+    {"world": 4, "cp": 2, "steps": 3, "clip_eps": 0.2, "lr": 1e-4,
+     "ranks": [per rank, step 0: sampler / replay / full logprobs and kept-set sizes per token,
+               micro_batches, loader_wait_s, score_s, rank, dp_rank, cp_rank],
+     "train": [per step: step, loss, tokens, clipped, step_s, and over all ranks' tokens
+               delta (trainer − sampler logprob before the update) and entropy (kept set)]}
+
+``--checkpoint-every K`` saves a DCP checkpoint to ``W/checkpoints/step_<k>`` after every K-th
+step and after the last; the checkpoint also holds ``trainer.json`` as it stood. ``--resume``
+continues from the newest complete checkpoint there: the same result as a run never stopped.
+
+The process ends normally: the loader is closed (its workers and thread end), the device meshes
+that torch's DTensor caches keep drop their groups (``train.release_meshes``), and every process
+group is destroyed and no longer referenced when ``main`` returns, so no gloo worker thread is
+left to release a collective's tensors during interpreter teardown (which aborts the process). The
 model classes are imported before ``init_process_group`` for the same reason: transformers' model
 code imports ``torch.distributed.nn.functional``, whose functions take ``group.WORLD`` as a default
 argument; imported after the default group exists, it would hold that group for good.
@@ -23,105 +39,173 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
-from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.collate import PlanConfig, TensorMicroBatch
+from rollfeed.demo.train import (
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    release_meshes,
+    save_checkpoint,
+    shard_model,
+    train_step,
+)
+from rollfeed.loaders import (
+    LoaderOptions,
+    RolloutDataset,
+    Topology,
+    build_dataloader,
+    read_step_file,
+)
 from rollfeed.models import CPGroup, PolicyScorer
 
+logger = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
-def score_step(args: argparse.Namespace) -> dict | None:
+
+def step_file(workdir: Path) -> Path:
+    """The captured step: the first step file in ``workdir/steps``."""
+    files = sorted((workdir / "steps").glob("step_*.jsonl"))
+    if not files:
+        raise SystemExit(f"no step file in {workdir / 'steps'}: run the rollouts stage first")
+    return files[0]
+
+
+def full_vocab(scorer: PolicyScorer, mb: TensorMicroBatch) -> torch.Tensor:
+    """Logprobs over the full vocabulary (no kept set) at this rank's positions, no gradient."""
+    no_support = torch.full((mb.input_ids.numel(), 1), -1, dtype=torch.int32)
+    with torch.no_grad():
+        out = scorer.score_tokens(
+            mb.input_ids,
+            mb.position_ids,
+            mb.labels,
+            no_support,
+            temperature=mb.temperatures,
+            canonical_index=mb.positions,
+            cu_seqlens=mb.cu_seqlens,
+            fallback_mask=mb.loss_mask,
+        )
+    return out.logprobs[mb.positions]
+
+
+def numerics(scorer: PolicyScorer, batches: list[TensorMicroBatch], step0, wait: float) -> dict:
+    """This rank's step-0 record: replay (the training forward's logprobs) against full vocab."""
+    t0 = time.perf_counter()
+    full = [full_vocab(scorer, mb)[mb.loss_mask].double() for mb in batches]
+    full_t = torch.cat(full) if full else torch.zeros(0, dtype=torch.float64)
+    return {
+        "micro_batches": len(batches),
+        "loader_wait_s": wait,
+        "score_s": time.perf_counter() - t0,
+        "sampler": step0.sampler.tolist(),
+        "replay": step0.trainer.tolist(),
+        "full": full_t.tolist(),
+        "kept": step0.kept.tolist(),
+    }
+
+
+def train(args: argparse.Namespace) -> None:
+    """The whole run on this rank (collective; a new mesh, model and loader on every call)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    topo = Topology.from_rank(rank, world, cp_size=args.cp)
-    # Every rank creates every cp group, in the same order (a torch.distributed rule); the ranks
-    # of DP coordinate d are d * cp .. d * cp + cp - 1 in the Topology's rank order (dp, cp, tp).
-    groups = [
-        dist.new_group(list(range(d * args.cp, (d + 1) * args.cp))) for d in range(topo.dp_size)
-    ]
-    cp = CPGroup(group=groups[topo.dp_rank], rank=topo.cp_rank, size=topo.cp_size)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
-    scorer = PolicyScorer(model, cp=cp)
+    mesh = init_device_mesh("cpu", (world // args.cp, args.cp), mesh_dim_names=("dp", "cp"))
+    topo = Topology.from_mesh(mesh)
+    dtype = DTYPES[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
+    if hasattr(model.config, "_experts_implementation") and dtype == torch.float64:
+        model.set_experts_implementation("eager")  # the grouped-mm kernels refuse float64
+    # FSDP2 over the flattened dp x cp mesh (torchtitan flattens its data and cp axes alike).
+    shard_model(model, mesh["dp", "cp"]._flatten("dp_cp"))
+    scorer = PolicyScorer(model, cp=CPGroup.from_mesh(mesh), compute_entropy=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     loader = build_dataloader(
-        RolloutDataset.from_step_dir(args.workdir / "steps"),
+        RolloutDataset(read_step_file(step_file(args.workdir))),  # the same samples every pass
         topo,
         PlanConfig(seq_len=args.seq_len, cp_size=args.cp, cp_layout="zigzag"),
         root=args.workdir / "payload",
-        options=LoaderOptions(num_workers=1),
+        options=LoaderOptions(num_workers=args.workers),
     )
-    sampler_lp, replay_lp, full_lp, kept = [], [], [], []
-    wait = score = 0.0
-    micro_batches = 0
-    it = iter(loader)
-    while True:
+    checkpoints = args.workdir / "checkpoints"
+    result = {"world": world, "cp": args.cp, "steps": args.steps, "clip_eps": args.clip_eps}
+    result |= {"lr": args.lr, "ranks": [], "train": []}
+    done = 0
+    resume = latest_checkpoint(checkpoints) if args.resume else None
+    if args.resume and resume is None:
+        raise SystemExit(f"--resume: no complete checkpoint under {checkpoints}")
+    if resume is not None:
+        done = load_checkpoint(resume, model, optimizer, loader)
+        result = json.loads((resume / "trainer.json").read_text()) | {"steps": args.steps}
+        logger.info("resumed from %s after %d steps", resume, done)
+    for step in range(done, args.steps):
         t0 = time.perf_counter()
-        tmb = next(it, None)
-        wait += time.perf_counter() - t0
-        if tmb is None:
-            loader.close()  # the workers end now, not at interpreter exit
-            break
-        micro_batches += 1
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            replay = scorer.score(tmb)
-            no_support = torch.full((tmb.input_ids.numel(), 1), -1, dtype=torch.int32)
-            full = scorer.score_tokens(
-                tmb.input_ids,
-                tmb.position_ids,
-                tmb.labels,
-                no_support,
-                temperature=tmb.temperatures,
-                canonical_index=tmb.positions,
-                cu_seqlens=tmb.cu_seqlens,
-                fallback_mask=tmb.loss_mask,
-            )
-        score += time.perf_counter() - t0
-        # Results are whole-row (canonical); each rank keeps its own positions, so the cp peers
-        # of a micro batch count every token exactly once.
-        own, loss = tmb.positions, tmb.loss_mask
-        sampler_lp.append(tmb.inference_logprobs[loss].double())
-        replay_lp.append(replay.logprobs[own][loss].double())
-        full_lp.append(full.logprobs[own][loss].double())
-        kept.append((tmb.fields["sampling_mask"] >= 0).sum(-1)[loss])
-    cat = lambda xs, d: torch.cat(xs).numpy() if xs else np.zeros(0, d)  # noqa: E731
-    mine = {
-        "rank": rank,
-        "dp_rank": topo.dp_rank,
-        "cp_rank": topo.cp_rank,
-        "micro_batches": micro_batches,
-        "loader_wait_s": wait,
-        "score_s": score,
-        "sampler": cat(sampler_lp, np.float64).tolist(),
-        "replay": cat(replay_lp, np.float64).tolist(),
-        "full": cat(full_lp, np.float64).tolist(),
-        "kept": cat(kept, np.int64).tolist(),
-    }
-    gathered: list = [None] * world
-    dist.all_gather_object(gathered, mine)
-    return {"world": world, "cp": args.cp, "ranks": gathered} if rank == 0 else None
+        batches = list(loader)  # one pass: this rank's micro batches of the step
+        wait = time.perf_counter() - t0
+        record = train_step(scorer, batches, optimizer, step=step, clip_eps=args.clip_eps)
+        mine = {"delta": (record.trainer - record.sampler).tolist()}
+        mine |= {"entropy": record.entropy.tolist(), "clipped": record.clipped}
+        if step == 0:
+            mine["numerics"] = numerics(scorer, batches, record, wait)
+            mine["numerics"] |= {"rank": rank, "dp_rank": topo.dp_rank, "cp_rank": topo.cp_rank}
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, mine)
+        if step == 0:
+            result["ranks"] = [g["numerics"] for g in gathered]
+        result["train"].append(
+            {
+                "step": step,
+                "loss": record.loss,
+                "tokens": record.tokens,
+                "clipped": sum(g["clipped"] for g in gathered),
+                "step_s": record.step_s,
+                "delta": [d for g in gathered for d in g["delta"]],
+                "entropy": [e for g in gathered for e in g["entropy"]],
+            }
+        )
+        last = step + 1 == args.steps
+        if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or last):
+            path = checkpoint_path(checkpoints, step + 1)
+            if rank == 0:  # beside the DCP files, before them: .metadata comes last
+                path.mkdir(parents=True, exist_ok=True)
+                (path / "trainer.json").write_text(json.dumps(result))
+            save_checkpoint(path, model, optimizer, loader)
+    loader.close()  # the workers end now, not at interpreter exit
+    if rank == 0:
+        (args.workdir / "trainer.json").write_text(json.dumps(result))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rollfeed.demo.trainer")
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--workdir", type=Path, required=True)
     ap.add_argument("--cp", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
-    args = ap.parse_args(argv)
+    ap.add_argument("--steps", type=int, default=3, help="optimizer steps on the captured step")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--clip-eps", type=float, default=0.2)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ap.add_argument("--workers", type=int, default=1, help="loader worker processes")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="0: no checkpoints")
+    ap.add_argument("--resume", action="store_true", help="from W/checkpoints' newest")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        result = score_step(args)
-        if result is not None:
-            (args.workdir / "trainer.json").write_text(json.dumps(result))
+        train(args)
         dist.barrier()
     finally:
-        dist.destroy_process_group()  # the default group and every cp group
+        release_meshes()
+        dist.destroy_process_group()  # the default group and every mesh group
 
 
 if __name__ == "__main__":

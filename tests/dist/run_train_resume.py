@@ -1,0 +1,37 @@
+"""Demo training ranks (dp 2 x cp 2): an uninterrupted run, and one cut after step 1 and resumed.
+
+Args: ``first WORK`` (launch A): ``WORK/full`` trains 3 steps and checkpoints after the last;
+``WORK/cut`` trains 1 step from fresh weights and checkpoints it. ``resume WORK`` (launch B, new
+processes): ``WORK/cut`` resumes from its checkpoint and trains to step 3, checkpointing each step.
+The test compares what the two runs wrote.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+# The demo trainer imports the model classes before the process group exists (see launch.py).
+from rollfeed.demo import train, trainer
+from tests.dist.launch import run_rank
+
+
+def run(work: str, *options: str) -> None:
+    argv = ["--model-dir", f"{work}/model", "--cp", "2", "--seq-len", "32", "--dtype", "float64"]
+    argv += ["--workers", "0", "--lr", "1e-2", *options]
+    trainer.train(trainer.parser().parse_args(argv))
+
+
+def main(mode: str, work: str) -> None:
+    torch.set_num_threads(1)
+    if mode == "first":
+        run(work, "--workdir", f"{work}/full", "--steps", "3", "--checkpoint-every", "3")
+        run(work, "--workdir", f"{work}/cut", "--steps", "1", "--checkpoint-every", "1")
+    else:
+        run(work, "--workdir", f"{work}/cut", "--steps", "3", "--checkpoint-every", "1", "--resume")
+    train.release_meshes()  # before run_rank destroys the groups (see the function)
+
+
+if __name__ == "__main__":
+    run_rank(main, sys.argv[1], sys.argv[2])
