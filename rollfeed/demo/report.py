@@ -1,11 +1,17 @@
 """Demo report: trainer-vs-sampler logprob mismatch with and without support replay, kept sets,
-payload size and loader wait, as text and as a PNG.
+payload size and loader wait, and per training step the loss, the mismatch and the entropy over
+the kept set, as text and as a PNG.
 
 Per loss-bearing token ``y`` sampled from the sampler's distribution ``q`` (normalised over the
 kept set ``S``), with trainer logprob ``log p(y)``: ``Δ = log p(y) − log q(y)``. The KL estimate is
 ``k3 = mean(exp(Δ) − 1 − Δ)`` of KL(q ‖ p) (unbiased, never negative; J. Schulman, "Approximating
 KL divergence", 2020). Scoring over the full vocabulary gives ``Δ = log P_p(S)`` up to noise, the
 bias support replay removes; ``full − replay`` is exactly that ``log P_p(S)`` (same logits).
+
+Per training step ``k`` the trainer scores every loss token before the step's update: at step 0
+the weights are the sampler's, so Δ there is numerics alone (support replay against the sampler's
+own computation); from step 1 on, Δ also holds the drift the updates caused (the policy moving
+away from the one that sampled), which is what the clipped ratio bounds.
 """
 
 from __future__ import annotations
@@ -38,6 +44,32 @@ class Mismatch:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StepReport:
+    """One optimizer step: its loss (the global one), the mismatch of every loss token before the
+    step's update, the mean entropy over the kept set and the share of clipped ratios."""
+
+    step: int
+    loss: float
+    tokens: int
+    mismatch: Mismatch
+    entropy: float
+    clipped: float
+
+    @classmethod
+    def of(cls, record: dict) -> StepReport:
+        delta = np.asarray(record["delta"], np.float64)
+        entropy = np.asarray(record["entropy"], np.float64)
+        return cls(
+            step=int(record["step"]),
+            loss=float(record["loss"]),
+            tokens=int(record["tokens"]),
+            mismatch=Mismatch.of(delta),
+            entropy=float(entropy.mean()) if entropy.size else 0.0,
+            clipped=record["clipped"] / max(int(record["tokens"]), 1),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DemoReport:
     """The demo's numbers (see module doc); arrays are per scored token, all ranks."""
 
@@ -53,6 +85,9 @@ class DemoReport:
     micro_batches: int
     ranks: int
     cp: int
+    steps: tuple[StepReport, ...]
+    lr: float
+    clip_eps: float
 
 
 def summarize(rollouts: dict, trainer: dict) -> DemoReport:
@@ -74,6 +109,9 @@ def summarize(rollouts: dict, trainer: dict) -> DemoReport:
         micro_batches=micro,
         ranks=len(ranks),
         cp=trainer["cp"],
+        steps=tuple(StepReport.of(r) for r in trainer["train"]),
+        lr=trainer["lr"],
+        clip_eps=trainer["clip_eps"],
     )
 
 
@@ -122,33 +160,81 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
         f"kept-set size  mean {report.kept.mean() if n else 0:.2f}, singletons "
         f"{100 * singletons:.1f}%   [{hist}]"
     )
+    lines += ["", *format_steps(report)]
     return "\n".join(lines)
 
 
+def format_steps(report: DemoReport) -> list[str]:
+    """The training table: per step the loss and, before its update, Δ and the entropy."""
+    lines = [
+        f"training   {len(report.steps)} AdamW steps on the captured step (lr {report.lr:g}, "
+        f"clip ε {report.clip_eps:g}), FSDP2 over {report.ranks} ranks",
+        f"  {'step':>4} {'loss':>10} {'mean |Δ|':>10} {'max |Δ|':>10} {'KL (k3)':>10} "
+        f"{'entropy':>8} {'clipped':>8}",
+    ]
+    for st in report.steps:
+        what = "numerics: the sampler's weights" if st.step == 0 else "numerics + drift"
+        mm = st.mismatch
+        lines.append(
+            f"  {st.step:>4} {st.loss:10.4f} {mm.mean_abs:10.2e} {mm.max_abs:10.2e} "
+            f"{mm.kl_k3:10.2e} {st.entropy:8.4f} {100 * st.clipped:7.1f}%  {what}"
+        )
+    return lines
+
+
 def write_plot(report: DemoReport, path: Path) -> Path:
-    """A three-panel PNG: |Δ| histograms, kept-set sizes, full-vocabulary Δ against set size."""
+    """A six-panel PNG. Top: |Δ| histograms at step 0, kept-set sizes, full-vocabulary Δ against
+    set size. Bottom, per training step: the loss, the mismatch (step 0 numerics, then drift) and
+    the entropy over the kept set."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.4))
+    top, bottom = axes
     tiny = 1e-12  # |Δ| can be exactly 0; keep it on the log axis
     for name, delta in (("support replay", report.delta_replay), ("full vocab", report.delta_full)):
-        axes[0].hist(np.log10(np.abs(delta) + tiny), bins=60, alpha=0.7, label=name)
-    axes[0].set(xlabel="log10 |trainer − sampler logprob|  (exact 0 at −12)", ylabel="tokens")
-    axes[0].set_title("Logprob mismatch per token")
-    axes[0].legend()
+        top[0].hist(np.log10(np.abs(delta) + tiny), bins=60, alpha=0.7, label=name)
+    top[0].set(xlabel="log10 |trainer − sampler logprob|  (exact 0 at −12)", ylabel="tokens")
+    top[0].set_title("Logprob mismatch per token (step 0)")
+    top[0].legend()
     sizes = np.bincount(report.kept) if report.kept.size else np.zeros(1, int)
-    axes[1].bar(np.arange(sizes.size), sizes)
-    axes[1].set(xlabel="kept-set size |S|", ylabel="tokens", yscale="log")
-    axes[1].set_title(f"Kept sets ({100 * float((report.kept == 1).mean()):.0f}% singletons)")
-    axes[2].scatter(report.kept, report.delta_full, s=4, alpha=0.4, label="full vocab")
-    axes[2].scatter(report.kept, report.delta_replay, s=4, alpha=0.4, label="support replay")
-    axes[2].set(xlabel="kept-set size |S|", ylabel="Δ = trainer − sampler logprob")
-    axes[2].set_title("Full vocabulary is off by log P(S)")
-    axes[2].legend()
+    top[1].bar(np.arange(sizes.size), sizes)
+    top[1].set(xlabel="kept-set size |S|", ylabel="tokens", yscale="log")
+    top[1].set_title(f"Kept sets ({100 * float((report.kept == 1).mean()):.0f}% singletons)")
+    top[2].scatter(report.kept, report.delta_full, s=4, alpha=0.4, label="full vocab")
+    top[2].scatter(report.kept, report.delta_replay, s=4, alpha=0.4, label="support replay")
+    top[2].set(xlabel="kept-set size |S|", ylabel="Δ = trainer − sampler logprob")
+    top[2].set_title("Full vocabulary is off by log P(S)")
+    top[2].legend()
+    _plot_steps(report, bottom)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _plot_steps(report: DemoReport, axes) -> None:
+    steps = [st.step for st in report.steps]
+    axes[0].plot(steps, [st.loss for st in report.steps], marker="o")
+    axes[0].set(xlabel="optimizer step", ylabel="clipped surrogate loss")
+    axes[0].set_title("Loss per step")
+    tiny = 1e-12
+    for name, value in (
+        ("mean |Δ|", lambda m: m.mean_abs),
+        ("max |Δ|", lambda m: m.max_abs),
+        ("KL (k3)", lambda m: m.kl_k3),
+    ):
+        ys = [value(st.mismatch) + tiny for st in report.steps]
+        axes[1].plot(steps, ys, marker="o", label=name)
+    axes[1].set(xlabel="optimizer step (scored before its update)", ylabel="trainer vs sampler")
+    axes[1].set_yscale("log")
+    axes[1].axvspan(-0.5, 0.5, color="grey", alpha=0.15, label="step 0: numerics only")
+    axes[1].set_title("Mismatch: numerics at step 0, then drift")
+    axes[1].legend()
+    axes[2].plot(steps, [st.entropy for st in report.steps], marker="o")
+    axes[2].set(xlabel="optimizer step (scored before its update)", ylabel="nats")
+    axes[2].set_title("Mean entropy over the kept set")
+    for ax in axes:
+        ax.set_xticks(steps)

@@ -5,7 +5,8 @@
    sets by handle) and a client process that turns its records into a step file
    (:mod:`rollfeed.demo.rollouts`); ``--server URL`` uses a running server instead;
 3. trainer: ``torchrun`` starts 2 DP x 2 CP gloo ranks that load the step with
-   ``build_dataloader`` and score it with the ``PolicyScorer`` (:mod:`rollfeed.demo.trainer`);
+   ``build_dataloader``, score it with the ``PolicyScorer`` and train on it for ``STEPS`` AdamW
+   steps under FSDP2, with a DCP checkpoint after each (:mod:`rollfeed.demo.trainer`);
 4. report: text and a PNG (:mod:`rollfeed.demo.report`).
 
 Each run works in a directory of its own, printed first: a fresh one under
@@ -26,6 +27,7 @@ import time
 from rollfeed.demo.workdir import DemoRun, DemoWorkdirInUseError, claim_workdir
 
 RANKS, CP = 4, 2
+STEPS = 3  # optimizer steps on the captured step (off-policy epochs)
 
 
 def _stage(number: int, text: str) -> float:
@@ -106,14 +108,18 @@ def _run_stages(
         raise SystemExit(f"rollouts failed with exit code {proc.returncode}")
     print(f"      payload root {work / 'payload'} ({time.perf_counter() - t0:.1f} s)")
 
-    t0 = _stage(3, f"trainer: torchrun {RANKS} ranks ({RANKS // CP} DP x {CP} CP, gloo)")
+    t0 = _stage(
+        3, f"trainer: torchrun {RANKS} ranks ({RANKS // CP} DP x {CP} CP, gloo), {STEPS} steps"
+    )
     tenv = dict(env, OMP_NUM_THREADS="1")
     if sys.platform.startswith("linux"):
         tenv.setdefault("GLOO_SOCKET_IFNAME", "lo")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
     cmd += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
+    cmd += ["--steps", str(STEPS), "--checkpoint-every", "1"]
     _run(cmd, tenv, "the trainer ranks")
+    print(f"      checkpoints {work / 'checkpoints'}")
     print(f"      ({time.perf_counter() - t0:.1f} s)")
 
     _stage(4, "report")

@@ -53,6 +53,15 @@ ROLLOUTS = {
 }
 
 
+def step(k, loss, delta, entropy, clipped=0, tokens=4):
+    return dict(
+        step=k, loss=loss, tokens=tokens, clipped=clipped, step_s=0.5, delta=delta, entropy=entropy
+    )
+
+
+TRAIN = {"lr": 1e-4, "clip_eps": 0.2, "train": [step(0, 0.5, [0.0, 1e-6, 0.0, 0.0], [1.0] * 4)]}
+
+
 def test_report_arithmetic():
     trainer = {
         "cp": 2,
@@ -60,6 +69,7 @@ def test_report_arithmetic():
             rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1]),
             rank([-1.0, -0.2], [-1.0 + 1e-6, -0.2], [-1.3, -0.3], [4, 2]),
         ],
+        **TRAIN,
     }
     r = summarize(ROLLOUTS, trainer)
     np.testing.assert_allclose(r.delta_full, [-0.1, -0.05, -0.3, -0.1])
@@ -85,9 +95,37 @@ def test_report_arithmetic():
     assert Mismatch.of(np.zeros(0)).tokens == 0
 
 
+def test_steps_separate_numerics_from_drift():
+    trainer = {
+        "cp": 1,
+        "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])],
+        "lr": 1e-3,
+        "clip_eps": 0.2,
+        "train": [
+            step(0, -0.25, [0.0, 1e-6, -1e-6, 0.0], [0.5, 0.7, 0.0, 0.2]),
+            step(1, -0.5, [0.1, -0.3, 0.0, 0.2], [0.4, 0.6, 0.0, 0.2], clipped=1),
+        ],
+    }
+    r = summarize(ROLLOUTS, trainer)
+    first, second = r.steps
+    assert (first.step, first.loss, first.tokens) == (0, -0.25, 4)
+    assert first.mismatch.mean_abs == pytest.approx(0.5e-6) and first.mismatch.max_abs == 1e-6
+    assert first.entropy == pytest.approx(0.35) and first.clipped == 0.0
+    assert second.mismatch.mean_abs == pytest.approx(0.15) and second.mismatch.max_abs == 0.3
+    d = np.array([0.1, -0.3, 0.0, 0.2])
+    assert second.mismatch.kl_k3 == pytest.approx(np.mean(np.exp(d) - 1 - d))
+    assert second.entropy == pytest.approx(0.3) and second.clipped == 0.25
+    lines = format_report(ROLLOUTS, r).splitlines()
+    assert "2 AdamW steps on the captured step (lr 0.001, clip ε 0.2)" in "\n".join(lines)
+    row0 = next(line for line in lines if line.split()[:2] == ["0", "-0.2500"])
+    row1 = next(line for line in lines if line.split()[:2] == ["1", "-0.5000"])
+    assert row0.endswith("numerics: the sampler's weights") and "25.0%" in row1
+    assert row1.endswith("numerics + drift") and "1.50e-01" in row1
+
+
 def test_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib", reason="the demo extra is not installed")
-    trainer = {"cp": 1, "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])]}
+    trainer = {"cp": 1, "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])], **TRAIN}
     path = write_plot(summarize(ROLLOUTS, trainer), tmp_path / "demo.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -120,6 +158,14 @@ def test_demo_end_to_end(capture_server):
     assert r.replay.mean_abs < 1e-4 and r.replay.max_abs < 1e-3
     assert r.full.mean_abs > 100 * r.replay.mean_abs
     assert np.all(r.delta_full <= 1e-4)  # full vocab only ever adds mass outside the kept set
+    # Training: every loss token scored before each of the 3 updates; step 0 is the replay
+    # comparison above (the sampler's weights), the updates then move the policy away from it.
+    assert [s.step for s in r.steps] == [0, 1, 2] and trainer["steps"] == 3
+    assert all(s.tokens == 128 and s.mismatch.tokens == 128 for s in r.steps)
+    assert r.steps[0].mismatch == r.replay
+    assert r.steps[1].mismatch.mean_abs > 10 * r.steps[0].mismatch.mean_abs
+    assert all(np.isfinite(s.loss) and s.entropy >= 0 for s in r.steps)
+    assert (work / "checkpoints" / "step_000003" / ".metadata").exists()
     verify = subprocess.run(
         [sys.executable, "-m", "rollfeed", "verify", str(work / "payload")],
         capture_output=True,
