@@ -19,8 +19,11 @@ logprobs, entropies and valid mask of both steps within 1e-10; the gradient of e
 gathered to a full tensor, within 1e-10 at step 0 (the loss is ``Σ ℓ / global count``, so a
 gradient twice too large fails); every parameter after 2 AdamW steps within 1e-10; replicas of
 every TP-replicated parameter bitwise equal across TP after each step; and no ``[S, V]``-like
-tensor in the scoring forward and backward of step 0 (:class:`tests.dist.shape_record.ShapeRecord`,
-which is first shown to catch the logits of a plain HF forward).
+tensor in any scoring forward and backward (:class:`tests.dist.shape_record.ShapeRecord`, first
+shown to catch the logits of a plain HF forward). The reference gives every parameter a gradient
+far above the tolerance, so a gradient off by a factor (e.g. averaged instead of summed over the
+data ranks) fails, as does a TP plan without the ``q_norm`` / ``k_norm`` gradient all-reduce
+(their replicas drift apart after one step): both checked by hand.
 
 Also here: ``Topology.from_mesh`` on torchtitan-style meshes selects the same data as the flat
 ``Topology.from_rank``, and unknown or ambiguous axes raise ``MeshAxisError``.
@@ -202,7 +205,7 @@ def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]
         dist.all_reduce(count, group=mesh.get_group(case.fsdp[0]))
     assert int(count) == ref.count, (case.name, int(count), ref.count)
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
-    worst_scores = 0.0
+    worst_scores = worst_grad = 0.0
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
         for mb in mine:
@@ -220,18 +223,17 @@ def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]
             if case.moe and not mb.is_dummy:
                 assert int(out.metrics["rows_replayed"]) > 0, case.name
             worst_scores = max(worst_scores, compare_scores(case, step, mb, out, ref))
+        assert worst_scores < TOL, (case.name, step, "scores", worst_scores)
         if step == 0:
-            worst_grad = 0.0
             for name, p in model.named_parameters():
                 assert p.grad is not None, f"{case.name}: {name} got no gradient"
                 worst_grad = max(worst_grad, (full(p.grad) - ref.grads[name]).abs().max().item())
+            assert worst_grad < TOL, (case.name, "gradients", worst_grad)
         optimizer.step()
         check_replicas(case, model, mesh, step)
     worst_param = max(
         (full(p.detach()) - ref.params[n]).abs().max().item() for n, p in model.named_parameters()
     )
-    assert worst_scores < TOL, (case.name, "scores", worst_scores)
-    assert worst_grad < TOL, (case.name, "gradients", worst_grad)
     assert worst_param < TOL, (case.name, "parameters", worst_param)
     return (
         f"case {case.name} rank {dist.get_rank()} ok: scores {worst_scores:.1e} gradients "

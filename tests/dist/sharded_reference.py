@@ -95,6 +95,10 @@ def train_reference(model: torch.nn.Module, samples: list[Sample]) -> Reference:
         scores.append(per_sample)
         if step == 0:
             grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+            # Every parameter's check must mean something: each gets a gradient far above the
+            # tolerance, so a gradient off by any factor fails.
+            flat = [n for n, g in grads.items() if g.abs().max() < 1e-6]
+            assert not flat, f"parameters without a real gradient in the reference: {flat}"
         optimizer.step()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return Reference(scores=scores, grads=grads, params=params, count=count)
