@@ -78,13 +78,17 @@ def own_routing(model, token_lists: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def reference(model, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(logprobs, entropy, valid) [S]`` in row coordinates; ``model`` uses sdpa attention."""
+def reference(
+    model, mb: MicroBatch, *, replay_weights: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(logprobs, entropy, valid) [S]`` in row coordinates; ``model`` uses sdpa attention.
+    ``replay_weights``: replay the samples' recorded routing weights too."""
     S = mb.length
     logp = torch.zeros(S, dtype=torch.float64)
     ent = torch.zeros(S, dtype=torch.float64)
     valid = torch.zeros(S, dtype=torch.bool)
-    replay = RouterReplay(model) if "routed_experts" in (mb.samples[0].fields or {}) else None
+    routed = "routed_experts" in (mb.samples[0].fields or {})
+    replay = RouterReplay(model, replay_weights=replay_weights) if routed else None
     for sample, start in zip(mb.samples, mb.starts, strict=True):
         ids = torch.as_tensor(sample.token_ids)
         T = ids.numel()
@@ -92,7 +96,12 @@ def reference(model, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor, torch.
             recorded = torch.as_tensor(sample.fields["routed_experts"])
             experts = torch.zeros((T, *recorded.shape[1:]), dtype=recorded.dtype)
             experts[: len(recorded)] = recorded
-            replay.set(Routing(experts=experts, covered=torch.arange(T) < len(recorded)))
+            weights = None
+            if replay_weights:
+                weights = torch.zeros(experts.shape, dtype=torch.float32)
+                weights[: len(recorded)] = torch.as_tensor(sample.fields["routed_expert_weights"])
+            covered = torch.arange(T) < len(recorded)
+            replay.set(Routing(experts=experts, covered=covered, weights=weights))
         logits = model(input_ids=ids[None]).logits[0].double()
         if replay is not None:
             replay.clear()

@@ -16,6 +16,23 @@ from tests.dist.policy_cases import make_samples, own_routing
 from tests.models.tiny_moe import tiny_moe
 
 SCORED = ("deepseek_v3", "gpt_oss", "glm4_moe", "minimax_m2")
+TOL = 1e-10
+# DeepSeek-V3 and GLM-4.5 routers compute in float32, also in a float64 model: a float32 GEMM
+# rounds differently for another number of rows (packed vs alone, a cp shard vs the whole row), and
+# that reaches the mixing weights (measured: 6e-9 on logprobs) and the router weight's gradient
+# (1e-7 relative). Their formula path agrees to float32; with recorded weights to TOL.
+FP32_ROUTERS = ("deepseek_v3", "glm4_moe")
+
+
+def tolerance(family: str, name: str = "", *, recorded_weights: bool = False) -> dict:
+    """``assert_close`` tolerances of a value (``name`` empty) or a parameter's gradient."""
+    if family not in FP32_ROUTERS or recorded_weights:
+        return dict(atol=TOL, rtol=0)
+    if name.endswith("mlp.gate.weight"):
+        return dict(atol=1e-6, rtol=1e-5)
+    return dict(atol=1e-7, rtol=1e-6)
+
+
 OVERRIDES: dict[str, dict[str, object]] = {
     "deepseek_v3": dict(v_head_dim=20),
     "gpt_oss": dict(num_local_experts=8),
@@ -38,8 +55,9 @@ def reference_model(family: str, seed: int) -> torch.nn.Module:
     return model
 
 
-def routed_samples(family: str, seed: int, lengths: list[int]):
-    """Samples with masks and routing other than the model's own (ids shifted by 3 experts)."""
+def routed_samples(family: str, seed: int, lengths: list[int], *, weights: bool = False):
+    """Samples with masks and routing other than the model's own (ids shifted by 3 experts), with
+    random recorded weights when ``weights``."""
     tokens = [s.token_ids for s in make_samples(seed, lengths)]
     routing = own_routing(reference_model(family, seed), tokens)
-    return make_samples(seed, lengths, own_routing=routing)
+    return make_samples(seed, lengths, own_routing=routing, routing_weights=weights)

@@ -10,10 +10,16 @@ import torch
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.models import PolicyScorer, UnpackableAttentionError
 from tests.dist.policy_cases import loss_weights, reference
-from tests.models.family_cases import SCORED, reference_model, routed_samples, scoring_model
+from tests.models.family_cases import (
+    FP32_ROUTERS,
+    SCORED,
+    reference_model,
+    routed_samples,
+    scoring_model,
+    tolerance,
+)
 from tests.models.tiny_moe import tiny_moe
 
-TOL = 1e-10
 LENGTHS = [9, 4, 12, 6]  # gpt-oss's window of 4 is shorter than three of them
 
 
@@ -21,36 +27,39 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", SCORED)
-def test_packed_scores_and_grads_equal_each_sample_alone_through_the_stock_model(family) -> None:
-    samples = routed_samples(family, 1, LENGTHS)
+CASES = [*((f, False) for f in SCORED), *((f, True) for f in FP32_ROUTERS)]
+
+
+@pytest.mark.parametrize(("family", "recorded"), CASES)
+def test_packed_scores_and_grads_equal_each_sample_alone_through_the_stock_model(
+    family, recorded
+) -> None:
+    samples = routed_samples(family, 1, LENGTHS, weights=recorded)
     config = PlanConfig(seq_len=40, pad_to_multiple_of=8)
     (mb,) = prepare_batch(samples, config, dp_size=1)[0]
     tmb = to_tensor_micro_batch(mb, cp_rank=0)
+    model = scoring_model(family, 1)
     scorer = PolicyScorer(
-        scoring_model(family, 1), compute_entropy=True, entropy_requires_grad=True
+        model, compute_entropy=True, entropy_requires_grad=True, replay_weights=recorded
     )
     out = scorer.score(tmb)
     # Each sample's last token and the row's padding have no routing row and keep the model's own.
     assert int(out.metrics["rows_replayed"]) == sum(LENGTHS) - len(LENGTHS)
     assert int(out.metrics["rows_fallen_back"]) == mb.length - sum(LENGTHS) + len(LENGTHS)
     ref_model = reference_model(family, 1)
-    ref_lp, ref_ent, ref_valid = reference(ref_model, mb)
+    ref_lp, ref_ent, ref_valid = reference(ref_model, mb, replay_weights=recorded)
     assert torch.equal(out.valid_mask, ref_valid) and ref_valid.sum() >= 10
-    torch.testing.assert_close(out.logprobs, ref_lp, atol=TOL, rtol=0)
-    torch.testing.assert_close(out.entropy, ref_ent, atol=TOL, rtol=0)
+    tol = tolerance(family, recorded_weights=recorded)
+    torch.testing.assert_close(out.logprobs, ref_lp, **tol)
+    torch.testing.assert_close(out.entropy, ref_ent, **tol)
     w = loss_weights(mb.length)
     ((out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()).backward()
     ((ref_lp * w[0]).sum() + (ref_ent * w[1]).sum()).backward()
     got, want = _grads(scorer.model), _grads(ref_model)
     assert got.keys() == want.keys()
     for name in want:
-        # DeepSeek-V3 and GLM-4.5 routers cast their weight to float32 (also in a float64 model):
-        # its gradient sums float32 terms in another order packed than per sample (measured:
-        # 1e-7 relative), so it agrees to float32 only; every other gradient to 1e-10.
-        fp32 = family in ("deepseek_v3", "glm4_moe") and name.endswith("mlp.gate.weight")
-        atol, rtol = (1e-6, 1e-5) if fp32 else (TOL, 0)
-        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=rtol, msg=name)
+        tol = tolerance(family, name, recorded_weights=recorded)
+        torch.testing.assert_close(got[name], want[name], **tol, msg=name)
     if family == "gpt_oss":  # the features are exercised: sinks get gradients, windows cut
         assert all(got[n].abs().min() > 0 for n in got if n.endswith("sinks"))
         assert scorer.model.config.sliding_window < max(LENGTHS)
