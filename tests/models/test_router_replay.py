@@ -1,12 +1,16 @@
-"""Router replay on tiny Qwen3-MoE / Mixtral models (float64, built locally)."""
+"""Router replay on a tiny Qwen3-MoE (float64, built locally): what the experts run for fill rows
+and recorded weights, misuse, and a dummy micro batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.models import PolicyScorer
 from rollfeed.models.packing_attention import packed_layout
 from rollfeed.models.router_replay import RouterReplay, Routing, RoutingReplayError
+from tests.dist.policy_cases import make_samples
 from tests.models.tiny import VOCAB, tiny_qwen3, tiny_qwen3_moe
 
 N = 11
@@ -113,3 +117,12 @@ def test_misuse_is_refused() -> None:
     replay.clear()
     with pytest.raises(RoutingReplayError, match="no MoE router"):
         RouterReplay(tiny_qwen3())
+
+
+def test_a_dummy_micro_batch_has_no_recorded_rows_and_counts_them() -> None:
+    plan = prepare_batch(make_samples(4, [6]), PlanConfig(seq_len=16), dp_size=2)
+    dummy = to_tensor_micro_batch(plan[1][0], cp_rank=0)
+    assert dummy.is_dummy and dummy.coverage == {}
+    metrics = PolicyScorer(tiny_qwen3_moe(seed=4)).score(dummy).metrics
+    assert int(metrics["rows_replayed"]) == 0
+    assert int(metrics["rows_fallen_back"]) == dummy.input_ids.numel() > 0
