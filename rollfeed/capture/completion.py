@@ -118,7 +118,7 @@ def capture_completion(
             )
         arrays["routed_experts"], pos["routed_experts"] = rows, 0
         metrics["routed_rows"] = len(rows)
-    segments = writer.write(arrays, pos)
+    segments = writer.write(arrays, pos, sampled=completion)
     loss_mask = np.concatenate([np.zeros(new_prompt, dtype=bool), support.trainable])
     logps = np.concatenate([np.zeros(new_prompt, np.float32), support.sampled_logprobs])
     return CapturedCompletion(
