@@ -6,6 +6,7 @@ trainer shards it, from one ``DeviceMesh`` (plans: :mod:`tests.dist.sharding_pla
     fsdp2      fully_shard over 2 ranks (each decoder layer and the root)
     tp2        DTensor TP 2, body and vocabulary-parallel LM head
     tp2_sp     TP 2 with sequence-parallel norms (hidden entering the head Shard(1))
+    tp2_head_replicated   TP 2 body, the LM head a Replicate() DTensor (scored as unsharded)
     dp2_tp2    FSDP2 over dp 2 x TP 2 (dense and MoE)
     dp2_cp2    FSDP2 over the flattened dp 2 x cp 2, Ulysses over cp, zigzag rows (dense and MoE)
     cp2_tp2    FSDP2 over cp 2 x TP 2, Ulysses over cp, contiguous rows
@@ -25,7 +26,8 @@ far above the tolerance, so a gradient off by a factor (e.g. averaged instead of
 data ranks) fails, as does a TP plan without the ``q_norm`` / ``k_norm`` gradient all-reduce
 (their replicas drift apart after one step): both checked by hand.
 
-Also here: ``Topology.from_mesh`` on torchtitan-style meshes selects the same data as the flat
+Also here: an LM head placed ``Shard(1)`` is refused with ``LMHeadError`` naming the placement;
+``Topology.from_mesh`` on torchtitan-style meshes selects the same data as the flat
 ``Topology.from_rank``, and unknown or ambiguous axes raise ``MeshAxisError``.
 """
 
@@ -33,18 +35,21 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders import Topology
-from rollfeed.models import PolicyScorer
+from rollfeed.models import LMHeadError, PolicyScorer
 from tests.dist.policy_cases import make_samples, own_routing
 from tests.dist.shape_record import ShapeRecord
 from tests.dist.sharded_reference import (
@@ -61,7 +66,9 @@ from tests.dist.topology_meshes import check_topology_from_mesh
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
 TOL = 1e-10
-VOCAB = 160  # > the samples' ids (< 128); neither V nor V / 2 is any other width of the model
+VOCAB = (
+    161  # > the samples' ids (< 128), odd: TP shards of 81 and 80 rows; no other width of the model
+)
 LENGTHS = [11, 6, 14, 9, 5, 13, 8, 10]
 SEQ_LEN = 32  # < the hidden size 64, so no row length equals a parameter's width
 SEED = 21
@@ -77,6 +84,7 @@ class Case:
     moe: bool = False
     fsdp: tuple[str, ...] = ()
     sequence_parallel: bool = False
+    head: str = "vocab"
     layout: str = "contiguous"
 
 
@@ -84,6 +92,7 @@ CASES = (
     Case(name="fsdp2", dims=("dp_shard",), fsdp=("dp_shard",)),
     Case(name="tp2", dims=("tp",)),
     Case(name="tp2_sp", dims=("tp",), sequence_parallel=True),
+    Case(name="tp2_head_replicated", dims=("tp",), head="replicated"),
     Case(name="dp2_tp2", dims=("dp_shard", "tp"), fsdp=("dp_shard",)),
     Case(name="dp2_tp2_moe", dims=("dp_shard", "tp"), fsdp=("dp_shard",), moe=True),
     Case(name="dp2_cp2", dims=("dp_shard", "cp"), fsdp=("dp_shard", "cp"), layout="zigzag"),
@@ -142,9 +151,20 @@ def check_shape_record_sees_logits() -> None:
     assert (1, 12, VOCAB) in found, found
 
 
+def check_refused_head(meshes: Meshes, samples: list) -> None:
+    """An LM head sharded on the hidden dimension (``RowwiseParallel``: ``Shard(1)``) is refused
+    with ``LMHeadError`` naming the placement, not scored."""
+    mesh = meshes.get(("tp",))
+    model = build(moe=False)
+    parallelize_module(model, mesh, {"lm_head": RowwiseParallel()})
+    (mb,) = prepare_batch(samples[:2], PlanConfig(seq_len=SEQ_LEN), dp_size=1)[0]
+    with pytest.raises(LMHeadError, match=re.escape(f"placed {Shard(1)}")):
+        PolicyScorer.from_mesh(model, mesh).score(to_tensor_micro_batch(mb, cp_rank=0))
+
+
 def shard(case: Case, model: torch.nn.Module, mesh: DeviceMesh) -> None:
     if "tp" in case.dims:
-        apply_tp(model, mesh["tp"], sequence_parallel=case.sequence_parallel)
+        apply_tp(model, mesh["tp"], sequence_parallel=case.sequence_parallel, head=case.head)
     if len(case.fsdp) == 1:
         apply_fsdp(model, mesh if mesh.ndim == 1 else mesh[case.fsdp[0]])
     elif case.fsdp:
@@ -218,7 +238,7 @@ def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]
                 )
                 (loss / ref.count).backward()
             rows = {mb.length, mb.length // topo.cp_size, mb.length // 2}
-            big = rec.matching(vocab={VOCAB, VOCAB // 2}, rows=rows)
+            big = rec.matching(vocab={VOCAB, VOCAB // 2, -(-VOCAB // 2)}, rows=rows)
             assert not big, f"{case.name}: [S, V]-like tensors {big} (S in {rows})"
             if case.moe and not mb.is_dummy:
                 assert int(out.metrics["rows_replayed"]) > 0, case.name
@@ -252,6 +272,8 @@ def main() -> None:
         for case in CASES:
             if not only or case.name in only:
                 print(run_case(case, meshes, data), flush=True)
+        check_refused_head(meshes, data[False][0])
+        print(f"refused head rank {dist.get_rank()} ok", flush=True)
         began = time.perf_counter()
         check_topology_from_mesh(meshes)
         print(

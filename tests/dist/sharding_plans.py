@@ -6,9 +6,10 @@ configs): q/k/v ``colwise``, o ``rowwise``; the dense MLP's gate/up ``colwise``,
 rank holds only its heads, so each rank's weight gradient covers its heads only and the replicas'
 gradients must be summed over TP). The LM head is ``ColwiseParallel``: its weight is sharded on
 the vocabulary (``Shard(0)``), the vocabulary-parallel head the scorer reads its TP group and
-``vocab_start`` from. Everything else (embedding, layer norms, the MoE router and experts) is
-replicated: each TP rank computes it on the same replicated input, so its gradient is already the
-full one on every rank.
+``vocab_start`` from; or (``head="replicated"``) the head is left whole on every rank as a
+``Replicate()`` DTensor, which the scorer scores as unsharded. Everything else (embedding, layer
+norms, the MoE router and experts) is replicated: each TP rank computes it on the same
+replicated input, so its gradient is already the full one on every rank.
 
 ``q_norm`` / ``k_norm`` follow torchtitan's qwen3 plan: ``SequenceParallel(sequence_dim=2)``
 declares the head dimension of their ``[B, S, heads, d]`` input sharded, which makes the weight a
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -42,7 +43,7 @@ from torch.distributed.tensor.parallel import (
 LAYERS = "model.layers.*"
 
 
-def tp_plan(*, moe: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+def tp_plan(*, moe: bool, sequence_parallel: bool, head: str = "vocab") -> dict[str, ParallelStyle]:
     """The ``parallelize_module`` plan of a ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM``.
 
     MoE experts (and their router) are replicated over TP, not sharded on the intermediate
@@ -56,8 +57,9 @@ def tp_plan(*, moe: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
         f"{LAYERS}.self_attn.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         f"{LAYERS}.self_attn.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
         f"{LAYERS}.self_attn.o_proj": RowwiseParallel(output_layouts=out),
-        "lm_head": ColwiseParallel(input_layouts=out),
     }
+    if head == "vocab":
+        plan["lm_head"] = ColwiseParallel(input_layouts=out)
     if not moe:
         plan[f"{LAYERS}.mlp.gate_proj"] = ColwiseParallel()
         plan[f"{LAYERS}.mlp.up_proj"] = ColwiseParallel()
@@ -84,10 +86,23 @@ def tp_plan(*, moe: bool, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     return plan
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = False) -> None:
-    """Shard ``model`` in place over the 1-D TP ``mesh``."""
+def apply_tp(
+    model: nn.Module, mesh: DeviceMesh, *, sequence_parallel: bool = False, head: str = "vocab"
+) -> None:
+    """Shard ``model`` in place over the 1-D TP ``mesh``; ``head``: ``"vocab"`` (vocabulary-
+    parallel, ``Shard(0)``) or ``"replicated"`` (``Replicate()``)."""
     moe = hasattr(model.config, "num_experts")
-    parallelize_module(model, mesh, tp_plan(moe=moe, sequence_parallel=sequence_parallel))
+    plan = tp_plan(moe=moe, sequence_parallel=sequence_parallel, head=head)
+    parallelize_module(model, mesh, plan)
+    if head == "replicated":
+        distribute_module(model.lm_head, mesh, input_fn=_replicated_input)
+
+
+def _replicated_input(module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
+    # What the head computes with: a plain hidden tensor is the same on every TP rank.
+    return tuple(
+        x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()]) for x in inputs
+    )
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh) -> None:
