@@ -66,9 +66,8 @@ from tests.dist.topology_meshes import check_topology_from_mesh
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
 TOL = 1e-10
-VOCAB = (
-    161  # > the samples' ids (< 128), odd: TP shards of 81 and 80 rows; no other width of the model
-)
+# Above the samples' ids (< 128) and odd: TP shards of 81 and 80 rows; no other width of the model.
+VOCAB = 161
 LENGTHS = [11, 6, 14, 9, 5, 13, 8, 10]
 SEQ_LEN = 32  # < the hidden size 64, so no row length equals a parameter's width
 SEED = 21
