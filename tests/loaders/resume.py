@@ -27,13 +27,13 @@ def _tensor(t: torch.Tensor) -> tuple:
 
 def tmb_key(t: Any) -> tuple:
     """A ``TensorMicroBatch`` as comparable values: ``(name, dtype, shape, bytes)`` per tensor
-    field and per ``fields`` entry (sorted by name), ``(name, repr)`` per other attribute
-    (``seq_len``, the cp coordinates, ``checks``, ...)."""
+    field and per ``fields`` and ``coverage`` entry (sorted by name), ``(name, repr)`` per other
+    attribute (``seq_len``, the cp coordinates, ``checks``, ...)."""
     key: list[tuple] = []
     for f in dataclasses.fields(t):
         value = getattr(t, f.name)
-        if f.name == "fields":
-            key += [(f"fields[{k}]", *_tensor(v)) for k, v in sorted(value.items())]
+        if f.name in ("fields", "coverage"):
+            key += [(f"{f.name}[{k}]", *_tensor(v)) for k, v in sorted(value.items())]
         elif isinstance(value, torch.Tensor):
             key.append((f.name, *_tensor(value)))
         else:
