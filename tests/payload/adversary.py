@@ -584,6 +584,7 @@ ODD_FILES = [
 ODD_DTYPES = [
     "uint8", "int8", "uint16", "int16", "uint32", "int32", "int64", "float16", "float32",
     "float64", "bool", "complex64", "object", "<u1", ">i4", "int32\0", "", "V8", "U4", "f8",
+    "uint24", "uint24\0", "int24",  # the 3-byte ragged value width, and near misses
 ]  # fmt: skip
 ODD_SHAPES = [
     [], [0], [-1], [1], [6], [2, 3], [3, 2], [12], [2, 2], [2, 3, 1], [2**31], [2**24 - 1],

@@ -45,6 +45,7 @@ from rollfeed.payload.layout import (
     DTYPE_CODES,
     FILE_HEADER_V1,
     MAGIC,
+    REGION_HEADER,
     REGION_HEADER_V1,
     REGION_MAGIC_V1,
     index_table,
@@ -492,3 +493,27 @@ def test_version_2_files_stay_readable_beside_version_3_files(tmp_path):
         routing = got["routed_experts"].values
         assert routing.reshape(-1).tolist() == (np.arange(36) % 8).tolist()
     assert main(["verify", str(tmp_path)]) == 0
+
+
+def test_a_region_header_disagreeing_on_row_flags_or_value_width_is_refused(tmp_path):
+    """A version-3 mask region whose header does not say its rows omit the sampled token, and a
+    version-2 region claiming narrow values (which version 2 never wrote), are not read."""
+    seg = write(tmp_path)["sampling_mask"]
+    path = tmp_path / seg.file
+    flags_at = seg.offset - len(seg.field) - REGION_HEADER.size + 46
+    raw = bytearray(path.read_bytes())
+    assert raw[flags_at] == 1  # rows omit their sampled token
+    raw[flags_at] = 0
+    path.write_bytes(bytes(raw))
+    with pytest.raises(PayloadRegionError, match="row flags 0") as info:
+        read_field([seg], "sampling_mask", (0, ROWS), root=fast_root(tmp_path))
+    assert info.value.file == seg.file and info.value.offset == seg.offset
+    shutil.copytree(Path(__file__).parent / "fixtures" / "v2", tmp_path / "v2")
+    saved = json.loads((tmp_path / "v2" / "tiny.json").read_text())
+    old = PayloadSegment.model_validate(saved["segments"][0])  # the mask, int32 values
+    raw = bytearray((tmp_path / old.file).read_bytes())
+    raw[old.offset - len(old.field) - REGION_HEADER.size + 6] = DTYPE_CODES.index("uint8")
+    (tmp_path / old.file).write_bytes(bytes(raw))
+    narrow = old.model_copy(update={"dtype": "uint8"})
+    with pytest.raises(PayloadRegionError, match="values of uint8 in a version-2 region"):
+        read_field([narrow], "sampling_mask", (2, 7), root=fast_root(tmp_path))
