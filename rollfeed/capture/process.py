@@ -2,8 +2,8 @@
 
 :func:`server_process` runs ``python -m rollfeed serve`` on 127.0.0.1 at a free port, in a
 process group of its own (vLLM starts engine processes of its own), logging to a file, and
-yields a :class:`ServerProcess` once ``/health`` answers; leaving the block stops the group
-(SIGINT, then SIGKILL after ``stop_timeout_s``). For tests, benchmarks and the demo: a real
+yields a :class:`ServerProcess` once ``/health`` answers; leaving the block stops it
+(:meth:`ServerProcess.stop`). For tests, benchmarks and the demo: a real
 deployment runs ``serve`` under its own supervisor.
 
 Example::
@@ -48,17 +48,15 @@ class ServerProcess:
         self.proc.wait(timeout=30)
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the server and its engine: SIGINT, then SIGKILL when it does not end in time."""
-        for sig in (signal.SIGINT, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout=timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        """Stop the server, which stops its engine (SIGTERM to the server alone: the engine hears
+        it from the server); SIGKILL to the whole group when it does not end in time."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout_s)
         with contextlib.suppress(ProcessLookupError):  # an engine process left behind, if any
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=timeout_s)
 
 
 def free_port() -> int:

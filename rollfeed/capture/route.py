@@ -118,16 +118,20 @@ class CaptureRoute:
         config = self.config(request)
         params = self.sampling_params(request, config)
         check_engine(self.engine, config)
-        request_id = f"rollfeed-{uuid.uuid4().hex}"
-        final = None
-        prompt = {"prompt_token_ids": list(request.token_ids)}
-        async for output in self.engine.generate(prompt, params, request_id):
-            final = output
-        if final is None or not final.finished:
-            raise CaptureError(
-                "the engine ended the request without a finished output", request=request_id
-            )
-        return await asyncio.to_thread(self.respond, request, final, config)
+        self._acquire(request.group)  # a group name that leaves the root is refused here
+        try:
+            request_id = f"rollfeed-{uuid.uuid4().hex}"
+            final = None
+            prompt = {"prompt_token_ids": list(request.token_ids)}
+            async for output in self.engine.generate(prompt, params, request_id):
+                final = output
+            if final is None or not final.finished:
+                raise CaptureError(
+                    "the engine ended the request without a finished output", request=request_id
+                )
+            return await asyncio.to_thread(self.respond, request, final, config)
+        finally:
+            self._release(request.group)
 
     def respond(
         self, request: GenerateRequest, output: Any, config: CaptureConfig | None = None

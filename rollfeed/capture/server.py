@@ -14,7 +14,8 @@ an explicit other mode (or ``--logits-processors``) is refused with a
 ``fsync`` each write by default (``--fsync always``): trainers on other nodes read the bytes.
 Records name files relative to ``--payload-root``, which every trainer reaches by the same root.
 
-Refusals answer HTTP 400 with ``{"error": {"type": ..., "message": ...}}``; an engine output the
+Refusals (sampling settings, engine mode, a group that leaves the payload root) answer HTTP 400
+with ``{"error": {"type": ..., "message": ...}}``; an engine output the
 trainer cannot replay (``policy="error"``) 422; a payload write that failed 500 (no record sent).
 """
 
@@ -34,6 +35,7 @@ from rollfeed.capture.protocol import INFO_ROUTE, ROUTE, GenerateRequest, Server
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.vllm_adapter import check_engine, import_vllm
 from rollfeed.errors import RollfeedError
+from rollfeed.payload import PayloadPathError
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +107,8 @@ def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
             return _error(400, err)
         try:
             response = await route.generate(request)
-        except (SamplingSettingsError, CaptureModeError) as err:
-            return _error(400, err)
+        except (SamplingSettingsError, CaptureModeError, PayloadPathError) as err:
+            return _error(400, err)  # settings, engine mode, or a group outside the root
         except CaptureError as err:
             return _error(422, err)
         except RollfeedError as err:  # a payload write failed: no record is sent

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rollfeed.capture.client import Rollout
-from rollfeed.capture.protocol import ROUTE, GenerateResponse, ServerInfo
+from rollfeed.capture.protocol import ROUTE, GenerateRequest, GenerateResponse, ServerInfo
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.payload import read_field
 from tests.capture.kept import CUT, completions_call, completions_kept, read_kept
@@ -151,3 +151,61 @@ def test_an_engine_in_another_logprobs_mode_is_refused_per_request(tmp_path):
     assert answer.json()["error"]["type"] == "CaptureModeError"
     assert "logprobs_mode='raw_logprobs'" in answer.json()["error"]["message"]
     assert engine.seen == [] and not any(tmp_path.iterdir())
+
+
+def synthetic_output(prompt, completion):
+    """A finished RequestOutput: each completion token kept with one other id (p 0.75/0.25)."""
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    rows = [
+        {y: Logprob(logprob=math.log(0.75)), y + 1: Logprob(logprob=math.log(0.25))}
+        | {y + 2 + k: Logprob(logprob=-math.inf) for k in range(TOP_K - 1)}
+        for y in completion
+    ]
+    done = CompletionOutput(
+        index=0, text="", token_ids=completion, cumulative_logprob=None, logprobs=rows
+    )
+    return RequestOutput("synthetic", None, prompt, None, [done], finished=True)
+
+
+def _app(route, root):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from rollfeed.capture.server import capture_router
+
+    info = ServerInfo(payload_root=str(root), model="m", fsync="always", num_experts=None)
+    app = FastAPI()
+    app.include_router(capture_router(route, info))
+    return TestClient(app)
+
+
+def test_a_group_outside_the_payload_root_is_refused_before_the_engine_runs(tmp_path):
+    engine = RecordedEngine([synthetic_output([1, 2], [5, 6])])
+    http = _app(CaptureRoute(engine, payload_root=str(tmp_path / "root")), tmp_path)
+    body = {"token_ids": [1, 2], "group": "../outside", "sampling": dict(SAMPLING, max_tokens=2)}
+    answer = http.post(ROUTE, json=body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["type"] == "PayloadPathError"
+    assert engine.seen == [] and not any(tmp_path.iterdir())
+
+
+def test_writers_of_idle_groups_are_closed_beyond_max_open_groups(tmp_path):
+    route = CaptureRoute(RecordedEngine([]), payload_root=str(tmp_path), max_open_groups=2)
+    out = synthetic_output([1, 2, 3], [7, 9])
+    files = {}
+    for group in ("a", "b", "c", "a"):
+        request = GenerateRequest(token_ids=[1, 2, 3], group=group, sampling={"top_k": TOP_K})
+        (c,) = route.respond(request, out).completions
+        assert c.token_ids == [7, 9] and c.new_prompt_len == 3
+        files.setdefault(group, []).append({s.file for s in c.segments})
+        assert len(route._writers) <= 2
+    assert files["a"][0] != files["a"][1]  # "a" was closed when "c" opened, then opened anew
+    assert sorted(route._writers) == ["a", "c"]
+    route.close()
+    assert all(len(list((tmp_path / g).iterdir())) == (2 if g == "a" else 1) for g in "abc")
+    assert read_kept(c.segments, tmp_path, 3, 5, [7, 9]) == [
+        {7: np.float32(math.log(0.75)), 8: np.float32(math.log(0.25))},
+        {9: np.float32(math.log(0.75)), 10: np.float32(math.log(0.25))},
+    ]
