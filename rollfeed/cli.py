@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
         help="vLLM's OpenAI server plus the capture route: --payload-root R --model M [vllm flags]",
     )
     d = sub.add_parser(
-        "demo", help="vLLM rollouts captured by handle, scored by torchrun ranks (needs vLLM)"
+        "demo", help="rollouts from a capture server by handle, scored by torchrun ranks (vLLM)"
     )
     d.add_argument(
         "--workdir",

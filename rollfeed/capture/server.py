@@ -52,7 +52,7 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
     ``--logprobs-mode`` defaults to ``processed_logprobs`` here.
     """
     ap = argparse.ArgumentParser(prog="python -m rollfeed serve", add_help=False)
-    ap.add_argument("--payload-root", required=True)
+    ap.add_argument("--payload-root")
     ap.add_argument("--fsync", choices=("always", "never"), default="always")
     ap.add_argument("--num-experts", type=int, default=None)
     ap.add_argument("--writer-prefix", default="")
@@ -61,9 +61,19 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="python -m rollfeed serve"))
+    parser = make_arg_parser(
+        FlexibleArgumentParser(
+            prog="python -m rollfeed serve",
+            description="vLLM's OpenAI-compatible server with the capture route "
+            f"{ROUTE}. rollfeed's flags: --payload-root R (required), --fsync always|never "
+            "(default always), --num-experts N (default: the model's), --writer-prefix P; "
+            "every other flag is vLLM's serve flag, listed below.",
+        )
+    )
     parser.set_defaults(logprobs_mode=PROCESSED)
-    args = parser.parse_args(rest)
+    args = parser.parse_args(rest)  # prints vLLM's help (and rollfeed's flags) on --help
+    if ours.payload_root is None:
+        ap.error("the following arguments are required: --payload-root")
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
     if args.logprobs_mode != PROCESSED:
