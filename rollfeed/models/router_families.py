@@ -126,7 +126,11 @@ ROUTER_FAMILIES: tuple[RouterFamily, ...] = (
     RouterFamily(name="qwen-moe/olmoe", routers=_SOFTMAX_ROUTERS, score="softmax"),
     RouterFamily(name="mixtral", routers=("MixtralTopKRouter",), score="softmax", normalize=True),
     RouterFamily(
-        name="gpt-oss", routers=("GptOssTopKRouter",), attr="router", score="softmax_topk"
+        name="gpt-oss",
+        routers=("GptOssTopKRouter",),
+        attr="router",
+        score="softmax_topk",
+        normalize=False,  # a softmax over the k sums to 1 by itself
     ),
     RouterFamily(
         name="deepseek-v3/glm-4.5/dots1",
@@ -161,6 +165,23 @@ def family_of(router: nn.Module) -> RouterFamily | None:
     return next((f for f in ROUTER_FAMILIES if name in f.routers), None)
 
 
+def describe(family: RouterFamily) -> str:
+    """One family as a line of text, e.g. ``minimax-m2 (block.gate, sigmoid, normalised, choice
+    bias block.e_score_correction_bias: MiniMaxM2TopKRouter)``."""
+    rules = [f"block.{family.attr}", family.score + (" dense" if family.dense else "")]
+    if family.normalize is True:
+        rules.append("normalised")
+    elif family.normalize:
+        rules.append(f"normalised if {family.normalize}")
+    if family.scaling:
+        rules.append(f"scaled by {family.scaling}")
+    if family.choice_bias:
+        rules.append(f"choice bias {family.choice_bias}")
+    if family.groups:
+        rules.append("group-limited (num_group, topk_group)")
+    return f"{family.name} ({', '.join(rules)}: {', '.join(family.routers)})"
+
+
 def describe_families() -> str:
-    """One line per family, for errors: ``name (score, routers)``."""
-    return "; ".join(f"{f.name} ({f.score}: {', '.join(f.routers)})" for f in ROUTER_FAMILIES)
+    """The whole table as text, for errors."""
+    return "; ".join(describe(f) for f in ROUTER_FAMILIES)
