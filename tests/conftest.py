@@ -79,3 +79,28 @@ def capture_server(tiny_model, tmp_path_factory):
         start_timeout_s=START_TIMEOUT_S,
     ) as process:
         yield CaptureServer(process=process, workdir=workdir, cache=cache, model_dir=model)
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory):
+    """One real S3-compatible server (SeaweedFS) per test session, with credentials
+    (:mod:`tests.object_store_server`); stopped at the end of the session."""
+    from tests.object_store_server import start_server
+
+    server = start_server(tmp_path_factory.mktemp("object-store"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(object_store, request):
+    """A prefix of the session's bucket that no other test uses: ``s3://bucket/<test>-<id>``."""
+    import re
+    import uuid
+
+    from tests.object_store_server import BUCKET
+
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
+    return f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"

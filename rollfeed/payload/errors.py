@@ -83,3 +83,13 @@ class PayloadChecksumError(PayloadError):
     block's first byte in the file)."""
 
     PLACE = ("file", "field", "offset", "pos", "region", "block")
+
+
+class PayloadStoreAuthError(PayloadError):
+    """An object store refused the credential (HTTP 401/403): names the bucket and key; the
+    credential itself never appears."""
+
+
+class PayloadStoreTimeoutError(PayloadIOError):
+    """An object store did not answer (timeout, connection refused, 5xx) within the retry bound;
+    names the bucket, key and byte range."""

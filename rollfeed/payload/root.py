@@ -105,6 +105,9 @@ class _ProcessState:
 class PayloadRoot:
     """A directory of payload files, and how to read them.
 
+    ``PayloadRoot("s3://bucket/prefix", ...)`` is an object-store root instead
+    (:class:`~rollfeed.payload.object_root.ObjectRoot`, its arguments there).
+
     ``retries`` / ``backoff_s``: a missing file, or a file shorter than a record needs, is reopened
     and retried with exponential backoff (shared filesystems can lag), then raises naming file,
     offset and the file's real size. A file replaced under its name (its file id differs from the
@@ -120,6 +123,14 @@ class PayloadRoot:
     0.7 ms inline and 1.1-2.6 ms on 2-4 threads, so the default only goes parallel for large
     reads; on a network filesystem, where each read waits on latency, set it to 0.
     """
+
+    def __new__(cls, path: str | os.PathLike[str] | None = None, *args: object, **kwargs: object):
+        # "s3://bucket/prefix" is an object-store root: the same seam, read by ranged GETs
+        if cls is PayloadRoot and isinstance(path, str) and path.startswith("s3://"):
+            from rollfeed.payload.object_root import ObjectRoot
+
+            return super().__new__(ObjectRoot)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -72,6 +72,7 @@ from rollfeed.payload.layout import (
     ragged_bytes,
     values_start,
 )
+from rollfeed.payload.object_writer import object_sink
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.safe_open import handle_parts, open_parent_beneath
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
@@ -195,6 +196,7 @@ class PayloadWriter:
             else f"{name or uuid.uuid4().hex}.rfp"
         )
         handle_parts(self.root.path, self.file)  # refuse a group or name that escapes the root
+        self._sink = object_sink(self.root, self.file)  # an object store: one object per write
         self.fsync, self.fields = fsync, fields
         self.dtypes = _stored_dtypes(dtypes or {}, fields)
         self.file_id = new_file_id()
@@ -225,6 +227,8 @@ class PayloadWriter:
         """
         if self._closed:
             raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
+        if self._sink is not None:
+            return self._sink.put(self.file, [memoryview(file_header(self.file_id)), *bufs])
         if self._fd is None or self._pid != os.getpid():
             self._fd, self._pid, self._size = (
                 _create_beneath(self.root.path, self.file),
@@ -282,6 +286,8 @@ class PayloadWriter:
         if not regions:
             return segments
         with self._lock:
+            if self._sink is not None:
+                self.file, self.file_id = self._sink.next_object()
             bufs, offsets, at = [], [], 0
             for _, _, header, body, _, table in regions:
                 head = dataclasses.replace(header, file_id=self.file_id).pack()

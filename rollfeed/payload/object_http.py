@@ -1,0 +1,160 @@
+"""Ranged GETs over plain HTTP: the read path of an object-store root.
+
+Reads run in trainer ranks and in the DataLoader workers that fork from them. obstore's requests
+run on a runtime of threads that a forked child does not have: measured here, a child forked
+after its parent made one obstore request hangs on its first request, even on a client of its
+own. Reads therefore use this small client: SigV4-signed GETs (:mod:`rollfeed.payload.object_sign`)
+over ``http.client`` keep-alive connections, one per thread, created lazily in each process
+(keyed by pid), so a worker forked at any time reads. Writes and listings (``PayloadWriter``,
+``prune``) use obstore (multipart uploads, several parts in flight).
+
+Each GET carries ``Range`` and, after the first, ``If-Match`` on the ETag seen then. A request
+that times out, cannot connect, is throttled (429/503) or gets a 5xx is retried with exponential
+backoff (from ``backoff_s``), at most ``request_retries`` times and within ``retry_timeout_s``;
+then :class:`PayloadStoreTimeoutError`. Other statuses map to typed errors at once: 404
+:class:`PayloadMissingFileError`, 412 :class:`PayloadStaleFileError`, 401/403
+:class:`PayloadStoreAuthError`, 416 :class:`PayloadTruncatedError`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+from rollfeed.payload.errors import (
+    PayloadError,
+    PayloadIOError,
+    PayloadMissingFileError,
+    PayloadStaleFileError,
+    PayloadStoreAuthError,
+    PayloadStoreTimeoutError,
+    PayloadTruncatedError,
+)
+from rollfeed.payload.object_sign import sign
+from rollfeed.payload.store_url import StoreAccess, StoreURL
+
+_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Got:
+    """One GET's answer: the object's size and ETag, and the bytes of the range."""
+
+    size: int
+    etag: str | None
+    data: bytes
+
+
+class HttpReader:
+    """This process's signed GET client for one bucket (never pickled; keyed by pid by its
+    owner)."""
+
+    def __init__(self, access: StoreAccess, url: StoreURL) -> None:
+        cfg = access.resolved()
+        endpoint = cfg["endpoint"] or f"https://s3.{cfg['region'] or 'us-east-1'}.amazonaws.com"
+        parts = urllib.parse.urlsplit(endpoint)
+        self.scheme, self.netloc = parts.scheme, parts.netloc
+        self.base = f"{endpoint.rstrip('/')}/{url.bucket}"
+        self.cfg, self.access = cfg, access
+        self.pid = os.getpid()
+        self._local = threading.local()
+
+    def _conn(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            kind = (
+                http.client.HTTPSConnection
+                if self.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            conn = self._local.conn = kind(self.netloc, timeout=self.access.timeout_s)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def get(self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str) -> Got:
+        """Bytes ``[start, end)`` of ``key`` (fewer when the object is shorter), with retries."""
+        deadline = time.monotonic() + self.access.retry_timeout_s
+        tries = 0
+        while True:
+            try:
+                return self._once(key, start, end, etag, where=where, rel=rel)
+            except (OSError, http.client.HTTPException, _Retry) as err:
+                self._drop()
+                if tries >= self.access.request_retries or time.monotonic() >= deadline:
+                    raise PayloadStoreTimeoutError(
+                        f"the store did not answer GET bytes [{start}, {end}) of {where} after "
+                        f"{tries} retries ({type(err).__name__}: {err}); check the endpoint, or "
+                        "raise timeout_s / request_retries / retry_timeout_s",
+                        file=rel,
+                        offset=start,
+                    ) from None
+                time.sleep(min(2.0, 0.05 * 2**tries))
+                tries += 1
+
+    def _once(
+        self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str
+    ) -> Got:
+        cfg = self.cfg
+        target, headers = sign(
+            "GET",
+            f"{self.base}/{key}",
+            access_key_id=cfg["access_key_id"] or "",
+            secret_access_key=cfg["secret_access_key"] or "",
+            region=cfg["region"] or "us-east-1",
+            session_token=cfg["session_token"],
+        )
+        headers["range"] = f"bytes={start}-{end - 1}"
+        if etag is not None:
+            headers["if-match"] = etag
+        conn = self._conn()
+        conn.request("GET", target, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status in _RETRY_STATUS:
+            raise _Retry(f"HTTP {resp.status}")
+        what = f"bytes [{start}, {end})"
+        if resp.status in (200, 206):
+            size = len(body)
+            m = _RANGE.match(resp.getheader("content-range") or "")
+            if m and m.group(3) != "*":
+                size = int(m.group(3))
+            return Got(size=size, etag=resp.getheader("etag"), data=body)
+        raise _status_error(resp.status, where=where, rel=rel, what=what, offset=start)
+
+
+class _Retry(PayloadIOError):
+    """A throttled or failed (5xx) answer: retried like a timeout."""
+
+
+def _status_error(status: int, *, where: str, rel: str, what: str, offset: int) -> PayloadError:
+    if status == 404:
+        return PayloadMissingFileError(f"object {where} does not exist ({what})", file=rel)
+    if status == 412:
+        return PayloadStaleFileError(
+            f"object {where} was replaced while it was read ({what}): its ETag changed",
+            file=rel,
+            offset=offset,
+        )
+    if status in (401, 403):
+        return PayloadStoreAuthError(
+            f"the store refused the credential for {where} ({what}, HTTP {status}): check the "
+            "access key, secret and region (arguments or AWS_* variables)",
+            file=rel,
+            offset=offset,
+        )
+    if status == 416:
+        return PayloadTruncatedError(
+            f"object {where} is shorter than {what} needs (HTTP 416)", file=rel, offset=offset
+        )
+    return PayloadIOError(f"GET {what} of {where}: HTTP {status}", file=rel, offset=offset)

@@ -1,0 +1,89 @@
+"""Pruning a group of an object-store root: its objects, and its incomplete multipart uploads.
+
+A writer killed while uploading a large object in parts leaves an incomplete multipart upload:
+invisible to readers (no object exists until the upload completes) but stored, and billed. So
+``prune(group)`` deletes every object whose key lies under ``<prefix>/<group>/`` and aborts every
+multipart upload started under it (``ListMultipartUploads`` / ``AbortMultipartUpload``, signed by
+:mod:`rollfeed.payload.object_sign`, since the object client does not offer them).
+"""
+
+from __future__ import annotations
+
+import logging
+import xml.etree.ElementTree as ET
+from typing import TYPE_CHECKING
+
+from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError
+from rollfeed.payload.object_errors import store_error
+from rollfeed.payload.object_sign import signed_request
+
+if TYPE_CHECKING:
+    from rollfeed.payload.object_root import ObjectRoot
+
+log = logging.getLogger(__name__)
+
+
+def _bucket_url(root: ObjectRoot) -> tuple[str, dict[str, str | None]]:
+    cfg = root.access.resolved()
+    endpoint = cfg["endpoint"] or f"https://s3.{cfg['region'] or 'us-east-1'}.amazonaws.com"
+    return f"{endpoint.rstrip('/')}/{root.url.bucket}", cfg
+
+
+def _signed(root: ObjectRoot, method: str, url: str, query: dict[str, str], what: str) -> bytes:
+    _, cfg = _bucket_url(root)
+    try:
+        status, body = signed_request(
+            method,
+            url,
+            query=query,
+            access_key_id=cfg["access_key_id"] or "",
+            secret_access_key=cfg["secret_access_key"] or "",
+            session_token=cfg["session_token"],
+            region=cfg["region"] or "us-east-1",
+            timeout_s=root.access.timeout_s,
+        )
+    except OSError as err:
+        raise PayloadIOError(f"{what} under {root.path}: {err}") from None
+    if status >= 300:
+        raise PayloadIOError(f"{what} under {root.path}: HTTP {status} {body[:200]!r}")
+    return body
+
+
+def incomplete_uploads(root: ObjectRoot, prefix: str) -> list[tuple[str, str]]:
+    """``(key, upload id)`` of every incomplete multipart upload under key ``prefix``."""
+    base, _ = _bucket_url(root)
+    body = _signed(root, "GET", base, {"uploads": "", "prefix": prefix}, "listing uploads")
+    ns = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+    tree = ET.fromstring(body)
+    out = []
+    for up in tree.findall("s3:Upload", ns) or tree.findall("Upload"):
+        key = up.findtext("s3:Key", None, ns) or up.findtext("Key")
+        upload = up.findtext("s3:UploadId", None, ns) or up.findtext("UploadId")
+        if key and upload and key.startswith(prefix):
+            out.append((key, upload))
+    return out
+
+
+def prune_group(root: ObjectRoot, group: str) -> None:
+    """Delete group ``group``'s objects and abort its uploads (see the module doc)."""
+    import obstore
+
+    prefix = root.url.key(group) + "/"
+    proc = root._proc()
+    keys: list[str] = []
+    try:
+        for batch in obstore.list(proc.store, prefix=prefix, chunk_size=1000):
+            keys += [meta["path"] for meta in batch]
+        if keys:
+            obstore.delete(proc.store, keys)
+    except Exception as raw:
+        raise store_error(raw, where=root.where(group), rel=group, what="pruning") from None
+    uploads = incomplete_uploads(root, prefix)
+    base, _ = _bucket_url(root)
+    for key, upload in uploads:
+        _signed(root, "DELETE", f"{base}/{key}", {"uploadId": upload}, "aborting an upload")
+    if not keys and not uploads:
+        raise PayloadMissingFileError(
+            f"payload group not found under {root.path}; nothing to prune", file=group
+        )
+    log.info("pruned %s: %d objects, %d incomplete uploads", group, len(keys), len(uploads))

@@ -1,0 +1,253 @@
+"""An object-store root (a real SeaweedFS, started once per session) reads what a local root
+reads, bitwise, and fails the way the reliability contract says: typed errors naming bucket,
+key, field and position; keys confined to the prefix; no credential in any text; no hang."""
+
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rollfeed.collate.cp import field_ranges, rank_ranges
+from rollfeed.payload import (
+    PayloadMissingFileError,
+    PayloadPathError,
+    PayloadRoot,
+    PayloadStaleFileError,
+    PayloadTruncatedError,
+    PayloadWriter,
+    read_fields,
+)
+from rollfeed.payload.errors import PayloadStoreAuthError, PayloadStoreTimeoutError
+from rollfeed.payload.fields import PAYLOAD_FIELDS
+from rollfeed.payload.object_lease import merge_spans
+from rollfeed.payload.object_prune import incomplete_uploads
+from rollfeed.payload.object_root import ObjectRoot
+from tests.object_store_server import SECRET_KEY
+from tests.payload.test_read_fields import FIELDS, packed_micro_batch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def s3_root(server, url, **kw) -> ObjectRoot:
+    root = PayloadRoot(url, **server.options(**kw))
+    assert isinstance(root, ObjectRoot)
+    return root
+
+
+def both_roots(tmp_path, server, url, seed=3, **kw):
+    """The same micro batch written under a local root and under ``url``."""
+    local = tmp_path / "local"
+    segs_local, cu = packed_micro_batch(local, np.random.default_rng(seed), **kw)
+    remote = s3_root(server, url)
+    segs_s3, cu_s3 = packed_micro_batch(remote, np.random.default_rng(seed), **kw)
+    assert cu == cu_s3
+    return (PayloadRoot(local), segs_local), (remote, segs_s3), cu
+
+
+def test_merge_spans_groups_nearby_ranges_per_object():
+    span_of, f, a, b = merge_spans(
+        np.array([0, 0, 0, 1]), np.array([64, 164, 9000, 64]), np.array([100, 50, 10, 10]), 4096
+    )
+    assert span_of.tolist() == [0, 0, 1, 2]
+    assert list(zip(f.tolist(), a.tolist(), b.tolist(), strict=True)) == [
+        (0, 64, 214),
+        (0, 9000, 9010),
+        (1, 64, 74),
+    ]
+
+
+@pytest.mark.parametrize("checked", [False, True])
+def test_by_handle_from_the_store_equals_the_local_root_over_cp_windows(
+    tmp_path, object_store, s3_url, checked
+):
+    (local, segs_l), (remote, segs_r), cu = both_roots(tmp_path, object_store, s3_url, unit=8)
+    remote.verify_checksums = local.verify_checksums = checked
+    S = cu[-1]
+    for layout in ("contiguous", "zigzag"):
+        for cp_size in (1, 2, 4):
+            for rank in range(cp_size):
+                ranges = rank_ranges(cu, rank, cp_size, layout)
+                per = {f: field_ranges(ranges, PAYLOAD_FIELDS[f].window, S) for f in FIELDS}
+                want = read_fields(segs_l, per, root=local)
+                got = read_fields(segs_r, per, root=remote)
+                assert set(got) == set(want) == set(FIELDS)
+                for f in FIELDS:
+                    assert got[f].values.dtype == want[f].values.dtype
+                    assert torch.equal(got[f].values, want[f].values), (layout, cp_size, f)
+                    assert torch.equal(got[f].coverage, want[f].coverage)
+
+
+def test_each_write_is_one_object_and_prune_deletes_the_group(object_store, s3_url):
+    import obstore
+
+    root = s3_root(object_store, s3_url)
+    with PayloadWriter(root, group="step_000001", name="w0") as w:
+        a = w.write({"routed_experts": np.ones((5, 2), np.int64)}, pos=0)
+        b = w.write({"routed_experts": np.ones((3, 2), np.int64)}, pos=5)
+    assert a[0].file == "step_000001/w0-000001.rfp" and b[0].file == "step_000001/w0-000002.rfp"
+    assert a[0].file_id != b[0].file_id
+    keys = [
+        m["path"]
+        for batch in obstore.list(root._proc().store, prefix=root.url.prefix)
+        for m in batch
+    ]
+    assert sorted(keys) == [root.url.key(a[0].file), root.url.key(b[0].file)]
+    root.prune("step_000001")
+    with pytest.raises(PayloadMissingFileError, match="s3://rollfeed-tests/"):
+        read_fields(a, {"routed_experts": (0, 5)}, root=s3_root(object_store, s3_url, retries=0))
+    with pytest.raises(PayloadMissingFileError, match="nothing to prune"):
+        root.prune("step_000001")
+
+
+def test_keys_are_confined_to_the_prefix(object_store, s3_url):
+    root = s3_root(object_store, s3_url)
+    for bad in ("../other/x.rfp", "/abs.rfp", "a//b.rfp", "a/./b.rfp", "a\\b.rfp"):
+        with pytest.raises(PayloadPathError):
+            root.url.key(bad)
+    with pytest.raises(PayloadPathError):
+        PayloadWriter(root, group="../escape", name="w")
+    with PayloadWriter(root, group="g", name="w") as w:
+        segs = w.write({"routed_experts": np.ones((4, 2), np.int64)}, pos=0)
+    moved = [
+        s.model_copy(update={"file": "../" + s3_url.rsplit("/", 1)[1] + "/" + s.file}) for s in segs
+    ]
+    with pytest.raises(PayloadPathError):
+        read_fields(moved, {"routed_experts": (0, 4)}, root=root)
+
+
+def test_refused_credential_is_typed_and_never_shows_the_secret(object_store, s3_url):
+    root = s3_root(object_store, s3_url)
+    with PayloadWriter(root, group="g", name="w") as w:
+        segs = w.write({"routed_experts": np.ones((4, 2), np.int64)}, pos=0)
+    wrong = s3_root(object_store, s3_url, secret_access_key="not-the-secret-000")
+    assert SECRET_KEY not in repr(root) and "not-the-secret" not in repr(wrong)
+    with pytest.raises(PayloadStoreAuthError) as err:
+        read_fields(segs, {"routed_experts": (0, 4)}, root=wrong)
+    text = str(err.value)
+    assert "not-the-secret" not in text and SECRET_KEY not in text
+    assert "rollfeed-tests" in text and err.value.field == "routed_experts"
+    assert err.value.file == segs[0].file
+
+
+def test_deleted_object_and_object_shorter_than_its_records(object_store, s3_url):
+    import obstore
+
+    root = s3_root(object_store, s3_url, retries=1, backoff_s=0.01)
+    with PayloadWriter(root, group="g", name="w") as w:
+        segs = w.write({"routed_experts": np.arange(400).reshape(200, 2) % 7}, pos=3)
+    key = root.url.key(segs[0].file)
+    store = root._proc().store
+    whole = bytes(obstore.get(store, key).bytes())
+    obstore.put(store, key, whole[: len(whole) - 300])  # same header and file id, cut short
+    with pytest.raises(PayloadTruncatedError) as err:
+        read_fields(segs, {"routed_experts": (0, 203)}, root=s3_root(object_store, s3_url))
+    assert err.value.file == segs[0].file and err.value.field == "routed_experts"
+    obstore.delete(store, key)
+    with pytest.raises(PayloadMissingFileError, match=f"s3://rollfeed-tests/{key}"):
+        read_fields(segs, {"routed_experts": (0, 203)}, root=root)
+
+
+def test_object_rewritten_after_prune_is_never_read_as_the_old_record(object_store, s3_url):
+    root = s3_root(object_store, s3_url)
+    with PayloadWriter(root, group="g", name="w") as w:
+        old = w.write({"routed_experts": np.zeros((8, 2), np.int64)}, pos=0)
+    assert read_fields(old, {"routed_experts": (0, 8)}, root=root)  # cached: size, ETag, id
+    root.prune("g")
+    with PayloadWriter(root, group="g", name="w") as w:
+        w.write({"routed_experts": np.full((8, 2), 5, np.int64)}, pos=0)  # same key, new id
+    with pytest.raises(PayloadStaleFileError):
+        read_fields(old, {"routed_experts": (0, 8)}, root=root)
+
+
+def _read_in_child(root, segs, queue):
+    got = read_fields(segs, {"routed_experts": (0, 50)}, root=root)
+    queue.put(got["routed_experts"].values.numpy().tobytes())
+
+
+def test_parent_then_forked_worker_reads_within_a_bound(object_store, s3_url):
+    root = s3_root(object_store, s3_url)
+    with PayloadWriter(root, group="g", name="w") as w:  # the parent uses the object client
+        segs = w.write({"routed_experts": np.arange(100).reshape(50, 2) % 9}, pos=0)
+    want = read_fields(segs, {"routed_experts": (0, 50)}, root=root)["routed_experts"]
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(root, segs, queue))
+    t0 = time.monotonic()
+    child.start()
+    child.join(timeout=20)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive, "the forked worker's read hung"
+    assert queue.get(timeout=5) == want.values.numpy().tobytes()
+    assert time.monotonic() - t0 < 20
+    assert pickle.loads(pickle.dumps(root))._state is None  # no client crosses a pickle
+
+
+def test_store_down_then_back_retries_then_reads_and_down_for_good_is_typed(object_store, s3_url):
+    root = s3_root(object_store, s3_url)
+    with PayloadWriter(root, group="g", name="w") as w:
+        segs = w.write({"routed_experts": np.arange(64).reshape(32, 2) % 5}, pos=0)
+    want = read_fields(segs, {"routed_experts": (0, 32)}, root=root)["routed_experts"].values
+    patient = s3_root(object_store, s3_url, request_retries=40, retry_timeout_s=60, timeout_s=2)
+    impatient = s3_root(object_store, s3_url, request_retries=2, retry_timeout_s=3, timeout_s=1)
+    object_store.stop()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PayloadStoreTimeoutError) as err:
+            read_fields(segs, {"routed_experts": (0, 32)}, root=impatient)
+        assert time.monotonic() - t0 < 15 and err.value.field == "routed_experts"
+        assert "rollfeed-tests" in str(err.value)
+        back = threading.Timer(1.0, object_store.restart)
+        back.start()
+        got = read_fields(segs, {"routed_experts": (0, 32)}, root=patient)["routed_experts"]
+        back.join()
+    finally:
+        if object_store.proc is None:
+            object_store.restart()
+    assert torch.equal(got.values, want)
+
+
+KILLED_WRITER = """
+import sys, numpy as np
+from rollfeed.payload import PayloadRoot, PayloadWriter
+root = PayloadRoot(sys.argv[1])
+w = PayloadWriter(root, group="big", name="w")
+print("writing", flush=True)
+w.write({"routed_expert_weights": np.ones((8 << 20, 1), np.float32)}, pos=0)
+print("written", flush=True)
+"""
+
+
+def test_writer_killed_mid_multipart_upload_leaves_no_object_and_prune_aborts_it(
+    object_store, s3_url
+):
+    import obstore
+
+    root = s3_root(object_store, s3_url)
+    env = dict(os.environ, PYTHONPATH=REPO, **object_store.env())
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, s3_url], env=env, stdout=subprocess.PIPE
+    )
+    prefix = root.url.key("big") + "/"
+    deadline = time.monotonic() + 60
+    try:
+        while not incomplete_uploads(root, prefix):  # parts are going up
+            assert proc.poll() is None, "the writer finished before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        out = proc.communicate()[0]
+    assert b"written" not in out
+    listed = [m for batch in obstore.list(root._proc().store, prefix=prefix) for m in batch]
+    assert listed == []  # nothing visible, and no record was handed out
+    root.prune("big")
+    assert incomplete_uploads(root, prefix) == []
