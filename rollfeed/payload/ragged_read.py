@@ -136,7 +136,8 @@ class RaggedJob:
         out = np.full((n, W), spec.fill, spec.ragged_dtype)
         if values is not None and values.size:
             # value k of row r lands at flat index r * W + lead + (k - value_base[r])
-            out.reshape(-1)[spread(np.arange(lead, n * W, W), row_counts)] = values
+            first = np.arange(lead, n * W, W) - value_base[:-1]
+            out.reshape(-1)[np.repeat(first, row_counts) + np.arange(values.size)] = values
         return out
 
 
