@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import BinaryIO, Literal
 
 import numpy as np
@@ -43,6 +43,8 @@ from rollfeed.loaders.step_index import (
     read_indexed_sample,
     read_step_index,
 )
+from rollfeed.loaders.step_store import StepStore
+from rollfeed.payload.store_url import is_store_url
 
 logger = logging.getLogger(__name__)
 STEP_STRIDE = 1 << 32
@@ -57,6 +59,7 @@ class RolloutDataset(Dataset[Sample]):
         self._samples: Sequence[Sample] | None = samples
         self._lengths = np.fromiter((len(s) for s in samples), np.int64, len(samples))
         self.directory: str | None = None
+        self._store: StepStore | None = None  # step files in an object store (s3://...)
         self.cache_steps = 0
         self.missing_index: MissingIndex = "parse"
         self._reset()
@@ -75,7 +78,22 @@ class RolloutDataset(Dataset[Sample]):
         *,
         cache_steps: int = 2,
         missing_index: MissingIndex = "parse",
+        store: Mapping[str, object] | None = None,
     ) -> RolloutDataset:
+        """Steps from ``directory``: a local directory, or ``s3://bucket/prefix`` (``store``:
+        endpoint, region and credentials of :class:`~rollfeed.loaders.step_store.StepStore`;
+        by default the ``AWS_*`` variables)."""
+        if is_store_url(directory):
+            self = cls([])
+            self._samples, self.directory = None, str(directory)
+            self._store = StepStore(str(directory), **(store or {}))
+            self.cache_steps, self.missing_index = cache_steps, missing_index
+            if cache_steps < 1 or missing_index not in MISSING_INDEX:
+                raise LoaderConfigError(
+                    f"cache_steps must be >= 1 and missing_index one of {MISSING_INDEX}, got "
+                    f"{cache_steps}, {missing_index!r}"
+                )
+            return self
         if not os.path.isdir(directory):
             raise LoaderConfigError(f"step directory {os.fspath(directory)!r} does not exist")
         if cache_steps < 1:
@@ -97,7 +115,7 @@ class RolloutDataset(Dataset[Sample]):
         return self.directory is not None
 
     def __getstate__(self) -> dict:
-        keys = ("_samples", "_lengths", "directory", "cache_steps", "missing_index")
+        keys = ("_samples", "_lengths", "directory", "_store", "cache_steps", "missing_index")
         return {k: getattr(self, k) for k in keys}  # cached steps and files stay behind
 
     def __setstate__(self, state: dict) -> None:
@@ -137,6 +155,9 @@ class RolloutDataset(Dataset[Sample]):
             )
         if not isinstance(entry, StepIndex):
             return entry[line]
+        if self._store is not None:
+            self._counts["lines_parsed"] += 1
+            return self._store.read_sample(entry, step, line)
         f = self._files.get(step)
         if f is None:
             f = self._files[step] = open(self._path(step), "rb", buffering=0)  # noqa: SIM115
@@ -150,6 +171,8 @@ class RolloutDataset(Dataset[Sample]):
 
     def _path(self, step: int) -> str:
         assert self.directory is not None
+        if self._store is not None:
+            return self._store.where(step_file_name(step))
         return os.path.join(self.directory, step_file_name(step))
 
     def _step(self, step: int) -> StepIndex | list[Sample]:
@@ -160,7 +183,7 @@ class RolloutDataset(Dataset[Sample]):
             self._cache.move_to_end(step)
             return entry
         path = self._path(step)
-        entry = read_step_index(path)
+        entry = self._store.read_index(step) if self._store else read_step_index(path)
         if entry is not None:
             self._counts["indexed_steps"] += 1
         elif self.missing_index == "error":
@@ -175,7 +198,7 @@ class RolloutDataset(Dataset[Sample]):
                 "build_step_index writes one",
                 path,
             )
-            entry = read_step_file(path)
+            entry = self._store.read_step_file(step) if self._store else read_step_file(path)
             self._counts["unindexed_steps"] += 1
             self._counts["lines_parsed"] += len(entry)
         self._cache[step] = entry
@@ -191,7 +214,8 @@ class RolloutDataset(Dataset[Sample]):
         if self._samples is not None:
             return [step]
         assert self.directory is not None
-        return [s for s in list_steps(self.directory) if s >= step]
+        steps = self._store.list_steps() if self._store else list_steps(self.directory)
+        return [s for s in steps if s >= step]
 
     def first_step(self) -> int:
         """Step a fresh stream starts at: the oldest step file present, else 0."""
@@ -200,6 +224,9 @@ class RolloutDataset(Dataset[Sample]):
     def wait_for_step(self, step: int, *, timeout_s: float) -> None:
         if self.directory is None:
             raise LoaderConfigError("stream mode needs a step directory (from_step_dir)")
+        if self._store is not None:
+            self._store.wait_for_step(step, timeout_s=timeout_s)
+            return
         wait_for_step(self.directory, step, timeout_s=timeout_s)
 
     def step_indices(self, step: int) -> np.ndarray:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,7 @@ FORMAT = "rollfeed.step_index"
 VERSION = 1
 _ARRAYS = ("lengths", "offsets", "sizes", "lines")
 _MAX = 1 << 62  # bound on every index value, so that sums of two stay in int64
+Pread = Callable[[int, int], bytes]  # (n, offset) -> up to n bytes of the step file at offset
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -87,13 +89,18 @@ def parse_sample(line: bytes | str, *, file: str, line_number: int) -> Sample:
         ) from err
 
 
+def step_index_bytes(index: StepIndex) -> bytes:
+    """The sidecar's bytes for ``index`` (the layout of the module doc)."""
+    record = {"format": FORMAT, "version": VERSION, "file_bytes": int(index.file_bytes)}
+    record.update({k: getattr(index, k).tolist() for k in _ARRAYS})
+    return json.dumps(record, separators=(",", ":")).encode("utf-8")
+
+
 def write_step_index(step_path: str | os.PathLike[str], index: StepIndex) -> Path:
     """Write ``index`` as ``step_path``'s sidecar atomically (temporary name, ``os.replace``)."""
     path = index_path(step_path)
-    record = {"format": FORMAT, "version": VERSION, "file_bytes": int(index.file_bytes)}
-    record.update({k: getattr(index, k).tolist() for k in _ARRAYS})
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+    tmp.write_bytes(step_index_bytes(index))
     os.replace(tmp, path)
     return path
 
@@ -105,7 +112,19 @@ def read_step_index(step_path: str | os.PathLike[str]) -> StepIndex | None:
         text = ipath.read_bytes()
     except FileNotFoundError:
         return None
-    where = os.fspath(ipath)
+    return step_index_from_bytes(text, os.fspath(step_path), os.fspath(ipath))
+
+
+def step_index_from_bytes(
+    text: bytes,
+    step_file: str,
+    where: str,
+    *,
+    size: int | None = None,
+    pread: Pread | None = None,
+) -> StepIndex:
+    """The index ``text`` (read from ``where``), checked against ``step_file``: its ``size`` and
+    ``pread(n, offset)`` (default: the local file's)."""
     try:
         index = _parse(text)
     except (ValueError, RecursionError) as err:
@@ -114,7 +133,7 @@ def read_step_index(step_path: str | os.PathLike[str]) -> StepIndex | None:
             f"{VERSION}; rebuild it with build_step_index or delete it",
             file=where,
         ) from None
-    _check(index, os.fspath(step_path), where)
+    _check(index, step_file, where, size=size, pread=pread)
     return index
 
 
@@ -144,11 +163,13 @@ def _parse(text: bytes) -> StepIndex:
     return StepIndex(file_bytes=file_bytes, **arrays)
 
 
-def _check(index: StepIndex, step_file: str, where: str) -> None:
+def _check(
+    index: StepIndex, step_file: str, where: str, *, size: int | None, pread: Pread | None
+) -> None:
     """The index against the step file: from the index and the file's size alone when the file
     has no blank lines (what ``write_step_file`` writes); bytes between indexed lines are read
     and must be blank lines, so an index that skips samples cannot pass."""
-    size = os.stat(step_file).st_size
+    size = os.stat(step_file).st_size if size is None else size
     if index.file_bytes != size:
         raise StepFileError(
             f"step index says {index.file_bytes} bytes, the step file has {size}: the file changed "
@@ -176,11 +197,23 @@ def _check(index: StepIndex, step_file: str, where: str) -> None:
         )
     tail = size - (int(ends[-1]) if len(ends) else 0)
     if tail or gaps.any():
-        _check_gaps(index, step_file, gaps, blanks, tail)
+        if pread is not None:
+            _check_gaps(index, step_file, gaps, blanks, tail, pread)
+            return
+        fd = os.open(step_file, os.O_RDONLY)
+        try:
+            _check_gaps(index, step_file, gaps, blanks, tail, lambda n, at: os.pread(fd, n, at))
+        finally:
+            os.close(fd)
 
 
 def _check_gaps(
-    index: StepIndex, step_file: str, gaps: np.ndarray, blanks: np.ndarray, tail: int
+    index: StepIndex,
+    step_file: str,
+    gaps: np.ndarray,
+    blanks: np.ndarray,
+    tail: int,
+    pread: Pread,
 ) -> None:
     """Bytes no entry covers must be blank lines, as many as the line numbers skip.
 
@@ -194,37 +227,33 @@ def _check_gaps(
     )
     if tail:
         spans.append((index.file_bytes - tail, tail, None, last + 1))
-    fd = os.open(step_file, os.O_RDONLY)
-    try:
-        for start, length, want, line in spans:
-            newlines = _blank_newlines(fd, start, length)
-            if newlines is None or (want is not None and newlines != want):
-                what = (
-                    "are not blank lines"
-                    if newlines is None
-                    else f"hold {newlines} lines where the index says {want}"
-                )
-                raise StepFileError(
-                    f"step index leaves bytes [{start}, {start + length}) of the step file "
-                    f"unindexed and they {what}: the index has {len(index)} entries and does not "
-                    "cover the file's samples (it is stale or cut short); rebuild it with "
-                    "build_step_index",
-                    file=step_file,
-                    line=line,
-                )
-    finally:
-        os.close(fd)
+    for start, length, want, line in spans:
+        newlines = _blank_newlines(pread, start, length)
+        if newlines is None or (want is not None and newlines != want):
+            what = (
+                "are not blank lines"
+                if newlines is None
+                else f"hold {newlines} lines where the index says {want}"
+            )
+            raise StepFileError(
+                f"step index leaves bytes [{start}, {start + length}) of the step file "
+                f"unindexed and they {what}: the index has {len(index)} entries and does not "
+                "cover the file's samples (it is stale or cut short); rebuild it with "
+                "build_step_index",
+                file=step_file,
+                line=line,
+            )
 
 
 _BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes: a line of these holds no sample
 
 
-def _blank_newlines(fd: int, start: int, length: int, chunk: int = 1 << 16) -> int | None:
-    """Newlines in bytes ``[start, start + length)`` of ``fd`` if they are all blank, else None.
+def _blank_newlines(pread: Pread, start: int, length: int, chunk: int = 1 << 16) -> int | None:
+    """Newlines in bytes ``[start, start + length)`` if they are all blank, else None.
     Reads in chunks and stops at the first other byte."""
     newlines = 0
     while length > 0:
-        data = os.pread(fd, min(chunk, length), start)
+        data = pread(min(chunk, length), start)
         if not data or data.translate(None, _BLANK):
             return None
         newlines += data.count(b"\n")
@@ -232,15 +261,18 @@ def _blank_newlines(fd: int, start: int, length: int, chunk: int = 1 << 16) -> i
     return newlines
 
 
-def read_indexed_sample(fd: int, index: StepIndex, i: int, *, file: str) -> Sample:
-    """Sample ``i`` of the step file open as ``fd``: reads and parses its line only.
+def read_indexed_sample(fd: int | Pread, index: StepIndex, i: int, *, file: str) -> Sample:
+    """Sample ``i`` of the step file open as ``fd`` (or read by ``pread(n, offset)``, e.g. a
+    ranged GET): reads and parses its line only.
 
     Reads one byte before the line too, to check that the bytes are exactly one line.
     """
     offset, size = int(index.offsets[i]), int(index.sizes[i])
     line_number = int(index.lines[i])
     lead = 1 if offset else 0
-    data = os.pread(fd, size + lead, offset - lead)
+    data = (
+        fd(size + lead, offset - lead) if callable(fd) else os.pread(fd, size + lead, offset - lead)
+    )
     end = offset + size
     aligned = (
         len(data) == size + lead

@@ -1,0 +1,206 @@
+"""Step files in an object store: ``RolloutDataset.from_step_dir("s3://bucket/prefix")``.
+
+The same objects as in a step directory (``step_000042.jsonl`` and its index
+``step_000042.index.json``, :mod:`rollfeed.loaders.step_files`), under a key prefix. A PUT is
+atomic, so :meth:`StepStore.write_step_file` PUTs the index first and the step file second: a
+reader that sees a step file sees its index, as with ``os.replace`` on a filesystem.
+
+Planning fetches the index only (one GET) and the step file's size (a one-byte ranged GET); a
+worker fetches only its own lines (one ranged GET each, one byte before the line included, as
+:func:`~rollfeed.loaders.step_index.read_indexed_sample` checks it). The bounded wait for the next
+step polls the store. Every request goes through the payload's signed HTTP client
+(:mod:`rollfeed.payload.object_http`), created lazily per process (keyed by pid), so DataLoader
+workers forked from the trainer read whatever the trainer did before.
+
+Example::
+
+    steps = StepStore("s3://rollouts/run7/steps", endpoint="http://10.0.0.5:8333")
+    steps.write_step_file(3, samples)     # PUT step_000003.index.json, then step_000003.jsonl
+    steps.list_steps()                    -> [3]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import xml.etree.ElementTree as ET
+
+import numpy as np
+
+from rollfeed.collate import Sample
+from rollfeed.loaders.errors import StepFileError, StepTimeoutError
+from rollfeed.loaders.step_files import parse_step_name, step_file_name
+from rollfeed.loaders.step_index import (
+    StepIndex,
+    index_path,
+    parse_sample,
+    read_indexed_sample,
+    step_index_bytes,
+    step_index_from_bytes,
+)
+from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError, PayloadTruncatedError
+from rollfeed.payload.object_http import HttpReader
+from rollfeed.payload.object_sign import signed_request
+from rollfeed.payload.store_url import StoreAccess, StoreURL
+
+_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+class StepStore:
+    """Step files under ``s3://bucket/prefix`` (picklable; clients are made per process).
+
+    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: as
+    for :class:`~rollfeed.payload.object_root.ObjectRoot` (``None``: the ``AWS_*`` variables).
+    """
+
+    def __init__(self, url: str, **access: object) -> None:
+        self.url = StoreURL.parse(url)
+        self.access = StoreAccess(**access)  # type: ignore[arg-type]
+        self._http: HttpReader | None = None
+
+    def __getstate__(self) -> dict:
+        return {"url": self.url, "access": self.access}
+
+    def __setstate__(self, state: dict) -> None:
+        self.url, self.access, self._http = state["url"], state["access"], None
+
+    def __repr__(self) -> str:
+        return f"StepStore({str(self.url)!r})"
+
+    def where(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def _reader(self) -> HttpReader:
+        if self._http is None or self._http.pid != os.getpid():
+            self._http = HttpReader(self.access, self.url)
+        return self._http
+
+    def _get(self, name: str, start: int, end: int) -> bytes:
+        key = self.url.key(name)
+        return self._reader().get(key, start, end, None, where=self.where(name), rel=name).data
+
+    def size(self, name: str) -> int | None:
+        """Bytes of object ``name``; ``None`` when it does not exist."""
+        key = self.url.key(name)
+        try:
+            got = self._reader().get(key, 0, 1, None, where=self.where(name), rel=name)
+        except PayloadMissingFileError:
+            return None
+        except PayloadTruncatedError:  # an empty object has no byte 0
+            return 0
+        return got.size
+
+    def read_all(self, name: str) -> bytes | None:
+        """The whole object ``name``; ``None`` when it does not exist."""
+        size = self.size(name)
+        if size is None:
+            return None
+        return self._get(name, 0, size) if size else b""
+
+    def _signed(self, method: str, key: str, query: dict[str, str], body: bytes = b"") -> bytes:
+        cfg = self.access.resolved()
+        endpoint = cfg["endpoint"] or f"https://s3.{cfg['region'] or 'us-east-1'}.amazonaws.com"
+        url = f"{endpoint.rstrip('/')}/{self.url.bucket}" + (f"/{key}" if key else "")
+        status, text = signed_request(
+            method,
+            url,
+            query=query,
+            body=body,
+            access_key_id=cfg["access_key_id"] or "",
+            secret_access_key=cfg["secret_access_key"] or "",
+            session_token=cfg["session_token"],
+            region=cfg["region"] or "us-east-1",
+            timeout_s=self.access.timeout_s,
+        )
+        if status >= 300:
+            raise PayloadIOError(f"{method} {self.where(key)}: HTTP {status} {text[:200]!r}")
+        return text
+
+    def list_steps(self) -> list[int]:
+        """Sorted step numbers of the step files present under the prefix."""
+        prefix = f"{self.url.prefix}/" if self.url.prefix else ""
+        steps, token = [], None
+        while True:
+            query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
+            if token:
+                query["continuation-token"] = token
+            tree = ET.fromstring(self._signed("GET", "", query))
+            for el in tree.iter(f"{_NS}Key"):
+                step = parse_step_name((el.text or "")[len(prefix) :])
+                if step is not None:
+                    steps.append(step)
+            token = tree.findtext(f"{_NS}NextContinuationToken")
+            if tree.findtext(f"{_NS}IsTruncated") != "true" or not token:
+                return sorted(steps)
+
+    def wait_for_step(self, step: int, *, timeout_s: float, poll_s: float = 0.05) -> str:
+        """Name of step ``step``'s file once it exists; :class:`StepTimeoutError` after
+        ``timeout_s`` (the store is polled)."""
+        name = step_file_name(step)
+        deadline = time.monotonic() + timeout_s
+        while self.size(name) is None:
+            if time.monotonic() >= deadline:
+                raise StepTimeoutError(
+                    f"step {step} did not appear within step_timeout_s={timeout_s}; the producer "
+                    "may have stopped, or raise step_timeout_s",
+                    file=self.where(name),
+                )
+            time.sleep(poll_s)
+        return name
+
+    def read_index(self, step: int) -> StepIndex | None:
+        """Step ``step``'s checked index (one GET, plus one for the step file's size), or
+        ``None`` when it has none."""
+        name = step_file_name(step)
+        iname = index_path(name).name
+        text = self.read_all(iname)
+        if text is None:
+            return None
+        size = self.size(name)
+        if size is None:
+            raise StepFileError(
+                "step index exists but its step file does not", file=self.where(name)
+            )
+        return step_index_from_bytes(
+            text,
+            self.where(name),
+            self.where(iname),
+            size=size,
+            pread=lambda n, at: self._get(name, at, at + n),
+        )
+
+    def read_sample(self, index: StepIndex, step: int, i: int) -> Sample:
+        """Sample ``i`` of step ``step``: a ranged GET of its line only."""
+        name = step_file_name(step)
+        return read_indexed_sample(
+            lambda n, at: self._get(name, at, at + n), index, i, file=self.where(name)
+        )
+
+    def read_step_file(self, step: int) -> list[Sample]:
+        """Every sample of step ``step`` (the whole object, parsed)."""
+        name = step_file_name(step)
+        data = self.read_all(name)
+        if data is None:
+            raise StepFileError("step file does not exist", file=self.where(name))
+        return [
+            parse_sample(line, file=self.where(name), line_number=k)
+            for k, line in enumerate(data.split(b"\n"), start=1)
+            if line.strip()
+        ]
+
+    def write_step_file(self, step: int, samples: list[Sample] | tuple[Sample, ...]) -> str:
+        """PUT step ``step``'s index, then its step file; returns the step file's URL."""
+        name = step_file_name(step)
+        lines = [(s.to_json() + "\n").encode("utf-8") for s in samples]
+        sizes = np.array([len(x) for x in lines], np.int64)
+        ends = np.cumsum(sizes)
+        index = StepIndex(
+            file_bytes=int(ends[-1]) if len(ends) else 0,
+            lengths=np.array([len(s) for s in samples], np.int64),
+            offsets=ends - sizes,
+            sizes=sizes,
+            lines=np.arange(1, len(lines) + 1, dtype=np.int64),
+        )
+        self._signed("PUT", self.url.key(index_path(name).name), {}, step_index_bytes(index))
+        self._signed("PUT", self.url.key(name), {}, b"".join(lines))
+        return self.where(name)

@@ -1,0 +1,133 @@
+"""Step files and payload only in an object store (the session's SeaweedFS): the loader yields,
+bitwise, what the single-process reference yields from a local root and a local step directory,
+with 0 and 2 workers, in stream mode, and after a resume."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from rollfeed.collate import PlanConfig
+from rollfeed.loaders import (
+    LoaderOptions,
+    RolloutDataset,
+    StepTimeoutError,
+    Topology,
+    build_dataloader,
+)
+from rollfeed.loaders.step_store import StepStore
+from rollfeed.payload import PayloadRoot
+from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
+
+CONFIG = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
+
+
+def store_options(server) -> dict:
+    opts = server.options()
+    return {k: opts[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
+
+
+def steps_in_store(tmp_path, server, url):
+    """The same 27 samples by handle under a local root and under ``url/payload``, cut into
+    steps 7, 8, 9; the local ones are the reference's."""
+    local = write_batch(tmp_path / "payload", 27, seed=8)
+    root = PayloadRoot(f"{url}/payload", **server.options())
+    remote = write_batch(root, 27, seed=8)
+    cuts = {7: (0, 10), 8: (10, 18), 9: (18, 27)}
+    return (
+        root,
+        {s: local[a:b] for s, (a, b) in cuts.items()},
+        {s: remote[a:b] for s, (a, b) in cuts.items()},
+    )
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stream_from_the_store_equals_the_local_reference(tmp_path, object_store, s3_url, workers):
+    root, local, remote = steps_in_store(tmp_path, object_store, s3_url)
+    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
+    steps.write_step_file(7, remote[7])
+
+    def produce():
+        for step in (8, 9):
+            time.sleep(0.3)
+            steps.write_step_file(step, remote[step])
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
+    loader = build_dataloader(
+        ds,
+        Topology(dp_rank=1, dp_size=2, cp_rank=1, cp_size=2),
+        CONFIG,
+        root=root,
+        stream=True,
+        step_timeout_s=10,
+        options=LoaderOptions(num_workers=workers),
+    )
+    got: dict[int, list] = {}
+    for _ in range(3):
+        it = iter(loader)
+        for tmb in it:
+            got.setdefault(it.step, []).append(tmb)
+    producer.join()
+    assert sorted(got) == [7, 8, 9]
+    for step, batch in local.items():
+        ref, _ = reference(
+            batch, dp_size=2, cp_size=2, cp_layout="zigzag", root=tmp_path / "payload"
+        )
+        assert len(got[step]) == len(ref[1, 1])
+        for k, (a, b) in enumerate(zip(got[step], ref[1, 1], strict=True)):
+            assert_bitwise(a, b, (step, k))
+    if workers == 0:
+        assert ds.metrics()["indexed_steps"] == 3  # planned from the index objects alone
+    t0 = time.monotonic()
+    loader.batch_sampler.step_timeout_s = 0.3
+    with pytest.raises(StepTimeoutError, match=r"s3://.*step_000010\.jsonl"):
+        next(iter(loader))
+    assert time.monotonic() - t0 < 5
+    loader.close()
+
+
+def test_resume_mid_step_from_the_store(tmp_path, object_store, s3_url):
+    root, local, remote = steps_in_store(tmp_path, object_store, s3_url)
+    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
+    for step in (7, 8):
+        steps.write_step_file(step, remote[step])
+
+    def loader():
+        ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
+        topo = Topology(dp_rank=0, dp_size=2, cp_rank=0, cp_size=2)
+        return build_dataloader(ds, topo, CONFIG, root=root, options=LoaderOptions(num_workers=0))
+
+    first = loader()
+    it = iter(first)
+    taken = [next(it)]
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = list(it)
+    second = loader()
+    second.load_state_dict(state)
+    again = list(iter(second))
+    assert len(again) == len(rest) and rest
+    for k, (a, b) in enumerate(zip(again, rest, strict=True)):
+        assert_bitwise(a, b, k)
+    ref, _ = reference(
+        local[7], dp_size=2, cp_size=2, cp_layout="zigzag", root=tmp_path / "payload"
+    )
+    for k, (a, b) in enumerate(zip(taken + rest, ref[0, 0], strict=True)):
+        assert_bitwise(a, b, ("ref", k))
+    first.close()
+    second.close()
+
+
+def test_step_store_lists_and_refuses_a_missing_step_within_its_bound(object_store, s3_url):
+    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
+    assert steps.list_steps() == []
+    t0 = time.monotonic()
+    with pytest.raises(StepTimeoutError):
+        steps.wait_for_step(3, timeout_s=0.2)
+    assert time.monotonic() - t0 < 3
+    assert "secret" not in repr(steps).lower()
