@@ -42,7 +42,8 @@ class RouterFamily:
 
     ``routers``: router class names. ``attr``: the router's attribute name on its MoE block.
     ``score``: the score function. ``normalize``: a router attribute naming whether the chosen
-    weights are normalised to sum 1 (read per router), or a constant. ``norm_eps``: added to
+    weights are normalised to sum 1 (read per router; a router without it normalises, as
+    Qwen3-VL-MoE's and Qwen3.5-MoE's always do), or a constant. ``norm_eps``: added to
     the normalising sum. ``scaling``: router attribute of a factor the weights are multiplied
     by, or None. ``choice_bias``: where the correction bias that steers only the choice lives
     (``"router.<name>"`` / ``"block.<name>"``), or None. ``groups``: the choice is limited to

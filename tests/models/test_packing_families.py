@@ -89,6 +89,7 @@ def test_gpt_oss_sinks_and_window_change_the_scores() -> None:
     ("family", "feature"),
     [
         ("qwen3_next", "linear attention"),
+        ("qwen3_5_moe", "linear attention"),
         ("llama4", "chunked attention"),
     ],
 )

@@ -51,10 +51,10 @@ def _reference_forward(router: nn.Module, family: str, ids: torch.Tensor):
 
     def forward(hidden: torch.Tensor, *bias: torch.Tensor):
         hidden = hidden.reshape(-1, router.weight.shape[1])
-        if family in ("qwen3_moe", "qwen3_next", "olmoe"):
+        if family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "olmoe"):
             logits = F.linear(hidden, router.weight)
             top = torch.softmax(logits, dim=-1, dtype=torch.float).gather(1, ids)
-            if router.norm_topk_prob:
+            if family == "qwen3_5_moe" or router.norm_topk_prob:  # Qwen3.5 always normalises
                 top = top / top.sum(dim=-1, keepdim=True)
             return logits, top.to(logits.dtype), ids
         if family == "mixtral":

@@ -18,6 +18,7 @@ from transformers import (
     MiniMaxM2ForCausalLM,
     MixtralForCausalLM,
     OlmoeForCausalLM,
+    Qwen3_5MoeForCausalLM,
     Qwen3MoeForCausalLM,
     Qwen3NextForCausalLM,
 )
@@ -38,6 +39,7 @@ _GROUPED = dict(
 FAMILIES: dict[str, tuple[str, type, dict[str, object]]] = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
+        Qwen3_5MoeForCausalLM,
         Qwen3MoeForCausalLM,
         dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
     ),
@@ -49,6 +51,21 @@ FAMILIES: dict[str, tuple[str, type, dict[str, object]]] = {
             num_experts_per_tok=2,
             moe_intermediate_size=32,
             norm_topk_prob=True,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=["linear_attention", "full_attention"],
+        ),
+    ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeTextConfig",
+        Qwen3_5MoeForCausalLM,
+        dict(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
             linear_num_key_heads=2,
             linear_num_value_heads=4,
             linear_key_head_dim=16,
