@@ -123,8 +123,12 @@ def test_gather_sequence_local_reorders_to_canonical() -> None:
         gather_sequence(x, CPGroup(), canonical_index=torch.tensor([0, 0, 1, 2]))
 
 
-def test_sliding_window_layers_are_refused() -> None:
-    model = tiny_qwen3(use_sliding_window=True, sliding_window=4, max_window_layers=0)
-    pos = torch.arange(6)
-    with pytest.raises(PackingError, match="sliding window of 4"):
-        model(input_ids=pos[None], position_ids=pos[None], packing=packed_layout(pos))
+def test_sliding_window_layers_are_exact() -> None:
+    options = dict(use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    model, stock = tiny_qwen3(**options), tiny_qwen3(**options)
+    stock.set_attn_implementation("sdpa")
+    pos = torch.arange(9)
+    with torch.no_grad():
+        got = model(input_ids=pos[None], position_ids=pos[None], packing=packed_layout(pos))
+        want = stock(input_ids=pos[None])
+    torch.testing.assert_close(got.logits, want.logits, atol=1e-10, rtol=0)
