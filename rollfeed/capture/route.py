@@ -36,6 +36,7 @@ from typing import Any, Literal
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError, SamplingSettingsError
 from rollfeed.capture.protocol import CompletionRecord, GenerateRequest, GenerateResponse
+from rollfeed.capture.routing import routed_dtype
 from rollfeed.capture.vllm_adapter import (
     capture_request_output,
     check_engine,
@@ -73,6 +74,10 @@ class CaptureRoute:
         self.engine, self.payload_root, self.fsync = engine, str(payload_root), fsync
         self.num_experts, self.max_open_groups = num_experts, max_open_groups
         self.writer_prefix = writer_prefix
+        # One routing dtype for every request of the server (as CaptureConfig.writer_dtypes).
+        self._dtypes = (
+            {} if num_experts is None else {"routed_experts": routed_dtype(num_experts).name}
+        )
         self._writers: dict[str, list[Any]] = {}  # group -> [writer, requests using it]
         self._lock = threading.Lock()
 
@@ -175,7 +180,7 @@ class CaptureRoute:
                     group=group,
                     name=f"{self.writer_prefix}{uuid.uuid4().hex}",
                     fsync=self.fsync,
-                    dtypes=self.config_dtypes(),
+                    dtypes=self._dtypes,
                 )
                 entry = [writer, 0]
             entry[1] += 1
@@ -189,12 +194,6 @@ class CaptureRoute:
             for name in idle[: max(len(self._writers) - self.max_open_groups, 0)]:
                 self._writers.pop(name)[0].close()
                 logger.debug("closed the writer of group %s (%d open)", name, len(self._writers))
-
-    def config_dtypes(self) -> dict[str, str]:
-        """The writers' ``dtypes=``: one routing dtype for every request of the server."""
-        if self.num_experts is None:
-            return {}
-        return CaptureConfig(top_k=2, num_experts=self.num_experts).writer_dtypes
 
     def close(self) -> None:
         """Close every writer (the server's shutdown)."""
