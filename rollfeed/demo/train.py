@@ -11,14 +11,14 @@ so the loss does not depend on how tokens fall on ranks. Worked example, ``ε = 
 
     log p − log q  [0.0, 0.5, -0.5]   A [1.0, 1.0, -2.0]   N 3
     r              [1.0, 1.649, 0.607]
-    ℓ              [-1.0, -1.2 (clipped at 1.2), 1.213 (unclipped: -2 * 0.607 is smaller)]
-    loss           (-1.0 - 1.2 + 1.213) / 3 = -0.329
+    ℓ              [-1.0, -1.2 (r clipped to 1.2), 1.6 (r clipped to 0.8: -2 * 0.8 is smaller)]
+    loss           (-1.0 - 1.2 + 1.6) / 3 = -0.2; d loss / d log p = [-1/3, 0, 0]
 
 **Gradients.** The model is sharded with FSDP2 (``fully_shard``, each decoder layer and the root)
 over the flattened ``dp × cp`` mesh. A cp peer holds part of every token's gradient (attention
 mixes its shard with its peers'), a dp peer other tokens: each rank's loss is its own tokens' part
 of the global sum, so the gradient is the SUM over dp and cp; the gradient divide factor is 1
-(FSDP's default would average). ``N`` already normalises.
+(FSDP's default would average), reduced with a plain SUM. ``N`` already normalises.
 
 **Checkpoint.** ``torch.distributed.checkpoint`` (DCP) saves the model and AdamW state as sharded
 state dicts (``get_state_dict``), and each rank's loader position (``RolloutLoader.state_dict``)
@@ -74,6 +74,9 @@ def shard_model(model: nn.Module, mesh: DeviceMesh) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            # A plain SUM reduce-scatter: for float32 FSDP would otherwise fold the factor into
+            # NCCL's PREMUL_SUM, which gloo lacks.
+            module.set_force_sum_reduction_for_comms(True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -16,7 +16,7 @@ against full vocabulary, before any update) from the drift the updates cause.
 
 Rank 0 writes ``W/trainer.json``::
 
-    {"world": 4, "cp": 2, "steps": 3, "clip_eps": 0.2, "lr": 1e-4,
+    {"world": 4, "cp": 2, "steps": 3, "clip_eps": 0.2, "lr": 1e-5,
      "ranks": [per rank, step 0: sampler / replay / full logprobs and kept-set sizes per token,
                micro_batches, loader_wait_s, score_s, rank, dp_rank, cp_rank],
      "train": [per step: step, loss, tokens, clipped, step_s, and over all ranks' tokens
@@ -65,7 +65,7 @@ from rollfeed.loaders import (
     build_dataloader,
     read_step_file,
 )
-from rollfeed.models import CPGroup, PolicyScorer
+from rollfeed.models import PolicyScorer
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -96,19 +96,16 @@ def full_vocab(scorer: PolicyScorer, mb: TensorMicroBatch) -> torch.Tensor:
     return out.logprobs[mb.positions]
 
 
-def numerics(scorer: PolicyScorer, batches: list[TensorMicroBatch], step0, wait: float) -> dict:
-    """This rank's step-0 record: replay (the training forward's logprobs) against full vocab."""
+def numerics(scorer: PolicyScorer, batches: list[TensorMicroBatch], wait: float) -> dict:
+    """This rank's step-0 record before any update: logprobs over the full vocabulary; the
+    replay logprobs are added from the training forward (the same weights)."""
     t0 = time.perf_counter()
     full = [full_vocab(scorer, mb)[mb.loss_mask].double() for mb in batches]
-    full_t = torch.cat(full) if full else torch.zeros(0, dtype=torch.float64)
     return {
         "micro_batches": len(batches),
         "loader_wait_s": wait,
         "score_s": time.perf_counter() - t0,
-        "sampler": step0.sampler.tolist(),
-        "replay": step0.trainer.tolist(),
-        "full": full_t.tolist(),
-        "kept": step0.kept.tolist(),
+        "full": (torch.cat(full) if full else torch.zeros(0, dtype=torch.float64)).tolist(),
     }
 
 
@@ -123,7 +120,7 @@ def train(args: argparse.Namespace) -> None:
         model.set_experts_implementation("eager")  # the grouped-mm kernels refuse float64
     # FSDP2 over the flattened dp x cp mesh (torchtitan flattens its data and cp axes alike).
     shard_model(model, mesh["dp", "cp"]._flatten("dp_cp"))
-    scorer = PolicyScorer(model, cp=CPGroup.from_mesh(mesh), compute_entropy=True)
+    scorer = PolicyScorer.from_mesh(model, mesh, compute_entropy=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     loader = build_dataloader(
         RolloutDataset(read_step_file(step_file(args.workdir))),  # the same samples every pass
@@ -147,12 +144,14 @@ def train(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         batches = list(loader)  # one pass: this rank's micro batches of the step
         wait = time.perf_counter() - t0
+        before = numerics(scorer, batches, wait) if step == 0 else None
         record = train_step(scorer, batches, optimizer, step=step, clip_eps=args.clip_eps)
         mine = {"delta": (record.trainer - record.sampler).tolist()}
         mine |= {"entropy": record.entropy.tolist(), "clipped": record.clipped}
-        if step == 0:
-            mine["numerics"] = numerics(scorer, batches, record, wait)
-            mine["numerics"] |= {"rank": rank, "dp_rank": topo.dp_rank, "cp_rank": topo.cp_rank}
+        if before is not None:
+            before |= {"sampler": record.sampler.tolist(), "replay": record.trainer.tolist()}
+            before |= {"kept": record.kept.tolist(), "rank": rank, "dp_rank": topo.dp_rank}
+            mine["numerics"] = before | {"cp_rank": topo.cp_rank}
         gathered: list = [None] * world
         dist.all_gather_object(gathered, mine)
         if step == 0:
@@ -187,7 +186,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cp", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps on the captured step")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--clip-eps", type=float, default=0.2)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes")

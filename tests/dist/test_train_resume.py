@@ -3,7 +3,7 @@ resumed in new processes gives bitwise the losses and final weights of the run n
 
 Two torchrun launches of 4 ranks (``tests/dist/run_train_resume.py``): A trains 3 steps
 uninterrupted, then 1 step from fresh weights with a checkpoint; B resumes that checkpoint.
-Float64, a tiny dense Qwen3, a captured step with kept sets.
+Float64, a tiny dense Qwen3, a captured step by handle (kept sets in a payload root).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rollfeed.collate import Sample
 from rollfeed.loaders import write_step_file
+from rollfeed.payload import PayloadWriter
 from tests.dist.launch import torchrun
 from tests.models.tiny import VOCAB, tiny_qwen3
 
@@ -25,34 +26,34 @@ LENGTHS = [7, 10, 3, 9, 12, 5, 8, 11, 6, 4]
 
 
 def captured_step(work, seed: int = 3) -> int:
-    """``work/steps/step_000000.jsonl`` (and an empty ``work/payload``): prompts, completions
-    whose every token has a kept set holding it (1-4 ids, as the capture records; inline here,
-    the by-handle reads have their own tests), sampler logprobs near the kept set's uniform
-    value, advantages of both signs. Returns the count of loss tokens."""
+    """``work/payload`` and ``work/steps/step_000000.jsonl``: prompts, completions whose every
+    token has a kept set holding it (1-4 ids, written by handle as the capture does), sampler
+    logprobs near the kept set's uniform value, advantages of both signs. Returns the count of
+    loss tokens."""
     rng = np.random.default_rng(seed)
     samples = []
-    for i, T in enumerate(LENGTHS):
-        ids = rng.integers(0, VOCAB, T)
-        prompt = int(rng.integers(1, T // 2 + 1))
-        counts = np.zeros(T, np.int64)
-        counts[prompt:] = rng.integers(1, 5, T - prompt)
-        values = []
-        for t in range(prompt, T):
-            others = np.setdiff1d(np.arange(VOCAB), [ids[t]])
-            values += [int(ids[t]), *rng.choice(others, counts[t] - 1, replace=False).tolist()]
-        logprobs = np.zeros(T, np.float32)
-        logprobs[prompt:] = -np.log(counts[prompt:]) + rng.normal(0, 0.1, T - prompt)
-        samples.append(
-            Sample(
-                ids,
-                loss_mask=np.arange(T) >= prompt,
-                advantages=rng.standard_normal(T).astype(np.float32),
-                inference_logprobs=logprobs,
-                fields={"sampling_mask": (counts, np.asarray(values, np.int32))},
-                uid=f"s{i}",
+    with PayloadWriter(work / "payload", group="sampler") as writer:
+        for i, T in enumerate(LENGTHS):
+            ids = rng.integers(0, VOCAB, T)
+            prompt = int(rng.integers(1, T // 2 + 1))
+            counts = rng.integers(1, 5, T - prompt)
+            values = []
+            for t, n in zip(range(prompt, T), counts, strict=True):
+                others = np.setdiff1d(np.arange(VOCAB), [ids[t]])
+                values += [int(ids[t]), *rng.choice(others, n - 1, replace=False).tolist()]
+            kept = {"sampling_mask": (counts, np.asarray(values, np.int32))}
+            logprobs = np.zeros(T, np.float32)
+            logprobs[prompt:] = -np.log(counts) + rng.normal(0, 0.1, T - prompt)
+            samples.append(
+                Sample(
+                    ids,
+                    loss_mask=np.arange(T) >= prompt,
+                    advantages=rng.standard_normal(T).astype(np.float32),
+                    inference_logprobs=logprobs,
+                    payload=writer.write(kept, prompt, sampled=ids[prompt:]),
+                    uid=f"s{i}",
+                )
             )
-        )
-    (work / "payload").mkdir(parents=True)
     (work / "steps").mkdir()
     write_step_file(work / "steps", 0, samples)
     return sum(int(s.loss_mask.sum()) for s in samples)
