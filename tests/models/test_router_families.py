@@ -294,3 +294,44 @@ def test_an_unknown_router_is_refused_listing_the_family_table() -> None:
             assert known in message
     with pytest.raises(RoutingReplayError, match="no MoE router"):
         RouterReplay(nn.Sequential(nn.Linear(4, 4)))
+
+
+def test_recorded_weights_replace_the_formula_top1_dense_included() -> None:
+    ids = _ids(12)
+    model = tiny_moe("llama4", seed=13)
+    own = _own(model, ids)
+    other = _other(own.experts, 4)
+    weights = torch.rand(N, 2, 1, generator=torch.Generator().manual_seed(1))
+    replay = RouterReplay(model, replay_weights=True)
+    spy = _RouterSpy(model)
+    routing = Routing(experts=other, covered=torch.ones(N, dtype=torch.bool), weights=weights)
+    with torch.no_grad(), replay.replaying(routing):
+        model(input_ids=ids)
+    for layer, (scores, _) in enumerate(spy.outputs):
+        want = torch.zeros_like(scores).scatter(1, other[:, layer], weights[:, layer].double())
+        assert torch.equal(scores, want), layer
+
+
+def test_drift_guard_with_recorded_weights_gives_rows_with_a_replaced_slot_the_formula() -> None:
+    ids = _ids(14)
+    model = tiny_moe("qwen3_moe", seed=15)
+    own = _own(model, ids)
+    other = _other(own.experts, 8)
+    weights = torch.rand(N, 2, 2, generator=torch.Generator().manual_seed(2))
+    routing = Routing(experts=other, covered=torch.ones(N, dtype=torch.bool), weights=weights)
+    seen: list[tuple] = []
+    for router in _routers(model):
+        router.register_forward_hook(lambda m, a, out: seen.append(out))
+    guard = RouterReplay(model, replay_weights=True, drift_ratio=0.9)
+    spy = _RouterSpy(model)
+    with torch.no_grad(), guard.replaying(routing) as metrics:
+        model(input_ids=ids)
+    assert int(metrics["slots_replaced"]) > 0
+    for layer, ((logits, _, _), (_, mixed, guarded)) in enumerate(
+        zip(seen, spy.outputs, strict=True)
+    ):
+        touched = (guarded != other[:, layer]).any(dim=1)
+        assert torch.equal(mixed[~touched], weights[~touched, layer].double())
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(1, guarded[touched])
+        formula = (probs / probs.sum(dim=-1, keepdim=True)).double()
+        assert torch.equal(mixed[touched], formula), layer

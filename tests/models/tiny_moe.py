@@ -39,7 +39,6 @@ _GROUPED = dict(
 FAMILIES: dict[str, tuple[str, type, dict[str, object]]] = {
     "qwen3_moe": (
         "Qwen3MoeConfig",
-        Qwen3_5MoeForCausalLM,
         Qwen3MoeForCausalLM,
         dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
     ),
