@@ -101,6 +101,9 @@ class ObjectRoot(PayloadRoot):
     needs is looked up again with backoff. ``concurrency``: ranged GETs in flight per read.
     ``merge_gap``: ranges of one object at most this many bytes apart are one GET (the bytes
     between them are fetched and dropped: a request costs more than a few hundred KiB).
+    ``open_bytes``: the GET that opens an object (its header, size and ETag) fetches this many of
+    its first bytes, and the read that opened it uses them: an object of a request or two is
+    read with that one GET.
     """
 
     def __init__(
@@ -118,7 +121,8 @@ class ObjectRoot(PayloadRoot):
         max_open: int = 4096,
         retries: int = 3,
         backoff_s: float = 0.05,
-        concurrency: int = 64,
+        concurrency: int = 16,
+        open_bytes: int = 256 << 10,
         merge_gap: int = _MERGE_GAP,
         verify_checksums: bool = False,
     ) -> None:
@@ -142,6 +146,7 @@ class ObjectRoot(PayloadRoot):
         self.max_open, self.retries, self.backoff_s = max_open, retries, backoff_s
         self.threads, self.parallel_min_bytes = concurrency, 0
         self.concurrency, self.merge_gap = concurrency, merge_gap
+        self.open_bytes = open_bytes
         self.verify_checksums = bool(verify_checksums)
         self._state = None
 
@@ -150,6 +155,7 @@ class ObjectRoot(PayloadRoot):
         state = {k: getattr(self, k) for k in keys}
         state.update(parallel_min_bytes=0, concurrency=self.concurrency)
         state.update(merge_gap=self.merge_gap, verify_checksums=self.verify_checksums)
+        state.update(open_bytes=self.open_bytes)
         return state
 
     def __repr__(self) -> str:
@@ -166,21 +172,22 @@ class ObjectRoot(PayloadRoot):
         """``s3://bucket/key`` of handle ``rel`` (confined to the prefix)."""
         return f"s3://{self.url.bucket}/{self.url.key(rel)}"
 
-    def open_object(self, rel: str) -> ObjectEntry:
-        """Size, ETag and file header of object ``rel`` (one ranged GET), after the bounded
-        retry for a missing object."""
+    def open_object(self, rel: str) -> tuple[ObjectEntry, bytes]:
+        """Size, ETag and file header of object ``rel`` and its first ``open_bytes`` bytes (one
+        ranged GET), after the bounded retry for a missing object."""
         return self.open_many([rel])[0]
 
-    def open_many(self, files: Sequence[str]) -> list[ObjectEntry]:
+    def open_many(self, files: Sequence[str]) -> list[tuple[ObjectEntry, bytes]]:
         """:meth:`open_object` of each of ``files``, concurrently."""
         return self._proc().map(self._open_one, list(files))
 
-    def _open_one(self, rel: str) -> ObjectEntry:
+    def _open_one(self, rel: str) -> tuple[ObjectEntry, bytes]:
         key = self.url.key(rel)
         http = self._proc().http
         for attempt in range(self.retries + 1):
             try:
-                got = http.get(key, 0, FILE_HEADER.size, None, where=self.where(rel), rel=rel)
+                span = max(self.open_bytes, FILE_HEADER.size)
+                got = http.get(key, 0, span, None, where=self.where(rel), rel=rel)
                 break
             except PayloadMissingFileError as err:
                 if attempt == self.retries:
@@ -191,41 +198,45 @@ class ObjectRoot(PayloadRoot):
                     raise err from None
                 time.sleep(self.backoff_s * 2**attempt)
         try:
-            head = parse_file_header(got.data)
+            head = parse_file_header(got.data[: FILE_HEADER.size])
         except PayloadError as err:
             raise err.with_place(file=rel) from None
-        return ObjectEntry(
+        entry = ObjectEntry(
             rel=rel,
             key=key,
             etag=got.etag,
             columns=(got.size, head.version, head.file_id or 0, head.size),
         )
+        return entry, got.data
 
-    def _acquire(self, files: Sequence[str]) -> list[ObjectEntry]:  # type: ignore[override]
+    def acquire(self, files: Sequence[str]) -> tuple[list[ObjectEntry], dict[int, bytes]]:
+        """Entries for ``files`` (opened when not cached) and, for those opened now, their first
+        bytes by position in ``files``: a read of a small object then needs no second GET."""
         proc = self._proc()
         with proc.lock:
             held = [proc.files.get(rel) for rel in files]
             for entry in held:
                 if entry is not None:
                     proc.files.move_to_end(entry.rel)
-        missing = [rel for rel, e in zip(files, held, strict=True) if e is None]
-        if missing:
-            opened = self.open_many(missing)
+        at = [i for i, e in enumerate(held) if e is None]
+        first: dict[int, bytes] = {}
+        if at:
+            opened = self.open_many([files[i] for i in at])
             with proc.lock:
-                for entry in opened:
-                    proc.files[entry.rel] = entry
+                for i, (entry, data) in zip(at, opened, strict=True):
+                    proc.files[entry.rel] = held[i] = entry
+                    first[i] = data
                 while len(proc.files) > self.max_open:
                     proc.files.popitem(last=False)
-            fresh = iter(opened)
-            held = [e if e is not None else next(fresh) for e in held]
-        return held  # type: ignore[return-value]
+        return held, first  # type: ignore[return-value]
 
-    def _replace(self, old: ObjectEntry) -> ObjectEntry:  # type: ignore[override]
-        fresh = self.open_object(old.rel)
+    def replace(self, old: ObjectEntry) -> tuple[ObjectEntry, bytes]:
+        """A newly opened entry for ``old.rel`` (and its first bytes) in place of ``old``."""
+        fresh, data = self.open_object(old.rel)
         proc = self._proc()
         with proc.lock:
             proc.files[old.rel] = fresh
-        return fresh
+        return fresh, data
 
     def lease(self, files: Sequence[str]) -> ObjectLease:  # type: ignore[override]
         return ObjectLease(self, files)
