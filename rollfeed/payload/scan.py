@@ -97,7 +97,12 @@ class RootScan:
 def scan_root(root: str, *, checksums: bool = True) -> RootScan:
     """Walk ``root`` (never following a symlink) and scan every ``*.rfp`` file under it;
     ``checksums``: also check every block of every region against its checksum (``verify``),
-    which reads every byte (``inspect`` reads headers and CSR indexes only)."""
+    which reads every byte (``inspect`` reads headers and CSR indexes only).
+    ``s3://bucket/prefix``: the objects under it (:mod:`rollfeed.payload.object_scan`)."""
+    if root.startswith("s3://"):
+        from rollfeed.payload.object_scan import scan_store
+
+        return scan_store(root, checksums=checksums)
     names, refused = _walk(root)
     scans = []
     for rel in names:

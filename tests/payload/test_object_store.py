@@ -251,3 +251,23 @@ def test_writer_killed_mid_multipart_upload_leaves_no_object_and_prune_aborts_it
     assert listed == []  # nothing visible, and no record was handed out
     root.prune("big")
     assert incomplete_uploads(root, prefix) == []
+
+
+def test_inspect_and_verify_over_the_store_find_a_flipped_byte(object_store, s3_url, monkeypatch):
+    import obstore
+
+    from rollfeed import cli
+
+    root = s3_root(object_store, s3_url)
+    with PayloadWriter(root, group="step_000001", name="w") as w:
+        segs = w.write({"routed_experts": np.arange(600).reshape(300, 2) % 11}, pos=0)
+        w.write({"routed_experts": np.ones((7, 2), np.int64)}, pos=300)
+    for k, v in object_store.env().items():
+        monkeypatch.setenv(k, v)
+    assert cli.verify(s3_url) == 0 and cli.inspect(s3_url) == 0
+    key = root.url.key(segs[0].file)
+    store = root._proc().store
+    raw = bytearray(obstore.get(store, key).bytes())
+    raw[segs[0].offset + 17] ^= 0x01  # one routing byte
+    obstore.put(store, key, bytes(raw))
+    assert cli.verify(s3_url) == 1
