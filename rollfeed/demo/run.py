@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -118,6 +119,7 @@ def _run_stages(
     cmd += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
     cmd += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
     cmd += ["--steps", str(STEPS), "--checkpoint-every", "1"]
+    shutil.rmtree(work / "checkpoints", ignore_errors=True)  # a rerun's are its own
     _run(cmd, tenv, "the trainer ranks")
     print(f"      checkpoints {work / 'checkpoints'}")
     print(f"      ({time.perf_counter() - t0:.1f} s)")
