@@ -61,11 +61,13 @@ class PolicyScorer:
     unsharded (:mod:`rollfeed.models.head_shard`). ``tp_group`` / ``vocab_start``: a plain-tensor
     vocabulary shard (Megatron-style heads) whose local weight holds rows
     ``[vocab_start, vocab_start + V_local)``. ``replay_weights``:
-    replay recorded routing weights too, when the micro batch carries them. Switches the model's
+    replay recorded routing weights too, when the micro batch carries them; ``drift_ratio``: the
+    router replay's drift guard (:class:`~rollfeed.models.RouterReplay`, off when None; replaced
+    slots counted in ``metrics["slots_replaced"]``). Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`).
 
     Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
-    feature, a model whose attention packing cannot reproduce exactly (linear attention, sinks,
+    feature, a model whose attention packing cannot reproduce exactly (linear attention,
     chunked attention, ...: :mod:`rollfeed.models.packing_support`), and with
     :class:`~rollfeed.models.LMHeadError` a head the scorer cannot replace exactly (a bias, logits
     transformed after the head). ``vocab_size`` is the full vocabulary, found once here (a DTensor
@@ -83,6 +85,7 @@ class PolicyScorer:
         entropy_requires_grad: bool = False,
         missing_label: MissingLabel = "error",
         replay_weights: bool = False,
+        drift_ratio: float | None = None,
         tp_group: ProcessGroup | None = None,
         vocab_start: int = 0,
     ) -> None:
@@ -101,7 +104,9 @@ class PolicyScorer:
         )
         model.set_attn_implementation(register_packed_attention())
         self.replay = (
-            RouterReplay(model, replay_weights=replay_weights) if find_routers(model) else None
+            RouterReplay(model, replay_weights=replay_weights, drift_ratio=drift_ratio)
+            if find_routers(model)
+            else None
         )
 
     @classmethod
@@ -137,7 +142,7 @@ class PolicyScorer:
             position_ids, cp=self.cp, canonical_index=canonical_index, cu_seqlens=cu_seqlens
         )
         zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
-        metrics = {"rows_replayed": zero, "rows_fallen_back": zero}
+        metrics = {"rows_replayed": zero, "rows_fallen_back": zero, "slots_replaced": zero}
         if routing is not None:
             if self.replay is None:
                 raise RoutingReplayError(

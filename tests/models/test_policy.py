@@ -248,3 +248,12 @@ def test_recorded_routing_weights_reach_the_experts() -> None:
         assert torch.equal(ids[covered], recorded_ids[covered, layer])
         assert torch.equal(weights[covered], recorded_w[covered, layer])
         assert not torch.equal(weights[~covered], recorded_w[~covered, layer])
+
+
+def test_the_drift_guard_is_a_scorer_option_and_its_counter_is_always_reported() -> None:
+    samples = make_samples(1, LENGTHS)
+    tmb = to_tensor_micro_batch(_one_micro_batch(samples), cp_rank=0)
+    assert PolicyScorer(tiny_qwen3_moe(seed=12), drift_ratio=0.5).replay.drift_ratio == 0.5
+    with torch.no_grad():
+        dense = PolicyScorer(tiny_qwen3(seed=11)).score(tmb)
+    assert int(dense.metrics["slots_replaced"]) == 0  # the same keys with or without routing
