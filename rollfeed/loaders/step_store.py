@@ -39,7 +39,7 @@ from rollfeed.loaders.step_index import (
     step_index_from_bytes,
 )
 from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError, PayloadTruncatedError
-from rollfeed.payload.object_http import HttpReader
+from rollfeed.payload.object_http import SignedHttp
 from rollfeed.payload.object_sign import signed_request
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
@@ -56,7 +56,7 @@ class StepStore:
     def __init__(self, url: str, **access: object) -> None:
         self.url = StoreURL.parse(url)
         self.access = StoreAccess(**access)  # type: ignore[arg-type]
-        self._http: HttpReader | None = None
+        self._http: SignedHttp | None = None
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "access": self.access}
@@ -70,9 +70,9 @@ class StepStore:
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"
 
-    def _reader(self) -> HttpReader:
+    def _reader(self) -> SignedHttp:
         if self._http is None or self._http.pid != os.getpid():
-            self._http = HttpReader(self.access, self.url)
+            self._http = SignedHttp(self.access, self.url)
         return self._http
 
     def _get(self, name: str, start: int, end: int) -> bytes:

@@ -5,8 +5,8 @@ run on a runtime of threads that a forked child does not have: measured here, a 
 after its parent made one obstore request hangs on its first request, even on a client of its
 own. Reads therefore use this small client: SigV4-signed GETs (:mod:`rollfeed.payload.object_sign`)
 over ``http.client`` keep-alive connections, one per thread, created lazily in each process
-(keyed by pid), so a worker forked at any time reads. Writes and listings (``PayloadWriter``,
-``prune``) use obstore (multipart uploads, several parts in flight).
+(keyed by pid), so a worker forked at any time reads; a writer's single PUTs go through it too.
+Multipart uploads (large writes), listings and deletes (``prune``, ``inspect``) use obstore.
 
 Each GET carries ``Range`` and, after the first, ``If-Match`` on the ETag seen then. A request
 that times out, cannot connect, is throttled (429/503) or gets a 5xx is retried with exponential
@@ -24,7 +24,9 @@ import re
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rollfeed.payload.errors import (
     PayloadError,
@@ -40,6 +42,7 @@ from rollfeed.payload.store_url import StoreAccess, StoreURL
 
 _RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,7 +54,7 @@ class Got:
     data: bytes
 
 
-class HttpReader:
+class SignedHttp:
     """This process's signed GET client for one bucket (never pickled; keyed by pid by its
     owner)."""
 
@@ -84,36 +87,80 @@ class HttpReader:
 
     def get(self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str) -> Got:
         """Bytes ``[start, end)`` of ``key`` (fewer when the object is shorter), with retries."""
+        return self._retrying(
+            lambda tries: self._once(key, start, end, etag, where=where, rel=rel),
+            what=f"GET bytes [{start}, {end})",
+            where=where,
+            rel=rel,
+            offset=start,
+        )
+
+    def put(self, key: str, data: bytes, *, where: str, rel: str) -> bool:
+        """PUT ``data`` as ``key`` unless the key exists (``If-None-Match: *``); False when it
+        does. A retry that finds the key takes it as the earlier attempt having landed (keys
+        are one writer's own)."""
+        return self._retrying(
+            lambda tries: self._put_once(key, data, retried=tries > 0, where=where, rel=rel),
+            what=f"PUT of {len(data)} bytes",
+            where=where,
+            rel=rel,
+            offset=None,
+        )
+
+    def _retrying(
+        self, attempt: Callable[[int], T], *, what: str, where: str, rel: str, offset: int | None
+    ) -> T:
         deadline = time.monotonic() + self.access.retry_timeout_s
         tries = 0
         while True:
             try:
-                return self._once(key, start, end, etag, where=where, rel=rel)
+                return attempt(tries)
             except (OSError, http.client.HTTPException, _Retry) as err:
                 self._drop()
                 if tries >= self.access.request_retries or time.monotonic() >= deadline:
                     raise PayloadStoreTimeoutError(
-                        f"the store did not answer GET bytes [{start}, {end}) of {where} after "
-                        f"{tries} retries ({type(err).__name__}: {err}); check the endpoint, or "
-                        "raise timeout_s / request_retries / retry_timeout_s",
+                        f"the store did not answer {what} of {where} after {tries} retries "
+                        f"({type(err).__name__}: {err}); check the endpoint, or raise "
+                        "timeout_s / request_retries / retry_timeout_s",
                         file=rel,
-                        offset=start,
+                        offset=offset,
                     ) from None
                 time.sleep(min(2.0, 0.05 * 2**tries))
                 tries += 1
 
-    def _once(
-        self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str
-    ) -> Got:
+    def _signed(self, method: str, key: str, body: bytes = b"") -> tuple[str, dict[str, str]]:
         cfg = self.cfg
-        target, headers = sign(
-            "GET",
+        return sign(
+            method,
             f"{self.base}/{key}",
             access_key_id=cfg["access_key_id"] or "",
             secret_access_key=cfg["secret_access_key"] or "",
             region=cfg["region"] or "us-east-1",
             session_token=cfg["session_token"],
+            body=body,
         )
+
+    def _put_once(self, key: str, data: bytes, *, retried: bool, where: str, rel: str) -> bool:
+        target, headers = self._signed("PUT", key, data)
+        headers["if-none-match"] = "*"
+        headers["content-length"] = str(len(data))
+        conn = self._conn()
+        conn.request("PUT", target, body=data, headers=headers)
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status in _RETRY_STATUS:
+            raise _Retry(f"HTTP {resp.status}")
+        if resp.status in (200, 201):
+            return True
+        if resp.status in (409, 412):
+            return retried
+        what = f"PUT of {len(data)} bytes"
+        raise _status_error(resp.status, where=where, rel=rel, what=what, offset=None)
+
+    def _once(
+        self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str
+    ) -> Got:
+        target, headers = self._signed("GET", key)
         headers["range"] = f"bytes={start}-{end - 1}"
         if etag is not None:
             headers["if-match"] = etag
@@ -137,7 +184,9 @@ class _Retry(PayloadIOError):
     """A throttled or failed (5xx) answer: retried like a timeout."""
 
 
-def _status_error(status: int, *, where: str, rel: str, what: str, offset: int) -> PayloadError:
+def _status_error(
+    status: int, *, where: str, rel: str, what: str, offset: int | None
+) -> PayloadError:
     if status == 404:
         return PayloadMissingFileError(f"object {where} does not exist ({what})", file=rel)
     if status == 412:

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from rollfeed.payload.errors import PayloadError, PayloadInputError, PayloadMissingFileError
 from rollfeed.payload.layout import FILE_HEADER, parse_file_header
-from rollfeed.payload.object_http import HttpReader
+from rollfeed.payload.object_http import SignedHttp
 from rollfeed.payload.object_lease import ObjectEntry, ObjectLease
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.store_url import StoreAccess, StoreURL
@@ -54,7 +54,7 @@ class ObjectProcessState:
     def __init__(self, access: StoreAccess, url: StoreURL, threads: int) -> None:
         self.pid = os.getpid()
         self.access, self.url = access, url
-        self.http = HttpReader(access, url)
+        self.http = SignedHttp(access, url)
         self.lock = threading.Lock()
         self.files: OrderedDict[str, ObjectEntry] = OrderedDict()
         self.threads = threads

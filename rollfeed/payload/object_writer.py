@@ -7,9 +7,10 @@ header and its own random file id; the writer returns its records only after the
 a crashed writer leaves nothing visible and nothing half-written. A body of ``multipart_bytes``
 or more is uploaded in parts (several in flight); a writer killed mid-upload leaves an
 *incomplete multipart upload*, invisible to readers, which ``prune`` aborts. The PUT is
-conditional (``If-None-Match: *``; a multipart upload cannot be, so the writer looks the key up
-first): a second writer with the same name (or a forked child still counting from its parent's
-number) does not overwrite an object that records already point at.
+preceded by a lookup of the key and, for a single PUT, conditional too (``If-None-Match: *``, which
+closes the race on stores that honour it; SeaweedFS does not): a second writer with the same name
+(or a forked child still counting from its parent's number) does not overwrite an object that
+records already point at.
 
 Example (names of one writer of group ``step_000001`` named ``w0``)::
 
@@ -21,7 +22,11 @@ from __future__ import annotations
 
 import logging
 
-from rollfeed.payload.errors import PayloadPathError
+from rollfeed.payload.errors import (
+    PayloadMissingFileError,
+    PayloadPathError,
+    PayloadTruncatedError,
+)
 from rollfeed.payload.layout import FILE_HEADER, new_file_id
 from rollfeed.payload.object_errors import store_error
 from rollfeed.payload.object_root import ObjectRoot
@@ -54,32 +59,44 @@ class ObjectSink:
         key = self.root.url.key(rel)
         large = len(data) >= self.multipart_bytes
 
+        where = self.root.where(rel)
+        if not large:  # a fork-safe signed PUT: no obstore runtime needed in this process
+            if _present(proc.http, key, where, rel) or not proc.http.put(
+                key, data, where=where, rel=rel
+            ):
+                raise _exists(where, rel)
+            log.debug("put %s (%d bytes)", rel, len(data))
+            return FILE_HEADER.size
         try:
-            if large:  # a multipart upload cannot be conditional: look first
-                _refuse_existing(obstore, proc.store, key, self.root.where(rel), rel)
+            _refuse_existing(obstore, proc.store, key, where, rel)  # multipart: not conditional
             obstore.put(
-                proc.store,
-                key,
-                data,
-                mode="overwrite" if large else "create",
-                use_multipart=large,
-                chunk_size=PART_BYTES,
-                max_concurrency=4,
+                proc.store, key, data, use_multipart=True, chunk_size=PART_BYTES, max_concurrency=4
             )
         except Exception as raw:
             from obstore import exceptions as ox
 
             if isinstance(raw, ox.AlreadyExistsError | FileExistsError):
-                raise PayloadPathError(
-                    f"object {self.root.where(rel)} already exists: each writer (and process) "
-                    "needs its own name",
-                    file=rel,
-                ) from None
-            raise store_error(
-                raw, where=self.root.where(rel), rel=rel, what=f"PUT of {len(data)} bytes"
-            ) from None
+                raise _exists(where, rel) from None
+            raise store_error(raw, where=where, rel=rel, what=f"PUT of {len(data)} bytes") from None
         log.debug("put %s (%d bytes, multipart=%s)", rel, len(data), large)
         return FILE_HEADER.size
+
+
+def _present(http: object, key: str, where: str, rel: str) -> bool:
+    """Whether ``key`` exists (a one-byte GET): not every store honours ``If-None-Match``."""
+    try:
+        http.get(key, 0, 1, None, where=where, rel=rel)  # type: ignore[attr-defined]
+    except PayloadMissingFileError:
+        return False
+    except PayloadTruncatedError:  # an empty object: present
+        return True
+    return True
+
+
+def _exists(where: str, rel: str) -> PayloadPathError:
+    return PayloadPathError(
+        f"object {where} already exists: each writer (and process) needs its own name", file=rel
+    )
 
 
 def _refuse_existing(obstore: object, store: object, key: str, where: str, rel: str) -> None:

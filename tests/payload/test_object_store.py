@@ -93,6 +93,11 @@ def test_each_write_is_one_object_and_prune_deletes_the_group(object_store, s3_u
         b = w.write({"routed_experts": np.ones((3, 2), np.int64)}, pos=5)
     assert a[0].file == "step_000001/w0-000001.rfp" and b[0].file == "step_000001/w0-000002.rfp"
     assert a[0].file_id != b[0].file_id
+    with (
+        pytest.raises(PayloadPathError, match="already exists"),
+        PayloadWriter(root, group="step_000001", name="w0") as again,
+    ):  # a second writer of the same name never overwrites a record's object
+        again.write({"routed_experts": np.zeros((5, 2), np.int64)}, pos=0)
     keys = [
         m["path"]
         for batch in obstore.list(root._proc().store, prefix=root.url.prefix)
@@ -168,13 +173,19 @@ def test_object_rewritten_after_prune_is_never_read_as_the_old_record(object_sto
 
 def _read_in_child(root, segs, queue):
     got = read_fields(segs, {"routed_experts": (0, 50)}, root=root)
-    queue.put(got["routed_experts"].values.numpy().tobytes())
+    with PayloadWriter(root, group="g", name="child") as w:  # a write in the worker too
+        mine = w.write({"routed_experts": np.ones((3, 2), np.int64)}, pos=0)
+    back = read_fields(mine, {"routed_experts": (0, 3)}, root=root)["routed_experts"].values
+    queue.put((got["routed_experts"].values.numpy().tobytes(), back.sum().item()))
 
 
 def test_parent_then_forked_worker_reads_within_a_bound(object_store, s3_url):
     root = s3_root(object_store, s3_url)
-    with PayloadWriter(root, group="g", name="w") as w:  # the parent uses the object client
+    import obstore
+
+    with PayloadWriter(root, group="g", name="w") as w:
         segs = w.write({"routed_experts": np.arange(100).reshape(50, 2) % 9}, pos=0)
+    assert list(obstore.list(root._proc().store, prefix=root.url.prefix))  # obstore started here
     want = read_fields(segs, {"routed_experts": (0, 50)}, root=root)["routed_experts"]
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -186,7 +197,7 @@ def test_parent_then_forked_worker_reads_within_a_bound(object_store, s3_url):
     if alive:
         child.kill()
     assert not alive, "the forked worker's read hung"
-    assert queue.get(timeout=5) == want.values.numpy().tobytes()
+    assert queue.get(timeout=5) == (want.values.numpy().tobytes(), 6)
     assert time.monotonic() - t0 < 20
     assert pickle.loads(pickle.dumps(root))._state is None  # no client crosses a pickle
 
