@@ -98,7 +98,7 @@ def _median(fn, reps: int) -> float:
 
 def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], reps: int) -> None:
     root = PayloadRoot(f"{url}/loader", **options)
-    samples = _step(root, np.random.default_rng(5), 24)  # type: ignore[arg-type]
+    samples = _step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
     access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
     StepStore(f"{url}/steps", **access).write_step_file(0, samples)
     plan = prepare_batch(samples, CONFIG, dp_size=1)
