@@ -143,6 +143,7 @@ def plan_rows(
         fallback=fallback,
         valid=valid,
         label_owned=label_owned,
+        # A sync only when rows may fall back: their count sets the dense chunks' shapes.
         fallback_rows=fallback.nonzero().squeeze(1) if can_fall_back else None,
         # Unscored rows may hold any temperature (NaN on a prompt token): 1 keeps their
         # (masked) values and gradients finite.

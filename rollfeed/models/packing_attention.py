@@ -95,7 +95,10 @@ def _sample_lengths(
     """Lengths of the row's non-empty samples, canonical order."""
     total = order.numel()
     if cu_seqlens is not None:
-        bounds = cu_seqlens.to(device=order.device, dtype=torch.long)
+        # The sample lengths set the shapes of the per-sample attention calls, so they are read
+        # on the host: one copy (the one host sync of the layout when cu_seqlens lives on a
+        # device), and the checks run on that copy.
+        bounds = cu_seqlens.to(device="cpu", dtype=torch.long)
         if bounds[0] != 0 or bounds[-1] < total or (bounds.diff() < 0).any():
             raise PackingError(
                 f"cu_seqlens must start at 0, be non-decreasing and reach the row length "
@@ -108,7 +111,7 @@ def _sample_lengths(
         positions = gather_rank_order(local, cp)
         canonical = positions if inverse is None else positions[inverse]
         lengths = torch.bincount(segment_ids_from_positions(canonical))
-    return [n for n in lengths.tolist() if n > 0]
+    return [n for n in lengths.tolist() if n > 0]  # without cu_seqlens: the layout's one sync
 
 
 def packed_layout(

@@ -51,9 +51,14 @@ def check_routing(
         )
     ids = experts.to(torch.long)
     rows = covered[:, None]
-    bad = ((ids < 0) | (ids >= num_experts)).any(dim=-1) & rows
-    if bad.any():
-        row, layer = _first(bad)
+    out_of_range = ((ids < 0) | (ids >= num_experts)).any(dim=-1) & rows
+    repeated = torch.zeros_like(out_of_range)
+    if top_k > 1:
+        repeated = (ids.sort(dim=-1).values.diff(dim=-1) == 0).any(dim=-1) & rows
+    # The one host sync of the checks, once per replayed forward: both verdicts read together.
+    any_out, any_repeated = torch.stack([out_of_range.any(), repeated.any()]).tolist()
+    if any_out:
+        row, layer = _first(out_of_range)
         raise RoutingReplayError(
             f"routed_experts[{row}, {layer}] = {ids[row, layer].tolist()} names an expert outside "
             f"[0, {num_experts}); record the routing with this model",
@@ -61,19 +66,16 @@ def check_routing(
             pos=row,
             layer=layer,
         )
-    if top_k > 1:
-        ordered = ids.sort(dim=-1).values
-        bad = (ordered.diff(dim=-1) == 0).any(dim=-1) & rows
-        if bad.any():
-            row, layer = _first(bad)
-            raise RoutingReplayError(
-                f"routed_experts[{row}, {layer}] = {ids[row, layer].tolist()} repeats an expert "
-                f"in one top-{top_k} row; a recorded row holds distinct ids (is a fill row "
-                "marked covered?)",
-                tensor="routed_experts",
-                pos=row,
-                layer=layer,
-            )
+    if any_repeated:
+        row, layer = _first(repeated)
+        raise RoutingReplayError(
+            f"routed_experts[{row}, {layer}] = {ids[row, layer].tolist()} repeats an expert "
+            f"in one top-{top_k} row; a recorded row holds distinct ids (is a fill row "
+            "marked covered?)",
+            tensor="routed_experts",
+            pos=row,
+            layer=layer,
+        )
 
 
 def drift_guard(
