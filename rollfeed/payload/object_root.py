@@ -5,18 +5,22 @@ fixed-width and ragged read plans, the record checks and the retry policy of
 :meth:`PayloadRoot.run` are the local root's, unchanged; only the lease differs
 (:class:`~rollfeed.payload.object_lease.ObjectLease`: ranged GETs instead of ``preadv``).
 
-Opening an object is one ranged GET of its file header, which also returns the object's size and
-ETag; the process caches that (at most ``max_open`` objects, least recently used out first).
+Opening an object is one ranged GET of its first ``open_bytes`` bytes (the file header, and for
+a small object the whole of it, which the read that opened it uses), which also returns the
+object's size and ETag; the process caches size, ETag and header (at most ``max_open`` objects,
+least recently used out first).
 Every later read of the object carries ``If-Match: <ETag>``, so an object replaced under its key
 (pruned and written again) is never read as the old record's bytes: the GET fails, the root
 reopens the key once, and the record's file id then names the mismatch
 (:class:`PayloadStaleFileError`).
 
 The clients and the threads that issue requests are per process, created on first use and keyed
-by pid: a client used in the parent and then in a forked DataLoader worker hangs, so a worker
-builds its own; reads go through :mod:`rollfeed.payload.object_http`, which a forked child can
-use whatever its parent did. The object is picklable and carries no client, and its ``repr``
-names the URL only (never a credential).
+by pid. obstore's runtime does not survive ``fork``: measured here, a DataLoader worker forked
+after its parent made one obstore request hangs on its first request, even on a client of its
+own. So reads (and a writer's single PUTs) go through :mod:`rollfeed.payload.object_http`, which
+a forked child can use whatever its parent did; obstore serves multipart uploads and listings.
+The object is picklable and carries no client, and its ``repr`` names the URL only (never a
+credential).
 
 Example::
 
