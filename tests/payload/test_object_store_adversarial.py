@@ -88,3 +88,52 @@ def test_records_naming_keys_outside_the_prefix_are_refused(tmp_path, object_sto
     root = PayloadRoot(f"{s3_url}/root", **object_store.options())
     with pytest.raises(PayloadPathError):
         read_field(moved, "routed_experts", (0, total), root=root)
+
+
+def test_mutated_records_read_exactly_or_fail_typed(tmp_path, object_store, s3_url):
+    import json
+    from types import SimpleNamespace
+
+    from rollfeed.payload import PayloadSegment, RaggedLayout
+    from tests.payload.adversary import Wrong, _json_bool_in_int, record_mutations
+
+    rng = np.random.default_rng(24)
+    segs, regions, total, raw, _ = small_file(tmp_path, rng, (5, 140, 3))
+    _put(object_store, f"{s3_url}/root", raw)
+    _put(object_store, f"{s3_url}/outside", raw)  # the canary an escaping handle would reach
+    root = PayloadRoot(f"{s3_url}/root", **object_store.options(retries=0))
+    corpus = SimpleNamespace(regions=regions)
+    tally = Tally("records-s3", tmp_path, trace=False)
+    windows = [[(0, total + 3)], [(3, min(total, 140)), (total // 2, total)]]
+    live = [s for s in segs if s.rows]
+    victims = [
+        next(s for s in live if s.ragged is None),
+        next(s for s in live if s.ragged is not None),
+    ]
+    for k, victim in enumerate(victims):
+        at = segs.index(victim)
+        muts = record_mutations(victim, corpus, "../outside/f.rfp")
+        picks = rng.choice(len(muts), size=min(3 * CASES, len(muts)), replace=False)
+        for j in sorted(picks.tolist()):
+            level, what, edit = muts[j]
+            w = windows[(j + k) % 2]
+
+            def attack(level=level, edit=edit, w=w, victim=victim, at=at):
+                d = json.loads(victim.model_dump_json())
+                edit(d)
+                if level == "py":
+                    lay = d.pop("ragged")
+                    upd = {a: v for a, v in d.items() if v != getattr(victim, a)}
+                    if lay is not None and victim.ragged is not None:
+                        upd["ragged"] = RaggedLayout.model_construct(**lay)
+                    seg = victim.model_copy(update=upd)
+                else:
+                    seg = PayloadSegment.from_json(json.dumps(d))
+                    if _json_bool_in_int(d, victim):
+                        raise Wrong(f"from_json accepted a JSON bool as an integer: {seg}")
+                mutated = [*segs[:at], seg, *segs[at + 1 :]]
+                for name in {victim.field, seg.field} & set(FIELDS):
+                    check_read(read_field(mutated, name, w, root=root), mutated, name, w, regions)
+
+            tally.case(f"records-s3 {level} {what} on {victim.field} window {w}", attack)
+    _holds(tally, 2 * CASES)
