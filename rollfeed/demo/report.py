@@ -142,7 +142,8 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
         f"{rollouts['step_file_bytes']:,} B",
         f"trainer    {report.ranks} ranks ({dp} DP x {report.cp} CP, gloo), "
         f"{report.micro_batches} micro batches in all; loader wait "
-        f"{report.loader_wait_ms:.1f} ms, scoring {report.score_ms:.1f} ms per micro batch",
+        f"{report.loader_wait_ms:.1f} ms, full-vocabulary scoring (no gradient) "
+        f"{report.score_ms:.1f} ms per micro batch",
         "",
         f"trainer vs sampler logprobs over {report.replay.tokens} tokens  "
         f"{'mean |Δ|':>10} {'max |Δ|':>10} {'KL (k3)':>10}",

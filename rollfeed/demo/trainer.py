@@ -135,7 +135,10 @@ def train(args: argparse.Namespace) -> None:
     done = 0
     resume = latest_checkpoint(checkpoints) if args.resume else None
     if args.resume and resume is None:
-        raise SystemExit(f"--resume: no complete checkpoint under {checkpoints}")
+        raise SystemExit(
+            f"--resume: no complete checkpoint (a step_* directory with .metadata) under "
+            f"{checkpoints}; run without --resume, with --checkpoint-every K, first"
+        )
     if resume is not None:
         done = load_checkpoint(resume, model, optimizer, loader)
         result = json.loads((resume / "trainer.json").read_text()) | {"steps": args.steps}

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rollfeed.demo.train import clipped_surrogate
+from rollfeed.demo.train import checkpoint_path, clipped_surrogate, latest_checkpoint
 
 
 def test_clipped_surrogate_worked_example():
@@ -28,3 +28,15 @@ def test_clipped_surrogate_normalises_by_the_global_count():
     part = clipped_surrogate(lp, lp.float(), adv, total_tokens=8, clip_eps=0.2)
     assert one.item() == pytest.approx(-(0.5 - 1.5) / 2, abs=1e-7)
     assert part.item() == pytest.approx(one.item() / 4, abs=1e-12)
+
+
+def test_latest_checkpoint_is_the_newest_complete_one(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+    for step, complete in ((1, True), (2, True), (3, False)):  # step 3: interrupted mid-save
+        path = checkpoint_path(tmp_path, step)
+        path.mkdir()
+        (path / "__0_0.distcp").write_bytes(b"")
+        if complete:
+            (path / ".metadata").write_bytes(b"")
+    assert checkpoint_path(tmp_path, 2).name == "step_000002"
+    assert latest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 2)
