@@ -19,7 +19,7 @@ The scorer's ``cp`` group takes the same coordinates:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rollfeed.collate.mesh_axes import read_mesh
@@ -120,14 +120,4 @@ class Topology:
             mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=names)
             Topology.from_mesh(mesh)   # rank 5 -> dp_rank=2, dp_size=4, cp_rank=1, cp_size=2
         """
-        c = read_mesh(mesh)
-        return cls(
-            dp_rank=c.dp_rank,
-            dp_size=c.dp_size,
-            cp_rank=c.cp_rank,
-            cp_size=c.cp_size,
-            tp_rank=c.tp_rank,
-            tp_size=c.tp_size,
-            pp_rank=c.pp_rank,
-            pp_size=c.pp_size,
-        )
+        return cls(**asdict(read_mesh(mesh)))
