@@ -20,16 +20,16 @@ PUBLIC = {
         FieldRead canonical_rows {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig prepare_batch plan_lengths place_micro_batch BatchPlan
         MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
-        BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError SampleDtypeError SampleLengthError
-        SampleValueError SegmentRangeError""",
+        BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
+        SampleDtypeError SampleLengthError SampleValueError SegmentRangeError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
         EmptyStepError PlanMismatchError StepFileError StepTimeoutError""",
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
-        RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError VocabularyRangeError
-        TemperatureError PackingError UnpackableAttentionError RoutingReplayError
-        UlyssesShapeError CPGroupError CPMismatchError""",
+        RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError
+        VocabularyRangeError TemperatureError PackingError UnpackableAttentionError
+        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError""",
     "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine
         capture_request_output capture_completion CapturedCompletion SupportCapture LogprobRows
         logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts
