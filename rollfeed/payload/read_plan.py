@@ -40,7 +40,12 @@ def coverage(t: RecordTable, ranges: list[tuple[int, int]], n: int) -> np.ndarra
     """
     out = np.zeros(n, bool)
     for at, lo, _, _, a, b in overlaps(t, ranges):
-        for r0, r1 in zip((at + a - lo).tolist(), (at + b - lo).tolist(), strict=True):
+        if not len(a):
+            continue
+        # runs that touch (records side by side: the common case) merge into one slice
+        start = np.flatnonzero(np.concatenate([[True], a[1:] != b[:-1]]))
+        stop = np.concatenate([start[1:], [len(a)]]) - 1
+        for r0, r1 in zip((at + a[start] - lo).tolist(), (at + b[stop] - lo).tolist(), strict=True):
             out[r0:r1] = True  # a few runs of many rows: slices beat an index array
     return out
 
