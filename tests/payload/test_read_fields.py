@@ -189,3 +189,26 @@ def test_coverage_by_handle_equals_the_rows_inline_samples_carry(tmp_path, cp_la
                 np.testing.assert_array_equal(got[f].coverage.numpy(), want)
                 checked += int(want.sum())
     assert checked > 0
+
+
+def test_coverage_of_records_side_by_side_with_gaps_and_clipped_windows(tmp_path):
+    """Records whose rows touch (one request after another, as a packed micro batch places
+    them) and records after a gap: coverage is exactly the rows some live record holds, over
+    windows that start and end inside records and span several runs."""
+    rng = np.random.default_rng(7)
+    segs, at = [], 0
+    with PayloadWriter(tmp_path, group="g", name="touching") as w:
+        for k in range(9):
+            rows = int(rng.integers(1, 20))
+            written = w.write({"routed_experts": rng.integers(0, 9, (rows, 2))}, pos=0)
+            segs += shift_segments(written, at)
+            at += rows + (5 if k % 3 == 2 else 0)  # a gap after every third record
+    windows = [[(0, at)], [(0, at + 4)]]
+    for _ in range(20):
+        lo = int(rng.integers(0, at))
+        windows.append([(lo, int(rng.integers(lo, at + 3))), (int(rng.integers(0, at)), at)])
+    for ranges in windows:
+        got = read_fields(segs, {"routed_experts": ranges}, root=tmp_path)["routed_experts"]
+        want = reference_coverage(segs, "routed_experts", ranges)
+        np.testing.assert_array_equal(got.coverage.numpy(), want)
+        assert (got.values[~got.coverage] == PAYLOAD_FIELDS["routed_experts"].fill).all()
