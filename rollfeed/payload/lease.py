@@ -242,6 +242,6 @@ class FieldFiles:
             offsets=offsets,
             lengths=lengths,
             dests=dests,
-            dest_idx=np.broadcast_to(np.asarray(dest_idx, np.int64), offsets.shape),
+            dest_idx=np.full(offsets.shape, dest_idx, np.int64),
             dest_offsets=dest_offsets,
         )
