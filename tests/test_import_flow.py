@@ -1,6 +1,6 @@
-"""Imports flow one way: capture -> payload <- collate <- loaders, models may import collate,
-capture's client may import collate and loaders (it makes their samples and step files);
-rollfeed.errors may be imported by anyone; payload loads nothing of ours and never vLLM."""
+"""Imports flow one way: capture -> payload <- collate <- loaders, models may import collate, the
+orchestrator (downstream of both sides) may import capture, collate and loaders; rollfeed.errors
+may be imported by anyone; payload loads nothing of ours and never vLLM."""
 
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ ALLOWED = {
     "__init__": set(),  # ``import rollfeed.payload`` runs it: it must load nothing else
     "errors": set(),
     "payload": set(),
-    # The orchestrator's client (capture/client.py) hands the trainer side its Samples and step
-    # files: the end of the inference side, where capture meets collate's and loaders' formats.
-    "capture": {"payload", "collate", "loaders"},
+    "capture": {"payload"},
     "collate": {"payload"},
     "loaders": {"collate", "payload"},
     "models": {"collate"},
+    # Between the capture server and the trainer: it makes collate's samples and loaders' step
+    # files from capture's answers.
+    "orchestrator": {"capture", "payload", "collate", "loaders"},
 }
 # Entry points and applications: they may import any package, and no library package imports them.
 APPS = {"__main__", "cli", "demo", "bench"}

@@ -36,7 +36,8 @@ PUBLIC = {
         routed_dtype Turn assemble_turns CaptureError CaptureModeError RoutingShapeError
         SamplingSettingsError SupportBoundError SupportMembershipError TurnGapError
         TurnRangeError CaptureServerError CaptureRoute GenerateRequest GenerateResponse
-        CompletionRecord ServerInfo CaptureClient Rollout""",
+        CompletionRecord ServerInfo""",
+    "rollfeed.orchestrator": "CaptureClient Rollout",
 }
 
 

@@ -1,8 +1,7 @@
 """Inference side: the sampler's kept sets and routed experts, captured by handle; turn assembly.
 
 A client of :mod:`rollfeed.payload` (it writes with :class:`~rollfeed.payload.PayloadWriter` and
-hands out segment records); its orchestrator client also makes :mod:`rollfeed.collate` samples
-and :mod:`rollfeed.loaders` step files. vLLM is imported only when asked for
+hands out segment records). vLLM is imported only when asked for
 (:func:`capture_sampling_params`, the route), so the pure conversions work without it.
 
 - kept sets (:func:`support_from_logprob_rows`, :func:`support_from_native_mask`) and routed
@@ -14,12 +13,11 @@ and :mod:`rollfeed.loaders` step files. vLLM is imported only when asked for
 - :func:`assemble_turns`: the turns of a multi-turn rollout stitched into one sample's payload;
 - serving (``python -m rollfeed serve``, :mod:`rollfeed.capture.server`): the capture route
   (:class:`CaptureRoute`; :class:`GenerateRequest` in, :class:`GenerateResponse` of
-  :class:`CompletionRecord`\\ s out, :class:`ServerInfo`) in vLLM's OpenAI-compatible server;
-  :class:`CaptureClient` and :class:`Rollout` turn its answers into samples and step files;
+  :class:`CompletionRecord`\\ s out, :class:`ServerInfo`) in vLLM's OpenAI-compatible server
+  (its client, which turns answers into samples and step files, is :mod:`rollfeed.orchestrator`);
 - :class:`CaptureError` and its family.
 """
 
-from rollfeed.capture.client import CaptureClient, Rollout
 from rollfeed.capture.completion import CapturedCompletion, capture_completion
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import (
@@ -57,7 +55,6 @@ from rollfeed.capture.vllm_adapter import (
 )
 
 __all__ = [
-    "CaptureClient",
     "CaptureConfig",
     "CaptureError",
     "CaptureModeError",
@@ -68,7 +65,6 @@ __all__ = [
     "GenerateRequest",
     "GenerateResponse",
     "LogprobRows",
-    "Rollout",
     "RoutingShapeError",
     "SamplingSettingsError",
     "ServerInfo",

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from rollfeed.capture.client import CaptureClient, Rollout
 from rollfeed.capture.errors import CaptureServerError
 from rollfeed.capture.process import server_process
+from rollfeed.orchestrator.client import CaptureClient, Rollout
 from rollfeed.payload import PayloadRoot
 from rollfeed.payload.errors import PayloadMissingFileError
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.capture.client import Rollout
 from rollfeed.capture.protocol import ROUTE, GenerateRequest, GenerateResponse, ServerInfo
 from rollfeed.capture.route import CaptureRoute
+from rollfeed.orchestrator.client import Rollout
 from rollfeed.payload import read_field
 from tests.capture.kept import CUT, completions_call, completions_kept, read_kept
 

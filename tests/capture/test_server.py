@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from rollfeed.capture import assemble_turns
-from rollfeed.capture.client import CaptureClient, Rollout
 from rollfeed.capture.errors import CaptureServerError
 from rollfeed.cli import main as cli
 from rollfeed.loaders import read_step_file, step_file_name
+from rollfeed.orchestrator.client import CaptureClient, Rollout
 from rollfeed.payload import PayloadRoot, read_field
 from tests.capture.kept import completions_call, completions_kept, read_kept
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rollfeed.capture import SamplingSettingsError, capture_sampling_params, check_sampling_params
-from rollfeed.capture.client import CaptureClient
 from rollfeed.models import support_logprobs
+from rollfeed.orchestrator.client import CaptureClient
 from tests.capture.kept import read_kept
 
 pytestmark = pytest.mark.vllm

@@ -1,4 +1,4 @@
-"""The orchestrator's side of the capture route: requests out, :class:`Sample`\\ s and steps in.
+"""The capture server's client: requests out, :class:`Sample`\\ s and steps in.
 
 :class:`CaptureClient` posts :class:`~rollfeed.capture.protocol.GenerateRequest`\\ s to a capture
 server (``python -m rollfeed serve``) with the standard library's HTTP client (an orchestrator

@@ -1,0 +1,12 @@
+"""The orchestrator, between the capture server and the trainer: requests out, samples and steps in.
+
+:class:`CaptureClient` talks to a capture server (``python -m rollfeed serve``,
+:mod:`rollfeed.capture`); :class:`Rollout` stitches a rollout's turns into one
+:class:`~rollfeed.collate.Sample`, and :meth:`CaptureClient.write_step` writes a step file the
+trainer's loaders read (:func:`rollfeed.loaders.write_step_file`). It sits downstream of both
+sides, so it may import capture, collate and loaders; none of them imports it.
+"""
+
+from rollfeed.orchestrator.client import CaptureClient, Rollout
+
+__all__ = ["CaptureClient", "Rollout"]
