@@ -647,6 +647,27 @@ def record_mutations(seg, corpus: Corpus, canary: str):
     return muts
 
 
+def mutated_segment(victim, level: str, edit):
+    """``victim`` (a PayloadSegment) with ``edit`` applied to its JSON: built past validation
+    (``"py"``: what code handing the reader a constructed record could do) or parsed from the
+    edited JSON (what an orchestrator's wire could carry), where a JSON bool accepted as an
+    integer is a finding."""
+    from rollfeed.payload import PayloadSegment, RaggedLayout
+
+    d = json.loads(victim.model_dump_json())
+    edit(d)
+    if level == "py":
+        lay = d.pop("ragged")
+        upd = {k: v for k, v in d.items() if v != getattr(victim, k)}
+        if lay is not None and victim.ragged is not None:
+            upd["ragged"] = RaggedLayout.model_construct(**lay)
+        return victim.model_copy(update=upd)
+    seg = PayloadSegment.from_json(json.dumps(d))
+    if _json_bool_in_int(d, victim):
+        raise Wrong(f"from_json accepted a JSON bool as an integer: {seg}")
+    return seg
+
+
 def _json_bool_in_int(d: dict, seg) -> bool:
     ints = [d.get(a) for a in INT_ATTRS]
     if isinstance(d.get("ragged"), dict):
@@ -657,8 +678,6 @@ def _json_bool_in_int(d: dict, seg) -> bool:
 def family_records(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     from rollfeed.payload import (
         PayloadRoot,
-        PayloadSegment,
-        RaggedLayout,
         clip_segments,
         read_field,
     )
@@ -690,18 +709,7 @@ def family_records(tally: Tally, workdir: Path, rng: np.random.Generator) -> Non
                 desc = f"records[{b}] {level} {what} on {victim.model_dump_json()} window {w}"
 
                 def attack(level=level, edit=edit, w=w, victim=victim, at=at, segs=segs):
-                    d = json.loads(victim.model_dump_json())
-                    edit(d)
-                    if level == "py":
-                        lay = d.pop("ragged")
-                        upd = {k: v for k, v in d.items() if v != getattr(victim, k)}
-                        if lay is not None and victim.ragged is not None:
-                            upd["ragged"] = RaggedLayout.model_construct(**lay)
-                        seg = victim.model_copy(update=upd)
-                    else:
-                        seg = PayloadSegment.from_json(json.dumps(d))
-                        if _json_bool_in_int(d, victim):
-                            raise Wrong(f"from_json accepted a JSON bool as an integer: {seg}")
+                    seg = mutated_segment(victim, level, edit)
                     mutated = [*segs[:at], seg, *segs[at + 1 :]]
                     for name in {victim.field, seg.field} & set(FIELDS):
                         out = read_field(mutated, name, w, root=root)
