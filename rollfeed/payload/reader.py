@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from rollfeed.payload.checks import field_segments
+from rollfeed.payload.compiled_read import read_compiled
 from rollfeed.payload.errors import PayloadError, PayloadInputError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
 from rollfeed.payload.fixed_read import FixedJob
@@ -109,6 +110,13 @@ def read_fields(
     """
     if width is not None and (isinstance(width, bool) or width < 1):
         raise PayloadInputError(f"width must be >= 1 (or None), got {width}")
+    proot = as_root(root)
+    fast = _compiled(segments, windows, proot, width, fields)
+    if fast is not None:
+        return {
+            name: FieldRead(values=torch.from_numpy(values), coverage=torch.from_numpy(covered))
+            for name, (values, covered) in fast.items()
+        }
     jobs: dict[str, FixedJob | RaggedJob] = {}
     for name, window in windows.items():
         spec = lookup_field(name, fields)
@@ -125,7 +133,6 @@ def read_fields(
             )
         except PayloadError as err:
             raise err.with_place(field=name) from None
-    proot = as_root(root)
     files = list(dict.fromkeys(f for job in jobs.values() for f in _needed(job)))
     try:
         if files:
@@ -167,6 +174,16 @@ def read_field(
         return None
     values = got[field].values
     return values if dtype is None else values.to(dtype)
+
+
+def _compiled(segments, windows, root: PayloadRoot, width, fields):
+    """The compiled read of the common case (:mod:`rollfeed.payload.compiled_read`), or
+    ``None``: the planned read below then does it, and raises whatever is wrong."""
+    try:
+        ranges = {name: _ranges(window, name) for name, window in windows.items()}
+    except PayloadError:
+        return None
+    return read_compiled(segments, ranges, root, width, fields)
 
 
 def _needed(job: FixedJob | RaggedJob) -> list[str]:

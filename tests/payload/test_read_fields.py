@@ -13,6 +13,7 @@ from rollfeed.payload import (
     PayloadMissingFileError,
     PayloadRoot,
     PayloadWriter,
+    compiled_read,
     read_field,
     read_fields,
     shift_segments,
@@ -107,6 +108,8 @@ def test_placeholders_only_read_as_fill_with_no_coverage(tmp_path):
 
 
 def test_two_fields_of_one_file_take_one_preadv_per_file(tmp_path, monkeypatch):
+    # the planned reader's batching (the compiled read's: tests/payload/test_compiled_read.py)
+    monkeypatch.setattr(compiled_read, "_window", None)
     rng = np.random.default_rng(2)
     segs, cu = packed_micro_batch(tmp_path, rng, files=3, samples=3, unit=1, clip=False)
     calls = []
