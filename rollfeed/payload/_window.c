@@ -3,16 +3,17 @@
  * Python side: rollfeed/payload/compiled_read.py (what it hands over, and when it is used).
  *
  * plan(segments, specs) takes the records and, per field, its spec and window; it returns a Plan
- * naming the files to open, or None when the read is not the common case. Plan.read(fds, size,
- * file_id, header_size, parallel_min) reads every field over its window and returns, per field
- * with records, (name, values, coverage, dtype code, width), or None: the caller then runs the
- * planned NumPy reader, which handles every case and raises the typed error naming the file,
- * field, offset and position. This file never raises for bad data: it declines. Every check the
- * planned reader makes is made here too (records plausible and not overlapping, byte ranges
- * inside their files before any allocation, file ids, each region header compared byte for byte
- * with the one the record implies, the CSR block offsets chained and inside the region); a
- * record or file this code does not take as is (an older format version, a placeholder-only
- * field, integer ids of several widths, a checking read) is declined, never guessed at.
+ * naming the files to open, or None when the read is not the common case. Plan.read(entries,
+ * parallel_min) takes those files as the root's descriptor cache holds them open (.fd, and
+ * .columns: size, format version, file id, file header size), reads every field over its window
+ * and returns, per field with records, (name, values, coverage, dtype code, row shape), or None:
+ * the caller then runs the planned NumPy reader, which handles every case and raises the typed
+ * error naming the file, field, offset and position. This file never raises for bad data: it
+ * declines. Every check the planned reader makes is made here too (records plausible and not
+ * overlapping, byte ranges inside their files before any allocation, file ids, each region header
+ * compared with the one the record implies, the CSR block offsets chained and inside the
+ * region); a record or file this code does not take as is (an older format version, a
+ * placeholder-only field, integer ids of several widths) is declined, never guessed at.
  *
  * I/O: the ranges of all fields are sorted per file, and ranges that touch or lie at most 4 KiB
  * apart become one preadv (the bytes between land in a scratch buffer), without the GIL. A
@@ -44,6 +45,7 @@
 #define CODE_FLOAT32 8
 #define CODE_UINT24 10
 #define MAX_IOV 512
+#define FORMAT_VERSION 3     /* layout.VERSION: the only version read here */
 
 static const char *DTYPE_NAMES[N_DTYPES] = {
     "uint8", "int8", "uint16", "int16", "uint32", "int32",
@@ -202,14 +204,14 @@ static int dtype_code(PyObject *o) {
 
 /* The record attributes read, interned once at import (a lookup then hashes nothing). */
 enum { K_FIELD, K_FILE, K_POS, K_ROWS, K_OFFSET, K_FIRST, K_FILE_ID, K_DTYPE, K_SHAPE, K_RAGGED,
-       K_VALUES, K_COUNT_BYTES, K_BLOCK_ROWS, N_KEYS };
+       K_VALUES, K_COUNT_BYTES, K_BLOCK_ROWS, K_FD, K_COLUMNS, N_KEYS };
 static const char *KEY_NAMES[N_KEYS] = {"field", "file", "pos", "rows", "offset", "first",
                                         "file_id", "dtype", "shape", "ragged", "values",
-                                        "count_bytes", "block_rows"};
+                                        "count_bytes", "block_rows", "fd", "columns"};
 static PyObject *KEYS[N_KEYS];
 
 static PyObject *get(PyObject *dict, int key) {
-    return PyDict_GetItem(dict, KEYS[key]); /* borrowed; NULL when missing */
+    return PyDict_GetItemWithError(dict, KEYS[key]); /* borrowed; NULL when missing */
 }
 
 /* ---- planning ----------------------------------------------------------------------------- */
@@ -551,7 +553,8 @@ static int header_agrees(const Field *f, const Rec *r, const unsigned char *h, i
     if (h[4] != (f->ragged ? 1 : 0) || h[5] != (f->ragged ? r->cb : 0)) return 0;
     if (h[6] != r->dtype || h[7] != f->key_len) return 0;
     uint64_t block = load_le(h + 8, 4);
-    uint64_t want_block = f->ragged ? (uint64_t)r->block : (uint64_t)(rb >= BLOCK_BYTES ? 1 : BLOCK_BYTES / rb);
+    uint64_t want_block = f->ragged ? (uint64_t)r->block /* checksum.fixed_block_rows: */
+                                    : (uint64_t)(rb >= BLOCK_BYTES ? 1 : BLOCK_BYTES / rb);
     if (block != want_block) return 0;
     uint64_t rows = load_le(h + 12, 8), values = load_le(h + 20, 8), body = load_le(h + 28, 8);
     if (load_le(h + 36, 8) != (uint64_t)file_id) return 0;
@@ -560,7 +563,8 @@ static int header_agrees(const Field *f, const Rec *r, const unsigned char *h, i
     for (int k = 0; k < MAX_NDIM; k++)
         if (load_le(h + 48 + 4 * k, 4) != (uint64_t)(k < r->ndim ? r->dims[k] : 0)) return 0;
     if (memcmp(h + REGION_HEADER, f->key, f->key_len) != 0) return 0;
-    if (rows >= (uint64_t)MAX_EXTENT || values >= (uint64_t)MAX_EXTENT || body >= (uint64_t)MAX_EXTENT)
+    if (rows >= (uint64_t)MAX_EXTENT || values >= (uint64_t)MAX_EXTENT ||
+        body >= (uint64_t)MAX_EXTENT)
         return 0;
     if ((uint64_t)(r->first + r->rows) > rows) return 0;
     int64_t room = size - r->offset;
@@ -575,7 +579,9 @@ static int header_agrees(const Field *f, const Rec *r, const unsigned char *h, i
 /* Decode the record's rows [first, first + rows) from its index blocks into counts / starts
  * (value indexes in the region); 1 when every block read is consistent. */
 static inline int64_t count_at(const unsigned char *q, int cb) {
-    return cb == 1 ? q[0] : cb == 2 ? q[0] | q[1] << 8 : q[0] | q[1] << 8 | q[2] << 16 | (int64_t)q[3] << 24;
+    return cb == 1   ? q[0]
+           : cb == 2 ? q[0] | q[1] << 8
+                     : q[0] | q[1] << 8 | q[2] << 16 | (int64_t)q[3] << 24;
 }
 
 /* Decode the record's rows [first, first + rows) from its index blocks into counts / starts
@@ -691,120 +697,103 @@ static PyObject *field_result(const Field *f, PyObject *values, PyObject *covera
                          f->ragged ? ragged_code : z->dtype, shape);
 }
 
-static PyObject *Plan_read(Plan *p, PyObject *args) {
-    PyObject *fds_obj;
-    Py_buffer size_b = {0}, id_b = {0}, hs_b = {0};
-    long long parallel_min;
-    if (!PyArg_ParseTuple(args, "O!y*y*y*L", &PyList_Type, &fds_obj, &size_b, &id_b, &hs_b,
-                          &parallel_min))
-        return NULL;
-    Py_ssize_t nfiles = PyList_GET_SIZE(p->files);
-    PyObject *result = NULL, *out = NULL;
-    int *fds = NULL;
-    unsigned char *hbuf = NULL, *ibuf = NULL, *vbuf = NULL, *v2buf = NULL;
-    int64_t *counts = NULL, *starts = NULL, *diff = NULL, diff_cap = 0;
-    PyObject **values = NULL, **coverage = NULL;
-    Ranges rs = {0};
-    int declined = 0;
-    if (PyList_GET_SIZE(fds_obj) != nfiles || size_b.len != 8 * nfiles ||
-        id_b.len != 8 * nfiles || hs_b.len != 8 * nfiles) {
-        PyErr_SetString(PyExc_ValueError, "one descriptor and one column entry per file");
-        goto done;
-    }
-    fds = malloc((nfiles ? nfiles : 1) * sizeof(int));
-    values = calloc(p->nfields ? p->nfields : 1, sizeof(PyObject *));
-    coverage = calloc(p->nfields ? p->nfields : 1, sizeof(PyObject *));
-    if (fds == NULL || values == NULL || coverage == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < nfiles; i++) {
-        long v = PyLong_AsLong(PyList_GET_ITEM(fds_obj, i));
-        if (v == -1 && PyErr_Occurred()) goto done;
-        fds[i] = (int)v;
-    }
-    Files fl = {fds, size_b.buf, id_b.buf, hs_b.buf};
+/* One read in progress: the plan, the files as the lease opened them, and every buffer. */
+typedef struct {
+    Plan *p;
+    Files fl;
+    unsigned char *hbuf, *ibuf, *vbuf, *v2buf; /* headers, CSR indexes, values whole / in part */
+    int64_t *counts, *starts;                  /* the rows of every ragged record read */
+    int64_t *diff, diff_cap;                   /* scatter_rows' scratch */
+    PyObject **values, **coverage;             /* per field: the outputs (bytearrays) */
+    Ranges rs;
+} Read;
 
-    /* Claims against the files, and the sizes of the buffers, before allocating any. */
+enum { TAKEN = 0, DECLINED = 1, FAILED = -1 }; /* FAILED: a Python error is set */
+
+static int64_t row_bytes(const Rec *r) {
+    int64_t rb = ITEMSIZE[r->dtype];
+    for (int k = 0; k < r->ndim; k++) rb *= r->dims[k];
+    return rb;
+}
+
+static int new_output(Read *rd, Py_ssize_t i, int64_t bytes) {
+    Field *f = &rd->p->fields[i];
+    rd->values[i] = PyByteArray_FromStringAndSize(NULL, bytes);
+    rd->coverage[i] = PyByteArray_FromStringAndSize(NULL, f->n);
+    if (rd->values[i] == NULL || rd->coverage[i] == NULL) return FAILED;
+    memset(PyByteArray_AS_STRING(rd->coverage[i]), 0, f->n);
+    return TAKEN;
+}
+
+/* Every claim against its file, then the buffers, sized by what the files hold. */
+static int claim(Read *rd, int64_t parallel_min) {
+    Plan *p = rd->p;
     int64_t hbytes = 0, ibytes = 0, vbytes = 0, rows_total = 0, total = 0;
-    for (Py_ssize_t i = 0; i < p->nfields && !declined; i++) {
+    for (Py_ssize_t i = 0; i < p->nfields; i++) {
         Field *f = &p->fields[i];
-        int64_t hsize = REGION_HEADER + f->key_len;
-        for (Py_ssize_t j = 0; j < f->nrecs && !declined; j++) {
+        for (Py_ssize_t j = 0; j < f->nrecs; j++) {
             Rec *r = &f->recs[j];
             if (!r->read) continue;
-            if (!fits(f, r, &fl, p->lease_of[r->file])) {
-                declined = 1;
-                break;
-            }
+            if (!fits(f, r, &rd->fl, p->lease_of[r->file])) return DECLINED;
             r->hslot = hbytes;
-            hbytes += hsize;
+            hbytes += REGION_HEADER + f->key_len;
             if (!f->ragged) continue;
             int64_t B = r->block, per = 8 + B * r->cb;
-            int64_t k0 = r->first / B, k1 = (r->first + r->rows - 1) / B;
             r->islot = ibytes;
-            ibytes += (k1 - k0 + 1) * per;
+            ibytes += ((r->first + r->rows - 1) / B - r->first / B + 1) * per;
             r->row_base = rows_total;
             rows_total += r->rows;
             if (r->whole) {
-                int64_t ib = index_bytes(r->lay_rows, r->cb, B);
                 r->vslot = vbytes;
-                vbytes += values_start(r->lay_rows, r->cb, B) - ib +
-                          ITEMSIZE[r->dtype] * r->lay_values;
+                vbytes += values_start(r->lay_rows, r->cb, B) -
+                          index_bytes(r->lay_rows, r->cb, B) + ITEMSIZE[r->dtype] * r->lay_values;
             }
         }
+        int64_t nb;
         if (!f->ragged && f->nrecs) {
-            Rec *z = &f->recs[0];
-            int64_t rb = ITEMSIZE[z->dtype];
-            for (int k = 0; k < z->ndim; k++) rb *= z->dims[k];
-            int64_t nb;
-            if (__builtin_mul_overflow(f->n, rb, &nb)) declined = 1;
-            else total += nb;
+            if (__builtin_mul_overflow(f->n, row_bytes(&f->recs[0]), &nb)) return DECLINED;
+            total += nb;
         }
     }
-    total += hbytes + ibytes + vbytes;
-    if (declined || total >= parallel_min) goto decline;
-    hbuf = malloc(hbytes ? hbytes : 1);
-    ibuf = calloc(ibytes ? ibytes : 1, 1); /* lengths past a region's last row read as 0 */
-    vbuf = malloc(vbytes ? vbytes : 1);
-    counts = malloc(2 * (rows_total ? rows_total : 1) * sizeof(int64_t));
-    if (!hbuf || !ibuf || !vbuf || !counts) {
+    if (total + hbytes + ibytes + vbytes >= parallel_min) return DECLINED; /* the thread pool's */
+    rd->hbuf = malloc(hbytes ? hbytes : 1);
+    rd->ibuf = calloc(ibytes ? ibytes : 1, 1); /* lengths past a region's last row read as 0 */
+    rd->vbuf = malloc(vbytes ? vbytes : 1);
+    rd->counts = malloc(2 * (rows_total ? rows_total : 1) * sizeof(int64_t));
+    if (!rd->hbuf || !rd->ibuf || !rd->vbuf || !rd->counts) {
         PyErr_NoMemory();
-        goto done;
+        return FAILED;
     }
-    starts = counts + rows_total;
+    rd->starts = rd->counts + rows_total;
+    return TAKEN;
+}
 
-    /* First pass: headers, fixed rows straight into the output, ragged indexes (and values). */
+/* Headers; fixed rows straight into their output; ragged indexes, and the values of records
+ * read whole. */
+static int first_pass(Read *rd) {
+    Plan *p = rd->p;
     for (Py_ssize_t i = 0; i < p->nfields; i++) {
         Field *f = &p->fields[i];
         if (f->nrecs == 0) continue;
-        int64_t hsize = REGION_HEADER + f->key_len, rb = 0;
-        if (!f->ragged) {
-            Rec *z = &f->recs[0];
-            rb = ITEMSIZE[z->dtype];
-            for (int k = 0; k < z->ndim; k++) rb *= z->dims[k];
-            values[i] = PyByteArray_FromStringAndSize(NULL, f->n * rb);
-            coverage[i] = PyByteArray_FromStringAndSize(NULL, f->n);
-            if (values[i] == NULL || coverage[i] == NULL) goto done;
-            memset(PyByteArray_AS_STRING(coverage[i]), 0, f->n);
-        }
+        int64_t hsize = REGION_HEADER + f->key_len, rb = row_bytes(&f->recs[0]);
+        if (!f->ragged && new_output(rd, i, f->n * rb) < 0) return FAILED;
         for (Py_ssize_t j = 0; j < f->nrecs; j++) {
             Rec *r = &f->recs[j];
             if (!r->read) continue;
             int32_t li = p->lease_of[r->file];
-            if (push_range(&rs, li, r->offset - hsize, hsize, (char *)hbuf + r->hslot) < 0)
+            if (push_range(&rd->rs, li, r->offset - hsize, hsize, (char *)rd->hbuf + r->hslot) < 0)
                 goto nomem;
             if (!f->ragged) {
-                int64_t at = 0;
-                char *dst = PyByteArray_AS_STRING(values[i]);
-                char *cov = PyByteArray_AS_STRING(coverage[i]);
+                char *dst = PyByteArray_AS_STRING(rd->values[i]);
+                char *cov = PyByteArray_AS_STRING(rd->coverage[i]);
+                int64_t at = 0, a, b;
                 for (Py_ssize_t k = 0; k < f->nranges; at += f->hi[k] - f->lo[k], k++) {
-                    int64_t a, b;
                     if (!piece(f, r, k, &a, &b)) continue;
                     int64_t src = r->offset + (r->first + a - r->pos) * rb;
-                    if (push_range(&rs, li, src, (b - a) * rb, dst + (at + a - f->lo[k]) * rb) < 0)
+                    int64_t row = at + a - f->lo[k];
+                    if (push_range(&rd->rs, li, src, (b - a) * rb, dst + row * rb) < 0)
                         goto nomem;
-                    memset(cov + at + a - f->lo[k], 1, b - a);
+                    memset(cov + row, 1, b - a);
                 }
                 continue;
             }
@@ -812,184 +801,217 @@ static PyObject *Plan_read(Plan *p, PyObject *args) {
             int64_t k0 = r->first / B, k1 = (r->first + r->rows - 1) / B;
             int64_t ib = index_bytes(r->lay_rows, r->cb, B);
             int64_t end = (k1 + 1) * per < ib ? (k1 + 1) * per : ib;
-            if (push_range(&rs, li, r->offset + k0 * per, end - k0 * per,
-                           (char *)ibuf + r->islot) < 0)
+            if (push_range(&rd->rs, li, r->offset + k0 * per, end - k0 * per,
+                           (char *)rd->ibuf + r->islot) < 0)
                 goto nomem;
-            if (r->whole) {
-                int64_t vend = values_start(r->lay_rows, r->cb, B) +
-                               ITEMSIZE[r->dtype] * r->lay_values;
-                if (push_range(&rs, li, r->offset + ib, vend - ib, (char *)vbuf + r->vslot) < 0)
-                    goto nomem;
-            }
+            int64_t vend = values_start(r->lay_rows, r->cb, B) + ITEMSIZE[r->dtype] * r->lay_values;
+            if (r->whole && push_range(&rd->rs, li, r->offset + ib, vend - ib,
+                                       (char *)rd->vbuf + r->vslot) < 0)
+                goto nomem;
         }
     }
-    if (issue(&rs, fds) < 0) goto decline;
+    return issue(&rd->rs, rd->fl.fds) < 0 ? DECLINED : TAKEN;
+nomem:
+    PyErr_NoMemory();
+    return FAILED;
+}
 
-    /* Every record read held to its region header; the CSR indexes decoded. */
+/* Every record read held to its region header; the CSR indexes decoded; each ragged field's
+ * width W, and its output. */
+static int hold_to_headers(Read *rd) {
+    Plan *p = rd->p;
     for (Py_ssize_t i = 0; i < p->nfields; i++) {
         Field *f = &p->fields[i];
-        int64_t widest = 0;
+        int64_t widest = 0, cells;
         for (Py_ssize_t j = 0; j < f->nrecs; j++) {
             Rec *r = &f->recs[j];
             if (!r->read) continue;
             int32_t li = p->lease_of[r->file];
-            if (!header_agrees(f, r, hbuf + r->hslot, fl.size[li], fl.file_id[li])) goto decline;
-            if (f->ragged && !decode_rows(r, ibuf + r->islot, counts + r->row_base,
-                                          starts + r->row_base, &widest))
-                goto decline;
+            if (!header_agrees(f, r, rd->hbuf + r->hslot, rd->fl.size[li], rd->fl.file_id[li]))
+                return DECLINED;
+            if (f->ragged && !decode_rows(r, rd->ibuf + r->islot, rd->counts + r->row_base,
+                                          rd->starts + r->row_base, &widest))
+                return DECLINED;
         }
         if (!f->ragged || f->nrecs == 0) continue;
         int64_t W = widest + f->lead;
-        if (f->width >= 0 && W > f->width) goto decline;
-        W = f->width >= 0 ? f->width : (W > 1 ? W : 1);
-        int64_t cells;
-        if (__builtin_mul_overflow(f->n, W, &cells) || cells > PY_SSIZE_T_MAX / 4) goto decline;
-        f->out_width = W;
+        if (f->width >= 0 && W > f->width) return DECLINED; /* the planned reader's error */
+        f->out_width = W = f->width >= 0 ? f->width : (W > 1 ? W : 1);
+        if (__builtin_mul_overflow(f->n, 4 * W, &cells)) return DECLINED;
+        if (new_output(rd, i, cells) < 0) return FAILED;
+    }
+    return TAKEN;
+}
+
+/* Runs BODY for each piece of a ragged record (field i, record r) the window reads: positions
+ * [a, b), landing at output rows from `row` on, its rows from ri to `last` in counts / starts,
+ * its values [v0, v1) of the region's. */
+#define FOR_RAGGED_PIECES(rd, BODY)                                                           \
+    for (Py_ssize_t i = 0; i < (rd)->p->nfields; i++) {                                       \
+        Field *f = &(rd)->p->fields[i];                                                       \
+        if (!f->ragged) continue;                                                             \
+        for (Py_ssize_t j = f->first_live; j < f->nrecs; j++) {                               \
+            Rec *r = &f->recs[j];                                                             \
+            int64_t at = 0, a, b;                                                             \
+            for (Py_ssize_t k = 0; k < f->nranges; at += f->hi[k] - f->lo[k], k++) {          \
+                if (!piece(f, r, k, &a, &b)) continue;                                        \
+                int64_t row = at + a - f->lo[k], ri = r->row_base + a - r->pos;               \
+                int64_t last = ri + b - a - 1;                                                \
+                int64_t v0 = rd->starts[ri], v1 = rd->starts[last] + rd->counts[last];        \
+                (void)row;                                                                    \
+                BODY                                                                          \
+            }                                                                                 \
+        }                                                                                     \
     }
 
-    /* Second pass: the values of records read in part, once their index says where. */
-    rs.n = 0;
-    int64_t v2bytes = 0;
-    for (Py_ssize_t i = 0; i < p->nfields; i++) {
-        Field *f = &p->fields[i];
-        if (!f->ragged) continue;
-        for (Py_ssize_t j = f->first_live; j < f->nrecs; j++) {
-            Rec *r = &f->recs[j];
-            if (r->whole) continue;
-            for (Py_ssize_t k = 0; k < f->nranges; k++) {
-                int64_t a, b;
-                if (!piece(f, r, k, &a, &b)) continue;
-                int64_t lo = a - r->pos, hi = b - 1 - r->pos;
-                v2bytes += ITEMSIZE[r->dtype] *
-                           (starts[r->row_base + hi] + counts[r->row_base + hi] -
-                            starts[r->row_base + lo]);
-            }
-        }
-    }
-    v2buf = malloc(v2bytes ? v2bytes : 1);
-    if (v2buf == NULL) goto nomem;
-    int64_t v2at = 0;
-    for (Py_ssize_t i = 0; i < p->nfields; i++) {
-        Field *f = &p->fields[i];
-        if (!f->ragged || f->nrecs == 0) continue;
-        values[i] = PyByteArray_FromStringAndSize(NULL, 4 * f->n * f->out_width);
-        coverage[i] = PyByteArray_FromStringAndSize(NULL, f->n);
-        if (values[i] == NULL || coverage[i] == NULL) goto done;
-        memset(PyByteArray_AS_STRING(coverage[i]), 0, f->n);
-        for (Py_ssize_t j = f->first_live; j < f->nrecs; j++) {
-            Rec *r = &f->recs[j];
-            if (r->whole) continue;
-            int64_t size = ITEMSIZE[r->dtype];
-            int64_t values_at = values_start(r->lay_rows, r->cb, r->block);
-            for (Py_ssize_t k = 0; k < f->nranges; k++) {
-                int64_t a, b;
-                if (!piece(f, r, k, &a, &b)) continue;
-                int64_t lo = a - r->pos, hi = b - 1 - r->pos;
-                int64_t v0 = starts[r->row_base + lo];
-                int64_t v1 = starts[r->row_base + hi] + counts[r->row_base + hi];
-                if (push_range(&rs, p->lease_of[r->file], r->offset + values_at + size * v0,
-                               size * (v1 - v0), (char *)v2buf + v2at) < 0)
-                    goto nomem;
-                v2at += size * (v1 - v0);
-            }
-        }
-    }
-    if (issue(&rs, fds) < 0) goto decline;
-
-    /* Fill: ragged rows at column `lead` of [n, W], the rest at the fill; fixed gaps too. */
-    v2at = 0;
-    for (Py_ssize_t i = 0; i < p->nfields; i++) {
-        Field *f = &p->fields[i];
-        if (f->nrecs == 0) continue;
-        char *cov = PyByteArray_AS_STRING(coverage[i]);
-        char *dst = PyByteArray_AS_STRING(values[i]);
-        if (!f->ragged) {
-            Rec *z = &f->recs[0];
-            int64_t rb = ITEMSIZE[z->dtype];
-            for (int k = 0; k < z->ndim; k++) rb *= z->dims[k];
-            int64_t isz = ITEMSIZE[z->dtype];
-            for (int64_t row = 0; row < f->n; row++) {
-                if (cov[row]) continue;
-                for (int64_t e = 0; e < rb; e += isz) memcpy(dst + row * rb + e, f->fills[z->dtype], isz);
-            }
-            continue;
-        }
-        int code = f->allowed & (1 << CODE_FLOAT32) ? CODE_FLOAT32 : CODE_INT32;
-        int64_t W = f->out_width;
-        int32_t fill, *cells = (int32_t *)dst;
-        memcpy(&fill, f->fills[code], 4);
-        fill32(cells, f->n * W, fill);
-        for (Py_ssize_t j = f->first_live; j < f->nrecs; j++) {
-            Rec *r = &f->recs[j];
-            int64_t size = ITEMSIZE[r->dtype], at = 0;
-            int64_t pad = values_start(r->lay_rows, r->cb, r->block) -
-                          index_bytes(r->lay_rows, r->cb, r->block);
-            for (Py_ssize_t k = 0; k < f->nranges; at += f->hi[k] - f->lo[k], k++) {
-                int64_t a, b;
-                if (!piece(f, r, k, &a, &b)) continue;
-                /* src holds the values from value index `origin` of the region on */
-                const unsigned char *src = vbuf + r->vslot + pad;
-                int64_t origin = 0;
-                if (!r->whole) {
-                    int64_t last = r->row_base + b - 1 - r->pos;
-                    origin = starts[r->row_base + a - r->pos];
-                    src = v2buf + v2at;
-                    v2at += size * (starts[last] + counts[last] - origin);
-                }
-                int64_t row = at + a - f->lo[k], ri = r->row_base + a - r->pos;
-                memset(cov + row, 1, b - a);
-                int64_t last = ri + b - a - 1, need = starts[last] + counts[last] - starts[ri] + 1;
-                if (need > diff_cap) {
-                    free(diff);
-                    diff_cap = need > 2 * diff_cap ? need : 2 * diff_cap;
-                    if ((diff = malloc(sizeof(int64_t) * diff_cap)) == NULL) goto nomem;
-                }
-                scatter_rows(cells + row * W + f->lead, W, counts + ri, starts + ri, b - a,
-                             src + size * (starts[ri] - origin), diff, r->dtype);
-            }
-        }
-    }
-
-    out = PyList_New(0);
-    if (out == NULL) goto done;
-    for (Py_ssize_t i = 0; i < p->nfields; i++) {
-        Field *f = &p->fields[i];
-        if (f->nrecs == 0) continue;
-        PyObject *item = field_result(f, values[i], coverage[i]);
-        if (item == NULL || PyList_Append(out, item) < 0) {
-            Py_XDECREF(item);
-            goto done;
-        }
-        Py_DECREF(item);
-    }
-    result = out;
-    out = NULL;
-    goto done;
+/* The values of records read in part, now that their index says where they lie. */
+static int second_pass(Read *rd) {
+    int64_t bytes = 0, at2 = 0;
+    FOR_RAGGED_PIECES(rd, if (!r->whole) bytes += ITEMSIZE[r->dtype] * (v1 - v0);)
+    rd->rs.n = 0;
+    if ((rd->v2buf = malloc(bytes ? bytes : 1)) == NULL) goto nomem;
+    FOR_RAGGED_PIECES(rd, {
+        if (r->whole) continue;
+        int64_t size = ITEMSIZE[r->dtype];
+        int64_t src = r->offset + values_start(r->lay_rows, r->cb, r->block) + size * v0;
+        if (push_range(&rd->rs, rd->p->lease_of[r->file], src, size * (v1 - v0),
+                       (char *)rd->v2buf + at2) < 0)
+            goto nomem;
+        at2 += size * (v1 - v0);
+    })
+    return issue(&rd->rs, rd->fl.fds) < 0 ? DECLINED : TAKEN;
 nomem:
     PyErr_NoMemory();
-    goto done;
-decline:
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    Py_XDECREF(out);
-    for (Py_ssize_t i = 0; values && coverage && i < p->nfields; i++) {
-        Py_XDECREF(values[i]);
-        Py_XDECREF(coverage[i]);
+    return FAILED;
+}
+
+/* Ragged rows at column `lead` of [n, W], every other cell at the fill; fixed gaps at it. */
+static int fill(Read *rd) {
+    Plan *p = rd->p;
+    for (Py_ssize_t i = 0; i < p->nfields; i++) {
+        Field *f = &p->fields[i];
+        if (f->nrecs == 0) continue;
+        char *cov = PyByteArray_AS_STRING(rd->coverage[i]);
+        char *dst = PyByteArray_AS_STRING(rd->values[i]);
+        if (f->ragged) {
+            int code = f->allowed & (1 << CODE_FLOAT32) ? CODE_FLOAT32 : CODE_INT32;
+            int32_t value;
+            memcpy(&value, f->fills[code], 4);
+            fill32((int32_t *)dst, f->n * f->out_width, value);
+            continue;
+        }
+        const Rec *z = &f->recs[0];
+        int64_t rb = row_bytes(z), isz = ITEMSIZE[z->dtype];
+        for (int64_t row = 0; row < f->n; row++)
+            for (int64_t e = 0; !cov[row] && e < rb; e += isz)
+                memcpy(dst + row * rb + e, f->fills[z->dtype], isz);
     }
-    free(values);
-    free(coverage);
+    int64_t at2 = 0;
+    FOR_RAGGED_PIECES(rd, {
+        int64_t size = ITEMSIZE[r->dtype];
+        /* src holds the region's values from value `origin` on */
+        const unsigned char *src = rd->v2buf + at2;
+        int64_t origin = v0;
+        if (r->whole) {
+            src = rd->vbuf + r->vslot + values_start(r->lay_rows, r->cb, r->block) -
+                  index_bytes(r->lay_rows, r->cb, r->block);
+            origin = 0;
+        } else
+            at2 += size * (v1 - v0);
+        if (v1 - v0 + 1 > rd->diff_cap) {
+            free(rd->diff);
+            rd->diff_cap = 2 * (v1 - v0 + 1);
+            if ((rd->diff = malloc(sizeof(int64_t) * rd->diff_cap)) == NULL) goto nomem;
+        }
+        memset(PyByteArray_AS_STRING(rd->coverage[i]) + row, 1, b - a);
+        scatter_rows((int32_t *)PyByteArray_AS_STRING(rd->values[i]) + row * f->out_width +
+                         f->lead,
+                     f->out_width, rd->counts + ri, rd->starts + ri, b - a,
+                     src + size * (v0 - origin), rd->diff, r->dtype);
+    })
+    return TAKEN;
+nomem:
+    PyErr_NoMemory();
+    return FAILED;
+}
+
+static PyObject *results(Read *rd) {
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < rd->p->nfields; i++) {
+        Field *f = &rd->p->fields[i];
+        if (f->nrecs == 0) continue;
+        PyObject *item = field_result(f, rd->values[i], rd->coverage[i]);
+        if (item == NULL || PyList_Append(out, item) < 0) Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    return out;
+}
+
+static PyObject *Plan_read(Plan *p, PyObject *args) {
+    PyObject *entries, *result = NULL;
+    long long parallel_min;
+    if (!PyArg_ParseTuple(args, "O!L", &PyList_Type, &entries, &parallel_min)) return NULL;
+    Py_ssize_t nfiles = PyList_GET_SIZE(p->files), nf = p->nfields ? p->nfields : 1;
+    int *fds = malloc((nfiles ? nfiles : 1) * sizeof(int));
+    int64_t *cols = malloc(3 * (nfiles ? nfiles : 1) * sizeof(int64_t));
+    Read rd = {.p = p, .values = calloc(nf, sizeof(PyObject *)),
+               .coverage = calloc(nf, sizeof(PyObject *))};
+    int verdict = FAILED;
+    if (fds == NULL || cols == NULL || rd.values == NULL || rd.coverage == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (PyList_GET_SIZE(entries) != nfiles) {
+        PyErr_SetString(PyExc_ValueError, "one open file per file of the plan");
+        goto done;
+    }
+    /* each entry: .fd and .columns = (size, version, file id, file header size) */
+    verdict = TAKEN;
+    for (Py_ssize_t i = 0; i < nfiles && verdict == TAKEN; i++) {
+        PyObject *e = PyList_GET_ITEM(entries, i), *fd = PyObject_GetAttr(e, KEYS[K_FD]);
+        PyObject *c = fd ? PyObject_GetAttr(e, KEYS[K_COLUMNS]) : NULL;
+        int ok = 1;
+        if (c == NULL || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 4) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "entry.columns: 4 ints");
+            verdict = FAILED;
+        } else {
+            fds[i] = (int)exact_int(fd, &ok);
+            cols[i] = exact_int(PyTuple_GET_ITEM(c, 0), &ok);
+            if (exact_int(PyTuple_GET_ITEM(c, 1), &ok) != FORMAT_VERSION) verdict = DECLINED;
+            cols[nfiles + i] = exact_int(PyTuple_GET_ITEM(c, 2), &ok);
+            cols[2 * nfiles + i] = exact_int(PyTuple_GET_ITEM(c, 3), &ok);
+            if (!ok && verdict == TAKEN) verdict = DECLINED;
+        }
+        Py_XDECREF(fd);
+        Py_XDECREF(c);
+    }
+    rd.fl = (Files){fds, cols, cols + nfiles, cols + 2 * nfiles};
+    if (verdict == TAKEN) verdict = claim(&rd, parallel_min);
+    if (verdict == TAKEN) verdict = first_pass(&rd);
+    if (verdict == TAKEN) verdict = hold_to_headers(&rd);
+    if (verdict == TAKEN) verdict = second_pass(&rd);
+    if (verdict == TAKEN) verdict = fill(&rd);
+    if (verdict == TAKEN) result = results(&rd);
+    if (verdict == DECLINED) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    for (Py_ssize_t i = 0; rd.values && rd.coverage && i < p->nfields; i++) {
+        Py_XDECREF(rd.values[i]);
+        Py_XDECREF(rd.coverage[i]);
+    }
+    free(rd.values);
+    free(rd.coverage);
     free(fds);
-    free(hbuf);
-    free(ibuf);
-    free(vbuf);
-    free(v2buf);
-    free(counts);
-    free(diff);
-    free(rs.r);
-    PyBuffer_Release(&size_b);
-    PyBuffer_Release(&id_b);
-    PyBuffer_Release(&hs_b);
+    free(cols);
+    free(rd.hbuf);
+    free(rd.ibuf);
+    free(rd.vbuf);
+    free(rd.v2buf);
+    free(rd.counts);
+    free(rd.diff);
+    free(rd.rs.r);
     return result;
 }
 
@@ -1001,8 +1023,8 @@ static PyObject *Plan_files(Plan *p, void *closure) {
 
 static PyMethodDef Plan_methods[] = {
     {"read", (PyCFunction)Plan_read, METH_VARARGS,
-     "read(fds, size, file_id, header_size, parallel_min) -> [(name, values, coverage, dtype "
-     "code, width)] or None (declined)"},
+     "read(entries, parallel_min) -> [(name, values, coverage, dtype code, row shape)], or "
+     "None (declined)"},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Plan_getset[] = {

@@ -33,7 +33,7 @@ import numpy as np
 
 from rollfeed.payload.errors import PayloadError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import DTYPE_CODES, RAGGED_INT_DTYPES, VERSION
+from rollfeed.payload.layout import DTYPE_CODES, RAGGED_INT_DTYPES
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import FLOAT_DTYPES, INTEGER_DTYPES, PayloadSegment
 
@@ -95,20 +95,14 @@ def read_compiled(
     if plan is None or not plan.files:
         return None
     parallel = root.threads >= 2 and len(plan.files) >= 2
-    try:
-        lease = root.lease(plan.files)
+    try:  # held as a Lease holds them, without its NumPy columns (the kernel reads the entries)
+        entries = root._acquire(plan.files)
     except PayloadError:  # the planned reader opens them again, under the root's policy
         return None
-    with lease:
-        if (lease.version != VERSION).any():
-            return None
-        got = plan.read(
-            [e.fd for e in lease.entries],
-            lease.size,
-            lease.file_id,
-            lease.header_size,
-            root.parallel_min_bytes if parallel else _NO_LIMIT,
-        )
+    try:
+        got = plan.read(entries, root.parallel_min_bytes if parallel else _NO_LIMIT)
+    finally:
+        root._proc().release(entries)
     if got is None:
         return None
     return {

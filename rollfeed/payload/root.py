@@ -219,6 +219,8 @@ class PayloadRoot:
                     entry.refs += 1
                     if recent:
                         proc.files.move_to_end(entry.rel)
+        if None not in held:  # all cached: the common case
+            return held  # type: ignore[return-value]
         try:
             for i, rel in enumerate(files):
                 if held[i] is not None:
