@@ -9,9 +9,11 @@ Prints:
 - routing bytes per token for 48 layers x top-8 of 128 experts (uint8) against int32 / int64;
 - the time to read one micro batch's window (16,384 tokens; routing ``[T, 48, 8]`` uint8 plus the
   mask at a mean of 1.7 kept ids, spread over 64 request files) with one ``read_fields`` call
-  (headers and file ids checked), as ``raw / ours`` where raw is ``os.preadv`` of exactly the
-  byte ranges ours asks for (each record's region header and body), one call per range, into one
-  preallocated buffer with the files already open (goal >= 0.7); routing alone and masks alone;
+  (headers and file ids checked; the compiled window read where it is built, which the heading
+  says, :mod:`rollfeed.payload.compiled_read`), as ``raw / ours`` where raw is ``os.preadv`` of
+  exactly the byte ranges ours asks for (each record's region header and body), one call per
+  range, into one preallocated buffer with the files already open (goal >= 0.7); routing alone
+  and masks alone;
 - the same read checking every block's CRC-32C (``PayloadRoot(verify_checksums=True)``), against
   the plain read (the two interleaved in a round of their own), and the share of the checksum
   tables in the time to write those requests.
@@ -33,6 +35,7 @@ import numpy as np
 
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.checksum import fixed_block_rows, fixed_table, ragged_table, table_entries
+from rollfeed.payload.compiled_read import COMPILED
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
     DTYPE_SIZES,
@@ -228,7 +231,8 @@ def main(argv: list[str]) -> None:
         for fd in fds.values():
             os.close(fd)
         sums_s = min(checksum_seconds(reqs) for _ in range(3))
-        print(f"read one micro batch window ({args.tokens} tokens, {args.files} files)")
+        how = "compiled read" if COMPILED else "NumPy reader: the compiled read is not built"
+        print(f"read one micro batch window ({args.tokens} tokens, {args.files} files; {how})")
         for what in names:
             r, o = t[(what, "raw")], t[(what, "ours")]
             calls, size = sizes[what]
