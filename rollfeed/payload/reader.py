@@ -12,6 +12,11 @@ concurrently (:class:`~rollfeed.payload.lease.Lease`). Every record read is held
 header before any byte is handed out. A fixed-width field takes one step (two when checking); a
 ragged one two (index, then the values of clipped regions).
 
+The common case (a local root, files of the current format, no checksum check) first goes to the
+compiled read (:mod:`rollfeed.payload.compiled_read`), which makes the same checks in one native
+pass and returns the same bytes, or declines; the planned read above is the fallback and the
+authority: it reads what the compiled read declines and raises every typed error.
+
 With ``PayloadRoot(..., verify_checksums=True)`` a read also checks the CRC-32C of every block it
 reads (:mod:`rollfeed.payload.checksum`): the whole blocks around a window, nothing else; a
 mismatch is :class:`~rollfeed.payload.errors.PayloadChecksumError` naming the file, the field, the
