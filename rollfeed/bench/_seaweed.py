@@ -184,14 +184,10 @@ def wait_ready(server: SeaweedS3, bucket: str = BUCKET) -> None:
 def _create_bucket(server: SeaweedS3, bucket: str) -> None:
     """PUT the bucket (SigV4-signed by the project's own signer); an existing one is fine."""
     from rollfeed.payload.object_sign import signed_request
+    from rollfeed.payload.store_url import Credentials
 
-    status, body = signed_request(
-        "PUT",
-        f"{server.endpoint}/{bucket}",
-        access_key_id=ACCESS_KEY,
-        secret_access_key=SECRET_KEY,
-        region=REGION,
-    )
+    creds = Credentials(access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, region=REGION)
+    status, body = signed_request("PUT", f"{server.endpoint}/{bucket}", creds)
     if status not in (200, 409) and b"BucketAlreadyOwnedByYou" not in body:
         raise RuntimeError(f"creating bucket {bucket}: HTTP {status} {body[:300]!r}")
 

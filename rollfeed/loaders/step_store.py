@@ -98,18 +98,13 @@ class StepStore:
         return self._get(name, 0, size) if size else b""
 
     def _signed(self, method: str, key: str, query: dict[str, str], body: bytes = b"") -> bytes:
-        cfg = self.access.resolved()
-        endpoint = cfg["endpoint"] or f"https://s3.{cfg['region'] or 'us-east-1'}.amazonaws.com"
-        url = f"{endpoint.rstrip('/')}/{self.url.bucket}" + (f"/{key}" if key else "")
+        url = self.access.bucket_url(self.url.bucket) + (f"/{key}" if key else "")
         status, text = signed_request(
             method,
             url,
+            self.access.credentials(),
             query=query,
             body=body,
-            access_key_id=cfg["access_key_id"] or "",
-            secret_access_key=cfg["secret_access_key"] or "",
-            session_token=cfg["session_token"],
-            region=cfg["region"] or "us-east-1",
             timeout_s=self.access.timeout_s,
         )
         if status >= 300:

@@ -59,12 +59,10 @@ class SignedHttp:
     owner)."""
 
     def __init__(self, access: StoreAccess, url: StoreURL) -> None:
-        cfg = access.resolved()
-        endpoint = cfg["endpoint"] or f"https://s3.{cfg['region'] or 'us-east-1'}.amazonaws.com"
-        parts = urllib.parse.urlsplit(endpoint)
+        self.base = access.bucket_url(url.bucket)
+        parts = urllib.parse.urlsplit(self.base)
         self.scheme, self.netloc = parts.scheme, parts.netloc
-        self.base = f"{endpoint.rstrip('/')}/{url.bucket}"
-        self.cfg, self.access = cfg, access
+        self.creds, self.access = access.credentials(), access
         self.pid = os.getpid()
         self._local = threading.local()
 
@@ -129,16 +127,7 @@ class SignedHttp:
                 tries += 1
 
     def _signed(self, method: str, key: str, body: bytes = b"") -> tuple[str, dict[str, str]]:
-        cfg = self.cfg
-        return sign(
-            method,
-            f"{self.base}/{key}",
-            access_key_id=cfg["access_key_id"] or "",
-            secret_access_key=cfg["secret_access_key"] or "",
-            region=cfg["region"] or "us-east-1",
-            session_token=cfg["session_token"],
-            body=body,
-        )
+        return sign(method, f"{self.base}/{key}", self.creds, body=body)
 
     def _put_once(self, key: str, data: bytes, *, retried: bool, where: str, rel: str) -> bool:
         target, headers = self._signed("PUT", key, data)

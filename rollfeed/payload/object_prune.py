@@ -23,24 +23,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _bucket_url(root: ObjectRoot) -> tuple[str, dict[str, str | None]]:
-    cfg = root.access.resolved()
-    endpoint = cfg["endpoint"] or f"https://s3.{cfg['region'] or 'us-east-1'}.amazonaws.com"
-    return f"{endpoint.rstrip('/')}/{root.url.bucket}", cfg
-
-
 def _signed(root: ObjectRoot, method: str, url: str, query: dict[str, str], what: str) -> bytes:
-    _, cfg = _bucket_url(root)
     try:
         status, body = signed_request(
-            method,
-            url,
-            query=query,
-            access_key_id=cfg["access_key_id"] or "",
-            secret_access_key=cfg["secret_access_key"] or "",
-            session_token=cfg["session_token"],
-            region=cfg["region"] or "us-east-1",
-            timeout_s=root.access.timeout_s,
+            method, url, root.access.credentials(), query=query, timeout_s=root.access.timeout_s
         )
     except OSError as err:
         raise PayloadIOError(f"{what} under {root.path}: {err}") from None
@@ -51,7 +37,7 @@ def _signed(root: ObjectRoot, method: str, url: str, query: dict[str, str], what
 
 def incomplete_uploads(root: ObjectRoot, prefix: str) -> list[tuple[str, str]]:
     """``(key, upload id)`` of every incomplete multipart upload under key ``prefix``."""
-    base, _ = _bucket_url(root)
+    base = root.access.bucket_url(root.url.bucket)
     body = _signed(root, "GET", base, {"uploads": "", "prefix": prefix}, "listing uploads")
     ns = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
     tree = ET.fromstring(body)
@@ -79,7 +65,7 @@ def prune_group(root: ObjectRoot, group: str) -> None:
     except Exception as raw:
         raise store_error(raw, where=root.where(group), rel=group, what="pruning") from None
     uploads = incomplete_uploads(root, prefix)
-    base, _ = _bucket_url(root)
+    base = root.access.bucket_url(root.url.bucket)
     for key, upload in uploads:
         _signed(root, "DELETE", f"{base}/{key}", {"uploadId": upload}, "aborting an upload")
     if not keys and not uploads:

@@ -4,14 +4,14 @@ obstore covers GET, PUT (multipart too), HEAD, LIST and DELETE of objects, but n
 aborting *incomplete multipart uploads*, which :meth:`ObjectRoot.prune` needs so a writer killed
 mid-upload leaves nothing billed behind. Those two requests (``GET ?uploads&prefix=`` and
 ``DELETE <key>?uploadId=``) are signed here with the standard SigV4 scheme (as botocore does) and
-sent with ``urllib``. The secret key never leaves this module's arguments: it is not logged and
-not part of any error text.
+sent with ``urllib``. The secret key is not logged and not part of any error text
+(:class:`~rollfeed.payload.store_url.Credentials` keeps it out of its repr).
 
 Worked example::
 
-    status, body = signed_request("GET", "http://127.0.0.1:8333/bucket",
-                                  query={"uploads": "", "prefix": "step_1/"},
-                                  access_key_id="AK", secret_access_key="SK", region="us-east-1")
+    creds = Credentials(access_key_id="AK", secret_access_key="SK", region="us-east-1")
+    status, body = signed_request("GET", "http://127.0.0.1:8333/bucket", creds,
+                                  query={"uploads": "", "prefix": "step_1/"})
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+
+from rollfeed.payload.store_url import Credentials
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
@@ -38,12 +40,9 @@ def _quote(s: str, safe: str = "-_.~") -> str:
 def sign(
     method: str,
     url: str,
+    creds: Credentials,
     *,
     query: Mapping[str, str] | None = None,
-    access_key_id: str,
-    secret_access_key: str,
-    region: str,
-    session_token: str | None = None,
     body: bytes = b"",
 ) -> tuple[str, dict[str, str]]:
     """``(request target with its encoded query, signed headers)`` for one S3 request;
@@ -54,8 +53,8 @@ def sign(
     payload_hash = hashlib.sha256(body).hexdigest() if body else _EMPTY_SHA256
     canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted((query or {}).items()))
     headers = {"host": parts.netloc, "x-amz-content-sha256": payload_hash, "x-amz-date": stamp}
-    if session_token:
-        headers["x-amz-security-token"] = session_token
+    if creds.session_token:
+        headers["x-amz-security-token"] = creds.session_token
     names = sorted(headers)
     path = _quote(parts.path or "/", safe="/-_.~")
     canonical = "\n".join(
@@ -68,16 +67,16 @@ def sign(
             payload_hash,
         ]
     )
-    scope = f"{day}/{region}/s3/aws4_request"
+    scope = f"{day}/{creds.region}/s3/aws4_request"
     to_sign = "\n".join(
         ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
     )
-    key = _hmac(("AWS4" + secret_access_key).encode(), day)
-    for part in (region, "s3", "aws4_request"):
+    key = _hmac(("AWS4" + creds.secret_access_key).encode(), day)
+    for part in (creds.region, "s3", "aws4_request"):
         key = _hmac(key, part)
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     headers["authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, "
+        f"AWS4-HMAC-SHA256 Credential={creds.access_key_id}/{scope}, "
         f"SignedHeaders={';'.join(names)}, Signature={signature}"
     )
     return (f"{path}?{canonical_query}" if canonical_query else path), headers
@@ -86,12 +85,9 @@ def sign(
 def signed_request(
     method: str,
     url: str,
+    creds: Credentials,
     *,
     query: Mapping[str, str] | None = None,
-    access_key_id: str,
-    secret_access_key: str,
-    region: str,
-    session_token: str | None = None,
     body: bytes = b"",
     timeout_s: float = 10.0,
 ) -> tuple[int, bytes]:
@@ -99,16 +95,7 @@ def signed_request(
 
     Raises ``OSError`` when the server cannot be reached.
     """
-    target, headers = sign(
-        method,
-        url,
-        query=query,
-        access_key_id=access_key_id,
-        secret_access_key=secret_access_key,
-        region=region,
-        session_token=session_token,
-        body=body,
-    )
+    target, headers = sign(method, url, creds, query=query, body=body)
     parts = urllib.parse.urlsplit(url)
     full = f"{parts.scheme}://{parts.netloc}{target}"
     req = urllib.request.Request(full, data=body or None, method=method, headers=headers)

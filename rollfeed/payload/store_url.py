@@ -80,6 +80,19 @@ class StoreURL:
         return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
 
 
+DEFAULT_REGION = "us-east-1"  # when neither an argument nor AWS_REGION names one
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Credentials:
+    """What signs one S3 request (:mod:`rollfeed.payload.object_sign`); keys never in repr."""
+
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+    region: str
+    session_token: str | None = field(default=None, repr=False)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreAccess:
     """How to reach the store: each ``None`` is read from the environment in the process that
@@ -109,6 +122,23 @@ class StoreAccess:
             "secret_access_key": self.secret_access_key or env.get("AWS_SECRET_ACCESS_KEY"),
             "session_token": self.session_token or env.get("AWS_SESSION_TOKEN"),
         }
+
+    def bucket_url(self, bucket: str) -> str:
+        """``<endpoint>/<bucket>`` (path style); AWS's endpoint of the region when none is set."""
+        cfg = self.resolved()
+        region = cfg["region"] or DEFAULT_REGION
+        endpoint = cfg["endpoint"] or f"https://s3.{region}.amazonaws.com"
+        return f"{endpoint.rstrip('/')}/{bucket}"
+
+    def credentials(self) -> Credentials:
+        """The resolved keys and region a request is signed with."""
+        cfg = self.resolved()
+        return Credentials(
+            access_key_id=cfg["access_key_id"] or "",
+            secret_access_key=cfg["secret_access_key"] or "",
+            region=cfg["region"] or DEFAULT_REGION,
+            session_token=cfg["session_token"],
+        )
 
     def store(self, url: StoreURL):  # -> obstore.store.S3Store
         """A new obstore client for ``url``'s bucket (obstore imported here: an optional extra)."""
