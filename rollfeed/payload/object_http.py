@@ -28,15 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rollfeed.payload.errors import (
-    PayloadError,
-    PayloadIOError,
-    PayloadMissingFileError,
-    PayloadStaleFileError,
-    PayloadStoreAuthError,
-    PayloadStoreTimeoutError,
-    PayloadTruncatedError,
-)
+from rollfeed.payload.errors import PayloadIOError, PayloadStoreTimeoutError
+from rollfeed.payload.object_errors import status_error
 from rollfeed.payload.object_sign import sign
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
@@ -144,7 +137,7 @@ class SignedHttp:
         if resp.status in (409, 412):
             return retried
         what = f"PUT of {len(data)} bytes"
-        raise _status_error(resp.status, where=where, rel=rel, what=what, offset=None)
+        raise status_error(resp.status, where=where, rel=rel, what=what, offset=None)
 
     def _once(
         self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str
@@ -166,33 +159,8 @@ class SignedHttp:
             if m and m.group(3) != "*":
                 size = int(m.group(3))
             return Got(size=size, etag=resp.getheader("etag"), data=body)
-        raise _status_error(resp.status, where=where, rel=rel, what=what, offset=start)
+        raise status_error(resp.status, where=where, rel=rel, what=what, offset=start)
 
 
 class _Retry(PayloadIOError):
     """A throttled or failed (5xx) answer: retried like a timeout."""
-
-
-def _status_error(
-    status: int, *, where: str, rel: str, what: str, offset: int | None
-) -> PayloadError:
-    if status == 404:
-        return PayloadMissingFileError(f"object {where} does not exist ({what})", file=rel)
-    if status == 412:
-        return PayloadStaleFileError(
-            f"object {where} was replaced while it was read ({what}): its ETag changed",
-            file=rel,
-            offset=offset,
-        )
-    if status in (401, 403):
-        return PayloadStoreAuthError(
-            f"the store refused the credential for {where} ({what}, HTTP {status}): check the "
-            "access key, secret and region (arguments or AWS_* variables)",
-            file=rel,
-            offset=offset,
-        )
-    if status == 416:
-        return PayloadTruncatedError(
-            f"object {where} is shorter than {what} needs (HTTP 416)", file=rel, offset=offset
-        )
-    return PayloadIOError(f"GET {what} of {where}: HTTP {status}", file=rel, offset=offset)
