@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import time
-import xml.etree.ElementTree as ET
 
 import numpy as np
 
@@ -38,9 +37,9 @@ from rollfeed.loaders.step_index import (
     step_index_bytes,
     step_index_from_bytes,
 )
-from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError, PayloadTruncatedError
+from rollfeed.payload.errors import PayloadMissingFileError, PayloadTruncatedError
 from rollfeed.payload.object_http import SignedHttp
-from rollfeed.payload.object_sign import signed_request
+from rollfeed.payload.object_sign import store_request, xml_answer
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -98,18 +97,17 @@ class StepStore:
         return self._get(name, 0, size) if size else b""
 
     def _signed(self, method: str, key: str, query: dict[str, str], body: bytes = b"") -> bytes:
-        url = self.access.bucket_url(self.url.bucket) + (f"/{key}" if key else "")
-        status, text = signed_request(
+        where = self.where(key)
+        return store_request(
+            self.access,
+            self.url.bucket,
+            key,
             method,
-            url,
-            self.access.credentials(),
+            what=method,
+            where=where,
             query=query,
             body=body,
-            timeout_s=self.access.timeout_s,
         )
-        if status >= 300:
-            raise PayloadIOError(f"{method} {self.where(key)}: HTTP {status} {text[:200]!r}")
-        return text
 
     def list_steps(self) -> list[int]:
         """Sorted step numbers of the step files present under the prefix."""
@@ -119,7 +117,8 @@ class StepStore:
             query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
             if token:
                 query["continuation-token"] = token
-            tree = ET.fromstring(self._signed("GET", "", query))
+            where = self.where(prefix)
+            tree = xml_answer(self._signed("GET", "", query), what="LIST", where=where, rel="")
             for el in tree.iter(f"{_NS}Key"):
                 step = parse_step_name((el.text or "")[len(prefix) :])
                 if step is not None:

@@ -10,12 +10,11 @@ multipart upload started under it (``ListMultipartUploads`` / ``AbortMultipartUp
 from __future__ import annotations
 
 import logging
-import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 
-from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError
+from rollfeed.payload.errors import PayloadMissingFileError
 from rollfeed.payload.object_errors import store_error
-from rollfeed.payload.object_sign import signed_request
+from rollfeed.payload.object_sign import store_request, xml_answer
 
 if TYPE_CHECKING:
     from rollfeed.payload.object_root import ObjectRoot
@@ -23,24 +22,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _signed(root: ObjectRoot, method: str, url: str, query: dict[str, str], what: str) -> bytes:
-    try:
-        status, body = signed_request(
-            method, url, root.access.credentials(), query=query, timeout_s=root.access.timeout_s
-        )
-    except OSError as err:
-        raise PayloadIOError(f"{what} under {root.path}: {err}") from None
-    if status >= 300:
-        raise PayloadIOError(f"{what} under {root.path}: HTTP {status} {body[:200]!r}")
-    return body
-
-
 def incomplete_uploads(root: ObjectRoot, prefix: str) -> list[tuple[str, str]]:
     """``(key, upload id)`` of every incomplete multipart upload under key ``prefix``."""
-    base = root.access.bucket_url(root.url.bucket)
-    body = _signed(root, "GET", base, {"uploads": "", "prefix": prefix}, "listing uploads")
+    what, query = "listing uploads", {"uploads": "", "prefix": prefix}
+    body = store_request(
+        root.access, root.url.bucket, "", "GET", what=what, where=root.path, query=query
+    )
     ns = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
-    tree = ET.fromstring(body)
+    tree = xml_answer(body, what=what, where=root.path, rel=prefix)
     out = []
     for up in tree.findall("s3:Upload", ns) or tree.findall("Upload"):
         key = up.findtext("s3:Key", None, ns) or up.findtext("Key")
@@ -65,9 +54,17 @@ def prune_group(root: ObjectRoot, group: str) -> None:
     except Exception as raw:
         raise store_error(raw, where=root.where(group), rel=group, what="pruning") from None
     uploads = incomplete_uploads(root, prefix)
-    base = root.access.bucket_url(root.url.bucket)
     for key, upload in uploads:
-        _signed(root, "DELETE", f"{base}/{key}", {"uploadId": upload}, "aborting an upload")
+        where, query = f"s3://{root.url.bucket}/{key}", {"uploadId": upload}
+        store_request(
+            root.access,
+            root.url.bucket,
+            key,
+            "DELETE",
+            what="aborting an upload",
+            where=where,
+            query=query,
+        )
     if not keys and not uploads:
         raise PayloadMissingFileError(
             f"payload group not found under {root.path}; nothing to prune", file=group

@@ -22,9 +22,12 @@ import hmac
 import urllib.error
 import urllib.parse
 import urllib.request
+import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from rollfeed.payload.store_url import Credentials
+from rollfeed.payload.errors import PayloadIOError
+from rollfeed.payload.object_errors import status_error
+from rollfeed.payload.store_url import Credentials, StoreAccess
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
@@ -104,3 +107,43 @@ def signed_request(
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
+
+
+def store_request(
+    access: StoreAccess,
+    bucket: str,
+    key: str,
+    method: str,
+    *,
+    what: str,
+    where: str,
+    query: Mapping[str, str] | None = None,
+    body: bytes = b"",
+) -> bytes:
+    """One signed request for object ``key`` of ``bucket`` (``""``: the bucket itself), with its
+    failures as typed payload errors: a store out of reach is
+    :class:`~rollfeed.payload.errors.PayloadIOError`, an answer of 300 or more the error its
+    status maps to (:func:`~rollfeed.payload.object_errors.status_error`). Returns the body."""
+    url = access.bucket_url(bucket) + (f"/{key}" if key else "")
+    try:
+        status, text = signed_request(
+            method, url, access.credentials(), query=query, body=body, timeout_s=access.timeout_s
+        )
+    except OSError as err:
+        raise PayloadIOError(
+            f"{what} of {where}: the store is out of reach ({err})", file=key
+        ) from None
+    if status >= 300:
+        detail = f"HTTP {status} {text[:200]!r}"
+        raise status_error(status, where=where, rel=key, what=what, detail=detail)
+    return text
+
+
+def xml_answer(text: bytes, *, what: str, where: str, rel: str) -> ET.Element:
+    """The XML document of a listing's answer; anything else is a typed error."""
+    try:
+        return ET.fromstring(text)
+    except ET.ParseError as err:
+        raise PayloadIOError(
+            f"{what} of {where}: the answer is not XML ({err})", file=rel
+        ) from None

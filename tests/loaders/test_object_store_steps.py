@@ -19,7 +19,7 @@ from rollfeed.loaders import (
     build_dataloader,
 )
 from rollfeed.loaders.step_store import StepStore
-from rollfeed.payload import PayloadRoot
+from rollfeed.payload import PayloadIOError, PayloadRoot
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
 
 CONFIG = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
@@ -131,3 +131,10 @@ def test_step_store_lists_and_refuses_a_missing_step_within_its_bound(object_sto
         steps.wait_for_step(3, timeout_s=0.2)
     assert time.monotonic() - t0 < 3
     assert "secret" not in repr(steps).lower()
+
+
+def test_a_store_out_of_reach_is_a_typed_error_naming_the_store():
+    # nothing listens on port 1: the listing fails at once, as an error a loader can name
+    steps = StepStore("s3://bucket/steps", endpoint="http://127.0.0.1:1", region="us-east-1")
+    with pytest.raises(PayloadIOError, match=r"s3://bucket/steps.*out of reach"):
+        steps.list_steps()
