@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,22 @@ def read_step_file(path: str | os.PathLike[str]) -> list[Sample]:
     return samples
 
 
+def poll_for_step(
+    present: Callable[[], bool], step: int, *, where: str, timeout_s: float, poll_s: float
+) -> None:
+    """Return once ``present()`` holds; :class:`StepTimeoutError` naming ``where`` after
+    ``timeout_s`` (a local directory and an object store are both polled)."""
+    deadline = time.monotonic() + timeout_s
+    while not present():
+        if time.monotonic() >= deadline:
+            raise StepTimeoutError(
+                f"step {step} did not appear within step_timeout_s={timeout_s}; the producer may "
+                "have stopped, or raise step_timeout_s",
+                file=where,
+            )
+        time.sleep(poll_s)
+
+
 def wait_for_step(
     directory: str | os.PathLike[str], step: int, *, timeout_s: float, poll_s: float = 0.02
 ) -> Path:
@@ -68,15 +85,7 @@ def wait_for_step(
     Polls (no inotify: it does not see writes made on other hosts of a shared filesystem).
     """
     path = Path(directory) / step_file_name(step)
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() >= deadline:
-            raise StepTimeoutError(
-                f"step {step} did not appear within step_timeout_s={timeout_s}; the producer may "
-                "have stopped, or raise step_timeout_s",
-                file=os.fspath(path),
-            )
-        time.sleep(poll_s)
+    poll_for_step(path.exists, step, where=os.fspath(path), timeout_s=timeout_s, poll_s=poll_s)
     logger.debug("step file %s present", path)
     return path
 

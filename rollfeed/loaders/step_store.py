@@ -22,13 +22,12 @@ Example::
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import StepFileError, StepTimeoutError
-from rollfeed.loaders.step_files import parse_step_name, step_file_name
+from rollfeed.loaders.errors import StepFileError
+from rollfeed.loaders.step_files import parse_step_name, poll_for_step, step_file_name
 from rollfeed.loaders.step_index import (
     StepIndex,
     index_path,
@@ -131,15 +130,13 @@ class StepStore:
         """Name of step ``step``'s file once it exists; :class:`StepTimeoutError` after
         ``timeout_s`` (the store is polled)."""
         name = step_file_name(step)
-        deadline = time.monotonic() + timeout_s
-        while self.size(name) is None:
-            if time.monotonic() >= deadline:
-                raise StepTimeoutError(
-                    f"step {step} did not appear within step_timeout_s={timeout_s}; the producer "
-                    "may have stopped, or raise step_timeout_s",
-                    file=self.where(name),
-                )
-            time.sleep(poll_s)
+        poll_for_step(
+            lambda: self.size(name) is not None,
+            step,
+            where=self.where(name),
+            timeout_s=timeout_s,
+            poll_s=poll_s,
+        )
         return name
 
     def read_index(self, step: int) -> StepIndex | None:
