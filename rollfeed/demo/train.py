@@ -67,7 +67,9 @@ def clipped_surrogate(
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh) -> None:
-    """FSDP2 over the 1-D ``mesh``: each decoder layer, then the root; gradients summed."""
+    """FSDP2 over the 1-D data-sharding ``mesh``: each decoder layer, then the root (embedding,
+    final norm, LM head). Gradients are summed, not averaged: the loss is already normalised by
+    the global count of loss tokens."""
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -182,13 +184,17 @@ def _loader_key() -> str:
     return f"loader_rank{dist.get_rank()}"
 
 
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer, loader: RolloutLoader) -> dict:
+    """What a checkpoint holds: model, optimizer and this rank's loader state."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd, _loader_key(): loader.state_dict()}
+
+
 def save_checkpoint(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader: RolloutLoader
 ) -> None:
     """Model, optimizer and this rank's loader state under ``path`` (collective)."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, _loader_key(): loader.state_dict()}
-    dcp.save(state, checkpoint_id=path)
+    dcp.save(_state(model, optimizer, loader), checkpoint_id=path)
     logger.info("checkpoint %s written", path)
 
 
@@ -196,8 +202,7 @@ def load_checkpoint(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader: RolloutLoader
 ) -> int:
     """Restore what :func:`save_checkpoint` wrote, in place; returns the optimizer steps done."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd, _loader_key(): loader.state_dict()}
+    state = _state(model, optimizer, loader)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]

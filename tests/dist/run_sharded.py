@@ -61,7 +61,8 @@ from tests.dist.sharded_reference import (
     train_reference,
     whole_row,
 )
-from tests.dist.sharding_plans import apply_fsdp, apply_tp, full
+from rollfeed.demo.train import shard_model
+from tests.dist.sharding_plans import apply_tp, full
 from tests.dist.topology_meshes import check_topology_from_mesh
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
@@ -165,9 +166,9 @@ def shard(case: Case, model: torch.nn.Module, mesh: DeviceMesh) -> None:
     if "tp" in case.dims:
         apply_tp(model, mesh["tp"], sequence_parallel=case.sequence_parallel, head=case.head)
     if len(case.fsdp) == 1:
-        apply_fsdp(model, mesh if mesh.ndim == 1 else mesh[case.fsdp[0]])
+        shard_model(model, mesh if mesh.ndim == 1 else mesh[case.fsdp[0]])
     elif case.fsdp:
-        apply_fsdp(model, mesh[case.fsdp]._flatten("_".join(case.fsdp)))
+        shard_model(model, mesh[case.fsdp]._flatten("_".join(case.fsdp)))
 
 
 def compare_scores(case: Case, step: int, mb, out, ref: Reference) -> float:

@@ -1,4 +1,5 @@
-"""How the sharded-scoring tests shard a tiny Qwen3 / Qwen3-MoE: DTensor TP plans and FSDP2.
+"""How the sharded-scoring tests shard a tiny Qwen3 / Qwen3-MoE with DTensor TP (FSDP2: the demo's
+``shard_model``).
 
 The TP plans follow the models' own ``base_model_tp_plan`` (transformers' qwen3 / qwen3_moe
 configs): q/k/v ``colwise``, o ``rowwise``; the dense MLP's gate/up ``colwise``, down ``rowwise``;
@@ -29,7 +30,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -103,18 +103,6 @@ def _replicated_input(module: nn.Module, inputs: tuple, mesh: DeviceMesh) -> tup
     return tuple(
         x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()]) for x in inputs
     )
-
-
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh) -> None:
-    """``fully_shard`` each decoder layer, then the root (embedding, final norm, LM head), over
-    the 1-D data-sharding ``mesh``. Gradients are summed, not averaged, over it: the loss is
-    already normalised by the global count of loss tokens."""
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
