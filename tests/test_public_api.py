@@ -25,7 +25,9 @@ PUBLIC = {
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
-        EmptyStepError PlanMismatchError StepFileError StepTimeoutError""",
+        EmptyStepError PlanMismatchError StepFileError StepTimeoutError StepMissingError
+        StepReplacedError StepWriteError WorkerError WorkerDiedError WorkerStoppedError
+        WorkerTimeoutError""",
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
         RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError
         VocabularyRangeError TemperatureError PackingError UnpackableAttentionError

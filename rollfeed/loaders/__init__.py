@@ -10,9 +10,17 @@ from rollfeed.loaders.errors import (
     LoaderStateError,
     PlanMismatchError,
     StepFileError,
+    StepMissingError,
+    StepReplacedError,
     StepTimeoutError,
+    StepWriteError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerStoppedError,
+    WorkerTimeoutError,
 )
-from rollfeed.loaders.loader import LoaderOptions, RolloutIterator, RolloutLoader
+from rollfeed.loaders.loader import RolloutIterator, RolloutLoader
+from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
 from rollfeed.loaders.topology import Topology
@@ -30,8 +38,15 @@ __all__ = [
     "RolloutIterator",
     "RolloutLoader",
     "StepFileError",
+    "StepMissingError",
+    "StepReplacedError",
     "StepTimeoutError",
+    "StepWriteError",
     "Topology",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerStoppedError",
+    "WorkerTimeoutError",
     "build_dataloader",
     "read_step_file",
     "step_file_name",

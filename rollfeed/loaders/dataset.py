@@ -17,39 +17,43 @@ Sources:
   used once per pass.
 
 ``lengths(step)`` gives token counts without building micro batches, so the sampler plans from
-lengths only.
+lengths only; ``step_version(step)`` names the version of the step file they came from
+(:mod:`rollfeed.loaders.step_version`). A batch of indices the sampler planned carries that version
+and the planned lengths: this process reads the step through a descriptor on that version (an
+older copy of the index, a forked worker's, is read again), and a step file that is not that
+version, or a sample of another length, raises :class:`StepReplacedError`. A step that has no
+file raises :class:`StepMissingError` naming the step and the directory.
 
 Example: steps 3 and 4 of two and one samples -> ``step_indices(4) == [4 * 2**32 + 0]``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import BinaryIO, Literal
+from typing import BinaryIO
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import LoaderConfigError, StepFileError
+from rollfeed.loaders.errors import LoaderConfigError, StepReplacedError
 from rollfeed.loaders.plan import Planned
-from rollfeed.loaders.step_files import list_steps, read_step_file, step_file_name, wait_for_step
-from rollfeed.loaders.step_index import (
-    StepIndex,
-    index_path,
-    read_indexed_sample,
-    read_step_index,
+from rollfeed.loaders.step_files import list_steps, step_file_name, wait_for_step
+from rollfeed.loaders.step_index import StepIndex, read_indexed_sample
+from rollfeed.loaders.step_load import (
+    MISSING_INDEX,
+    LoadedStep,
+    MissingIndex,
+    load_local,
+    load_stored,
 )
 from rollfeed.loaders.step_store import StepStore
+from rollfeed.loaders.step_version import StepVersion, replaced_error
 from rollfeed.payload.store_url import is_store_url
 
-logger = logging.getLogger(__name__)
 STEP_STRIDE = 1 << 32
-MissingIndex = Literal["parse", "error"]
-MISSING_INDEX: tuple[MissingIndex, ...] = ("parse", "error")
 
 
 class RolloutDataset(Dataset[Sample]):
@@ -66,7 +70,7 @@ class RolloutDataset(Dataset[Sample]):
 
     def _reset(self) -> None:
         """Per-process state: cached steps, open step files, counters."""
-        self._cache: OrderedDict[int, StepIndex | list[Sample]] = OrderedDict()
+        self._cache: OrderedDict[int, LoadedStep] = OrderedDict()
         self._files: dict[int, BinaryIO] = {}
         self._pid = os.getpid()
         self._counts: Counter[str] = Counter()
@@ -139,35 +143,51 @@ class RolloutDataset(Dataset[Sample]):
         """In-memory: the list's length. Step directory: samples of the steps cached here."""
         if self._samples is not None:
             return len(self._samples)
-        return sum(len(v) for v in self._cache.values())
+        return sum(len(v.entry) for v in self._cache.values())
 
     def __getitem__(self, index: int) -> Sample:
+        return self._sample(index, None)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
+        """The samples of one batch of indices. A :class:`~rollfeed.loaders.plan.Planned` batch
+        is read from the step file version it was planned from, each sample held to its planned
+        length (see the module doc), and keeps its planner config, which the collator checks
+        against its own."""
+        version = getattr(indices, "version", None)
+        samples = [self._sample(i, version) for i in indices]
+        lengths = getattr(indices, "lengths", None)
+        for i, sample, planned in zip(indices, samples, lengths or (), strict=True):
+            if len(sample) != planned:
+                step, line = divmod(int(i), STEP_STRIDE)
+                raise StepReplacedError(
+                    f"sample {line} of step {step} has {len(sample)} tokens, the plan has "
+                    f"{planned}: the samples changed after the step was planned; a written step "
+                    "must not be replaced",
+                    file=None if self._samples is not None else self._path(step),
+                    step=step,
+                )
+        return Planned.like(indices, samples)
+
+    def _sample(self, index: int, version: StepVersion | None) -> Sample:
         if self._samples is not None:
             return self._samples[index]
         step, line = divmod(int(index), STEP_STRIDE)
-        entry = self._step(step)
+        entry = self._loaded(step, version).entry
         if not 0 <= line < len(entry):
-            raise StepFileError(
+            raise StepReplacedError(
                 f"dataset index {index} asks for sample {line} of step {step}, which has "
                 f"{len(entry)}: the step file changed after the step was planned; a written step "
                 "file must not be replaced",
                 file=self._path(step),
+                step=step,
             )
         if not isinstance(entry, StepIndex):
             return entry[line]
-        if self._store is not None:
-            self._counts["lines_parsed"] += 1
-            return self._store.read_sample(entry, step, line)
-        f = self._files.get(step)
-        if f is None:
-            f = self._files[step] = open(self._path(step), "rb", buffering=0)  # noqa: SIM115
         self._counts["lines_parsed"] += 1
-        return read_indexed_sample(f.fileno(), entry, line, file=f.name)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[Sample]:
-        """The samples of one batch of indices; a :class:`~rollfeed.loaders.plan.Planned` batch
-        keeps its planner config, which the collator checks against its own."""
-        return Planned.like(indices, [self[i] for i in indices])
+        if self._store is not None:
+            return self._store.read_sample(entry, self._cache[step].version, step, line)
+        f = self._files[step]  # the version's descriptor (_loaded)
+        return read_indexed_sample(f.fileno(), entry, line, file=self._path(step))
 
     def _path(self, step: int) -> str:
         assert self.directory is not None
@@ -175,39 +195,68 @@ class RolloutDataset(Dataset[Sample]):
             return self._store.where(step_file_name(step))
         return os.path.join(self.directory, step_file_name(step))
 
-    def _step(self, step: int) -> StepIndex | list[Sample]:
-        """Step ``step``'s index, or its parsed samples when it has none (``missing_index``)."""
+    def _loaded(self, step: int, want: StepVersion | None = None) -> LoadedStep:
+        """Step ``step`` as this process holds it, of version ``want`` when given.
+
+        This process's copy is read again when it cannot be read as it is (a forked worker
+        inherits indexes but not descriptors, and the file at the path is now another version)
+        or is not ``want`` (a worker's copy older than the plan); :class:`StepReplacedError`
+        when the step file is still not ``want``."""
         self._own_process()
-        entry = self._cache.get(step)
-        if entry is not None:
-            self._cache.move_to_end(step)
-            return entry
-        path = self._path(step)
-        entry = self._store.read_index(step) if self._store else read_step_index(path)
-        if entry is not None:
-            self._counts["indexed_steps"] += 1
-        elif self.missing_index == "error":
-            raise StepFileError(
-                f"step file has no index {index_path(path).name} and missing_index='error'; "
-                "write it with build_step_index, or pass missing_index='parse'",
-                file=path,
-            )
+        got = self._cache.get(step)
+        if got is not None and (
+            not self._readable(step, got) or (want is not None and got.version != want)
+        ):
+            self._forget(step)
+            got = None
+        if got is None:
+            got = self._cache[step] = self._load(step)
+            while len(self._cache) > self.cache_steps:
+                self._forget(next(iter(self._cache)))
         else:
-            logger.warning(
-                "step file %s has no index; parsing it whole (missing_index='parse'); "
-                "build_step_index writes one",
-                path,
+            self._cache.move_to_end(step)
+        if want is not None and got.version != want:
+            raise replaced_error(step, self._path(step), want, got.version)
+        return got
+
+    def _readable(self, step: int, got: LoadedStep) -> bool:
+        """Whether this process reads ``got``'s lines from its version: by ``If-Match`` (a
+        store), from memory (parsed samples) or through a descriptor on that file."""
+        if self._store is not None or not isinstance(got.entry, StepIndex) or step in self._files:
+            return True
+        try:
+            f = open(self._path(step), "rb", buffering=0)  # noqa: SIM115
+        except FileNotFoundError:
+            return False
+        if StepVersion.of_stat(os.fstat(f.fileno())) != got.version:
+            f.close()
+            return False
+        self._files[step] = f
+        return True
+
+    def _forget(self, step: int) -> None:
+        self._cache.pop(step, None)
+        f = self._files.pop(step, None)
+        if f is not None:
+            f.close()
+
+    def _load(self, step: int) -> LoadedStep:
+        """Step ``step``'s index, or its parsed samples when it has none (``missing_index``)."""
+        if self._store is not None:
+            got = load_stored(self._store, step, missing_index=self.missing_index)
+        else:
+            assert self.directory is not None
+            got, f = load_local(
+                self._path(step), step, self.directory, missing_index=self.missing_index
             )
-            entry = self._store.read_step_file(step) if self._store else read_step_file(path)
-            self._counts["unindexed_steps"] += 1
-            self._counts["lines_parsed"] += len(entry)
-        self._cache[step] = entry
-        while len(self._cache) > self.cache_steps:
-            old, _ = self._cache.popitem(last=False)
-            f = self._files.pop(old, None)
             if f is not None:
-                f.close()
-        return entry
+                self._files[step] = f
+        if got.indexed:
+            self._counts["indexed_steps"] += 1
+        else:
+            self._counts["unindexed_steps"] += 1
+            self._counts["lines_parsed"] += len(got.entry)
+        return got
 
     def steps_from(self, step: int) -> list[int]:
         """Steps from ``step`` on: in-memory ``[step]``; directory: the step files >= step."""
@@ -233,13 +282,18 @@ class RolloutDataset(Dataset[Sample]):
         """``[n]`` int64 dataset indices of step ``step``'s samples, in file (list) order."""
         if self._samples is not None:
             return np.arange(len(self._samples), dtype=np.int64)
-        return step * STEP_STRIDE + np.arange(len(self._step(step)), dtype=np.int64)
+        return step * STEP_STRIDE + np.arange(len(self._loaded(step).entry), dtype=np.int64)
 
     def lengths(self, step: int = 0) -> np.ndarray:
         """``[n]`` int64 token count of each sample of ``step``, aligned with ``step_indices``."""
         if self._samples is not None:
             return self._lengths
-        entry = self._step(step)
+        entry = self._loaded(step).entry
         if isinstance(entry, StepIndex):
             return entry.lengths
         return np.fromiter((len(s) for s in entry), np.int64, len(entry))
+
+    def step_version(self, step: int) -> StepVersion | None:
+        """The version of step ``step``'s file that ``lengths(step)`` describes (``None`` for an
+        in-memory list)."""
+        return None if self._samples is not None else self._loaded(step).version

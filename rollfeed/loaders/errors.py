@@ -1,5 +1,5 @@
 """Typed loader errors: :class:`~rollfeed.errors.RollfeedError` subclasses that name the value,
-the bound and the fix, and the place (step file and line).
+the bound and the fix, and the place (step file and line, step, DataLoader worker).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from rollfeed.errors import RollfeedError
 class LoaderError(RollfeedError):
     """Base class: loader input, configuration or saved state is not what the loader needs."""
 
-    PLACE = ("file", "line")
+    PLACE = ("file", "line", "step", "worker")
 
 
 class LoaderConfigError(LoaderError):
@@ -19,6 +19,20 @@ class LoaderConfigError(LoaderError):
 
 class StepFileError(LoaderError):
     """A step file holds a line that is not a valid sample record."""
+
+
+class StepMissingError(StepFileError):
+    """A step asked for by number has no step file (names the step and the directory)."""
+
+
+class StepReplacedError(StepFileError):
+    """A step file is not the version its step was planned from: it was replaced (or rewritten)
+    after planning, so its samples, lengths or lines may differ from the plan's."""
+
+
+class StepWriteError(LoaderError):
+    """Writing a step file or its index failed (disk full, file size limit, I/O error); nothing of
+    the attempt is left behind."""
 
 
 class StepTimeoutError(LoaderError):
@@ -35,3 +49,20 @@ class EmptyStepError(LoaderError):
 
 class PlanMismatchError(LoaderConfigError):
     """The collator's planner config is not the one the sampler planned the micro batch with."""
+
+
+class WorkerError(LoaderError):
+    """A DataLoader worker cannot deliver the micro batch the trainer waits for (names the worker,
+    its pid in the message, and the step)."""
+
+
+class WorkerStoppedError(WorkerError):
+    """A worker stays stopped (``SIGSTOP``, a debugger) while the trainer waits for it."""
+
+
+class WorkerDiedError(WorkerError):
+    """A worker exited or was killed (``SIGKILL``, the OOM killer) before delivering."""
+
+
+class WorkerTimeoutError(WorkerError):
+    """Running workers delivered no micro batch within ``LoaderOptions.timeout_s``."""

@@ -6,25 +6,38 @@ list of dataset indices in packing order; the dataset's ``__getitems__`` turns i
 (:func:`rollfeed.collate.place_micro_batch`) under its own config, after checking that the two
 are equal (:class:`~rollfeed.loaders.errors.PlanMismatchError`): a sampler and a collator built
 with different options inside one DataLoader never give a micro batch silently different from
-the plan. Example::
+the plan. An index list also carries what it was planned from: the step file's version
+(:class:`~rollfeed.loaders.step_version.StepVersion`) and each sample's planned token count, which
+the dataset holds the samples it reads to. Example::
 
-    Planned([7, 3], config)      # -> dataset.__getitems__ -> Planned([s7, s3], config)
+    Planned([7, 3], config, version=v, lengths=[12, 5])  # -> dataset.__getitems__
+    -> Planned([s7, s3], config)                          # read from version v, len 12 and 5
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rollfeed.collate import PlanConfig
+from rollfeed.loaders.step_version import StepVersion
 
 
 class Planned(list):
-    """A list (indices or samples of one micro batch) and the ``config`` it was planned with."""
+    """A list (indices or samples of one micro batch) and the ``config`` it was planned with;
+    for indices, the step file's ``version`` (``None``: an in-memory list) and the planned
+    ``lengths`` (one per index, or ``None``)."""
 
-    def __init__(self, items: Iterable[Any], config: PlanConfig) -> None:
+    def __init__(
+        self,
+        items: Iterable[Any],
+        config: PlanConfig,
+        *,
+        version: StepVersion | None = None,
+        lengths: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(items)
-        self.config = config
+        self.config, self.version, self.lengths = config, version, lengths
 
     @staticmethod
     def like(source: Any, items: list[Any]) -> list[Any]:

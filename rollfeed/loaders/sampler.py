@@ -32,6 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,10 +44,23 @@ from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError, StepTimeo
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
 from rollfeed.loaders.step_files import step_file_name
+from rollfeed.loaders.step_version import StepVersion
 from rollfeed.loaders.topology import Topology
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class _StepPlan:
+    """One step's plan and what it was planned from: ``order [n]`` dataset indices and
+    ``lengths [n]`` (shuffled alike), the step file's ``version``."""
+
+    step: int
+    plan: BatchPlan
+    order: np.ndarray
+    lengths: np.ndarray
+    version: StepVersion | None
 
 
 class MicroBatchSampler(Sampler[list[int]]):
@@ -96,26 +110,61 @@ class MicroBatchSampler(Sampler[list[int]]):
         self._step = dataset.first_step() if start_step is None else start_step
         self._consumed = 0
         self._step_size: int | None = None  # micro steps of self._step once planned
-        self._plan: tuple[int, BatchPlan, np.ndarray] | None = None
+        self._plan: _StepPlan | None = None
+        self._warned: int | None = None  # the last step whose truncation was logged
 
     def plan(self, step: int) -> tuple[BatchPlan, np.ndarray]:
         """``(plan, order)``: ``plan[dp][k]`` positions into ``order``, the step's indices."""
-        if self._plan is None or self._plan[0] != step:
+        got = self._step_plan(step)
+        return got.plan, got.order
+
+    def _step_plan(self, step: int) -> _StepPlan:
+        got = self._plan
+        if got is None or got.step != step:
             order = self.dataset.step_indices(step)
             lengths = self.dataset.lengths(step)
+            version = self.dataset.step_version(step)
             if self.shuffle:
                 perm = np.random.default_rng([self.seed, step]).permutation(len(order))
                 order, lengths = order[perm], lengths[perm]
             plan = plan_lengths(lengths, self.config, dp_size=self.topology.dp_size)
-            self._plan = (step, plan, order)
-        return self._plan[1], self._plan[2]
+            got = self._plan = _StepPlan(
+                step=step, plan=plan, order=order, lengths=lengths, version=version
+            )
+            self._log_truncation(step, plan.metrics)
+        return got
+
+    def _log_truncation(self, step: int, metrics: Mapping[str, float]) -> None:
+        """A truncation is never silent: one warning per step (also counted in the metrics)."""
+        if metrics["truncated"] and self._warned != step:
+            self._warned = step
+            logger.warning(
+                "step %d: %d of %d samples are longer than seq_len=%d and were truncated to it, "
+                "%d tokens cut (overlong='truncate'); pass PlanConfig(overlong='error') to make "
+                "this an error, or overlong='drop' to leave such samples out",
+                step,
+                metrics["truncated"],
+                metrics["samples"],
+                self.config.seq_len,
+                metrics["truncated_tokens"],
+            )
 
     def step_micro_batches(self, step: int) -> list[Planned]:
-        """This DP rank's micro batches of ``step`` as dataset indices (packing order)."""
-        plan, order = self.plan(step)
-        return [
-            Planned(order[list(mb)].tolist(), self.config) for mb in plan[self.topology.dp_rank]
-        ]
+        """This DP rank's micro batches of ``step`` as dataset indices (packing order), each
+        with the step file's version and its samples' planned lengths."""
+        got = self._step_plan(step)
+        out = []
+        for mb in got.plan[self.topology.dp_rank]:
+            at = list(mb)
+            lengths = got.lengths[at].tolist()
+            out.append(
+                Planned(got.order[at].tolist(), self.config, version=got.version, lengths=lengths)
+            )
+        return out
+
+    def plan_metrics(self, step: int) -> dict[str, float]:
+        """``plan_lengths``'s metrics of ``step`` (the whole step, the same on every rank)."""
+        return dict(self._step_plan(step).plan.metrics)
 
     def _normalize(self) -> None:
         if self._consumed and self._consumed == self._step_size:  # finished: resume at the next
@@ -135,20 +184,21 @@ class MicroBatchSampler(Sampler[list[int]]):
         if self._step in self.dataset.steps_from(self._step)[:1]:
             self.plan(self._step)
 
-    def _pass_step(self) -> int:
-        """The step the next pass covers, waiting (bounded) for its file; see the module doc."""
+    def _pass_step(self, step: int) -> int:
+        """The step a pass from ``step`` covers, waiting (bounded) for its file; see the module
+        doc."""
         if self.stream:
-            self.dataset.wait_for_step(self._step, timeout_s=self.step_timeout_s)
-            return self._step
+            self.dataset.wait_for_step(step, timeout_s=self.step_timeout_s)
+            return step
         deadline = time.monotonic() + self.step_timeout_s
-        while not (present := self.dataset.steps_from(self._step)):
+        while not (present := self.dataset.steps_from(step)):
             if time.monotonic() >= deadline:
                 assert self.dataset.directory is not None  # a list always has the step
                 raise StepTimeoutError(
-                    f"no step file for step {self._step} or later appeared within "
+                    f"no step file for step {step} or later appeared within "
                     f"step_timeout_s={self.step_timeout_s}; the producer may have stopped or be "
                     "behind: raise step_timeout_s, or stop after the last step",
-                    file=os.path.join(self.dataset.directory, step_file_name(self._step)),
+                    file=os.path.join(self.dataset.directory, step_file_name(step)),
                 )
             time.sleep(_POLL_S)
         return present[0]
@@ -156,7 +206,7 @@ class MicroBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         """One pass = one training step (see module doc)."""
         self._normalize()
-        step = self._pass_step()
+        step = self._pass_step(self._step)
         if step != self._step:  # a gap in the step files: nothing of the missing steps was seen
             self._step, self._consumed = step, 0
         micro = self.step_micro_batches(step)
@@ -187,8 +237,13 @@ class MicroBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         """Micro batches left in this pass (once the step file is there: may wait for it)."""
         self._normalize()
-        step = self._pass_step()
-        return len(self.plan(step)[0][0]) - (self._consumed if step == self._step else 0)
+        return self.pass_length(self._step, self._consumed)
+
+    def pass_length(self, step: int, consumed: int) -> int:
+        """Micro batches a pass from ``(step, consumed)`` yields: waits (bounded) for the step
+        file, and skips a gap, as the pass would."""
+        found = self._pass_step(step)
+        return len(self.plan(found)[0][self.topology.dp_rank]) - (consumed if found == step else 0)
 
     def state_dict(self) -> dict[str, int]:
         self._normalize()

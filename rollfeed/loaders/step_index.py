@@ -97,22 +97,32 @@ def step_index_bytes(index: StepIndex) -> bytes:
 
 
 def write_step_index(step_path: str | os.PathLike[str], index: StepIndex) -> Path:
-    """Write ``index`` as ``step_path``'s sidecar atomically (temporary name, ``os.replace``)."""
+    """Write ``index`` as ``step_path``'s sidecar atomically (temporary name, ``os.replace``);
+    a failed write leaves no temporary file (its ``OSError`` goes on to the caller)."""
     path = index_path(step_path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(step_index_bytes(index))
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(step_index_bytes(index))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
-def read_step_index(step_path: str | os.PathLike[str]) -> StepIndex | None:
-    """The checked index of ``step_path``, or ``None`` when it has no sidecar."""
+def read_step_index(
+    step_path: str | os.PathLike[str], *, size: int | None = None, pread: Pread | None = None
+) -> StepIndex | None:
+    """The checked index of ``step_path`` (``size``, ``pread``: of the step file version it
+    is checked against, default the file at the path), or ``None`` when it has no sidecar."""
     ipath = index_path(step_path)
     try:
         text = ipath.read_bytes()
     except FileNotFoundError:
         return None
-    return step_index_from_bytes(text, os.fspath(step_path), os.fspath(ipath))
+    return step_index_from_bytes(
+        text, os.fspath(step_path), os.fspath(ipath), size=size, pread=pread
+    )
 
 
 def step_index_from_bytes(

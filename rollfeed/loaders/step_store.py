@@ -5,12 +5,15 @@ The same objects as in a step directory (``step_000042.jsonl`` and its index
 atomic, so :meth:`StepStore.write_step_file` PUTs the index first and the step file second: a
 reader that sees a step file sees its index, as with ``os.replace`` on a filesystem.
 
-Planning fetches the index only (one GET) and the step file's size (a one-byte ranged GET); a
-worker fetches only its own lines (one ranged GET each, one byte before the line included, as
-:func:`~rollfeed.loaders.step_index.read_indexed_sample` checks it). The bounded wait for the next
-step polls the store. Every request goes through the payload's signed HTTP client
-(:mod:`rollfeed.payload.object_http`), created lazily per process (keyed by pid), so DataLoader
-workers forked from the trainer read whatever the trainer did before.
+Planning fetches the index only (one GET) and the step file's size and ETag (a one-byte ranged
+GET: its :class:`~rollfeed.loaders.step_version.StepVersion`); a worker fetches only its own lines
+(one ranged GET each, one byte before the line included, as
+:func:`~rollfeed.loaders.step_index.read_indexed_sample` checks it), each with ``If-Match`` on
+that ETag, so a step object replaced after planning is refused
+(:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one. The
+bounded wait for the next step polls the store. Every request goes through the payload's signed
+HTTP client (:mod:`rollfeed.payload.object_http`), created lazily per process (keyed by pid), so
+DataLoader workers forked from the trainer read whatever the trainer did before.
 
 Example::
 
@@ -26,7 +29,7 @@ import os
 import numpy as np
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import StepFileError
+from rollfeed.loaders.errors import StepMissingError
 from rollfeed.loaders.step_files import parse_step_name, poll_for_step, step_file_name
 from rollfeed.loaders.step_index import (
     StepIndex,
@@ -36,7 +39,12 @@ from rollfeed.loaders.step_index import (
     step_index_bytes,
     step_index_from_bytes,
 )
-from rollfeed.payload.errors import PayloadMissingFileError, PayloadTruncatedError
+from rollfeed.loaders.step_version import StepVersion, replaced_error
+from rollfeed.payload.errors import (
+    PayloadMissingFileError,
+    PayloadStaleFileError,
+    PayloadTruncatedError,
+)
 from rollfeed.payload.object_http import SignedHttp
 from rollfeed.payload.object_sign import store_request, xml_answer
 from rollfeed.payload.store_url import StoreAccess, StoreURL
@@ -73,20 +81,25 @@ class StepStore:
             self._http = SignedHttp(self.access, self.url)
         return self._http
 
-    def _get(self, name: str, start: int, end: int) -> bytes:
+    def _get(self, name: str, start: int, end: int, etag: str | None = None) -> bytes:
         key = self.url.key(name)
-        return self._reader().get(key, start, end, None, where=self.where(name), rel=name).data
+        return self._reader().get(key, start, end, etag, where=self.where(name), rel=name).data
 
-    def size(self, name: str) -> int | None:
-        """Bytes of object ``name``; ``None`` when it does not exist."""
+    def version(self, name: str) -> StepVersion | None:
+        """Size and ETag of object ``name``; ``None`` when it does not exist."""
         key = self.url.key(name)
         try:
             got = self._reader().get(key, 0, 1, None, where=self.where(name), rel=name)
         except PayloadMissingFileError:
             return None
         except PayloadTruncatedError:  # an empty object has no byte 0
-            return 0
-        return got.size
+            return StepVersion.of_etag(0, None)
+        return StepVersion.of_etag(got.size, got.etag)
+
+    def size(self, name: str) -> int | None:
+        """Bytes of object ``name``; ``None`` when it does not exist."""
+        version = self.version(name)
+        return None if version is None else version.size
 
     def read_all(self, name: str) -> bytes | None:
         """The whole object ``name``; ``None`` when it does not exist."""
@@ -94,6 +107,18 @@ class StepStore:
         if size is None:
             return None
         return self._get(name, 0, size) if size else b""
+
+    def _pinned(self, step: int, version: StepVersion):
+        """``pread(n, offset)`` of step ``step``'s object, refused unless it is ``version``."""
+        name = step_file_name(step)
+
+        def pread(n: int, at: int) -> bytes:
+            try:
+                return self._get(name, at, at + n, version.etag)
+            except PayloadStaleFileError:  # If-Match failed: another object under the key
+                raise replaced_error(step, self.where(name), version, "another ETag") from None
+
+        return pread
 
     def _signed(self, method: str, key: str, query: dict[str, str], body: bytes = b"") -> bytes:
         where = self.where(key)
@@ -139,45 +164,53 @@ class StepStore:
         )
         return name
 
-    def read_index(self, step: int) -> StepIndex | None:
-        """Step ``step``'s checked index (one GET, plus one for the step file's size), or
-        ``None`` when it has none."""
+    def step_version(self, step: int) -> StepVersion:
+        """Step ``step``'s object's version; :class:`StepMissingError` when it does not exist."""
+        name = step_file_name(step)
+        version = self.version(name)
+        if version is None:
+            raise StepMissingError(
+                f"step {step} has no step file {name} under {self.url}; list the steps present "
+                "with list_steps(), or wait for it (stream=True)",
+                file=self.where(name),
+                step=step,
+            )
+        return version
+
+    def read_index(self, step: int) -> tuple[StepIndex, StepVersion] | None:
+        """Step ``step``'s checked index (one GET, plus one for the step file's size and ETag)
+        and the version it was checked against, or ``None`` when it has no index."""
         name = step_file_name(step)
         iname = index_path(name).name
         text = self.read_all(iname)
         if text is None:
             return None
-        size = self.size(name)
-        if size is None:
-            raise StepFileError(
-                "step index exists but its step file does not", file=self.where(name)
-            )
-        return step_index_from_bytes(
+        version = self.step_version(step)
+        index = step_index_from_bytes(
             text,
             self.where(name),
             self.where(iname),
-            size=size,
-            pread=lambda n, at: self._get(name, at, at + n),
+            size=version.size,
+            pread=self._pinned(step, version),
         )
+        return index, version
 
-    def read_sample(self, index: StepIndex, step: int, i: int) -> Sample:
-        """Sample ``i`` of step ``step``: a ranged GET of its line only."""
-        name = step_file_name(step)
-        return read_indexed_sample(
-            lambda n, at: self._get(name, at, at + n), index, i, file=self.where(name)
-        )
+    def read_sample(self, index: StepIndex, version: StepVersion, step: int, i: int) -> Sample:
+        """Sample ``i`` of step ``step``: a ranged GET of its line only, of ``version`` only."""
+        pinned = self._pinned(step, version)
+        return read_indexed_sample(pinned, index, i, file=self.where(step_file_name(step)))
 
-    def read_step_file(self, step: int) -> list[Sample]:
-        """Every sample of step ``step`` (the whole object, parsed)."""
+    def read_step_file(self, step: int) -> tuple[list[Sample], StepVersion]:
+        """Every sample of step ``step`` (the whole object, parsed) and its version."""
         name = step_file_name(step)
-        data = self.read_all(name)
-        if data is None:
-            raise StepFileError("step file does not exist", file=self.where(name))
-        return [
+        version = self.step_version(step)
+        data = self._pinned(step, version)(version.size, 0) if version.size else b""
+        samples = [
             parse_sample(line, file=self.where(name), line_number=k)
             for k, line in enumerate(data.split(b"\n"), start=1)
             if line.strip()
         ]
+        return samples, version
 
     def write_step_file(self, step: int, samples: list[Sample] | tuple[Sample, ...]) -> str:
         """PUT step ``step``'s index, then its step file; returns the step file's URL."""

@@ -211,7 +211,7 @@ def test_step_file_without_index_loads_whole_and_is_counted(run, caplog, num_wor
     want = ref[0, 1]
     index_path(path).unlink()
     ds, loader = _rank_loader(tmp, 0, num_workers=num_workers)
-    with caplog.at_level(logging.WARNING, logger="rollfeed.loaders.dataset"):
+    with caplog.at_level(logging.WARNING, logger="rollfeed.loaders.step_load"):
         got = list(loader)
         ds.lengths(0)
     if num_workers:

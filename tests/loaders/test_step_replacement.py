@@ -1,0 +1,106 @@
+"""A step file replaced after its step was planned: a pass yields exactly the planned version's
+micro batches or raises StepReplacedError naming the file and the step, never the replacement's
+tokens read through the planned index (local step directory and object store); and the step
+replacement attack family (:mod:`tests.loaders.step_attacks`) finds nothing else."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollfeed.collate import PlanConfig, Sample
+from rollfeed.loaders import (
+    LoaderOptions,
+    RolloutDataset,
+    StepReplacedError,
+    Topology,
+    build_dataloader,
+)
+from rollfeed.loaders.step_files import write_step_file
+from rollfeed.loaders.step_store import StepStore
+from tests.loaders.common import SEQ_LEN, reference, write_batch
+from tests.loaders.resume import tmb_key
+from tests.loaders.test_object_store_steps import store_options
+from tests.payload.adversary import FAILURES, format_summary, run_family
+
+CONFIG = PlanConfig(seq_len=SEQ_LEN)
+TOPO = Topology(dp_rank=0, dp_size=1)
+
+
+def same_sizes_other_tokens(samples: list[Sample]) -> list[Sample]:
+    """Each sample with its token ids reversed: every line keeps its size and token count, so
+    the planned index fits the replacement exactly (only a version check can tell)."""
+    return [
+        Sample(
+            s.token_ids[::-1].copy(),
+            loss_mask=s.loss_mask,
+            advantages=s.advantages,
+            inference_logprobs=s.inference_logprobs,
+            temperatures=s.temperatures,
+            payload=s.payload,
+            uid=s.uid,
+        )
+        for s in samples
+    ]
+
+
+def _keys(samples, root) -> list:
+    ref, _ = reference(samples, dp_size=1, cp_size=1, cp_layout="contiguous", root=root)
+    return [tmb_key(t) for t in ref[0, 0]]
+
+
+@pytest.mark.parametrize("replacement", ["same sizes", "other samples"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_step_replaced_after_planning_reads_the_planned_version_or_is_refused(
+    tmp_path, num_workers, replacement
+):
+    samples = write_batch(tmp_path / "payload", 12, seed=13)
+    planned = samples[:6]
+    other = same_sizes_other_tokens(planned) if replacement == "same sizes" else samples[6:]
+    assert _keys(other, tmp_path / "payload") != _keys(planned, tmp_path / "payload")
+    (tmp_path / "steps").mkdir()
+    path = write_step_file(tmp_path / "steps", 0, planned)
+    ds = RolloutDataset.from_step_dir(tmp_path / "steps")
+    loader = build_dataloader(
+        ds, TOPO, CONFIG, root=tmp_path / "payload", options=LoaderOptions(num_workers=num_workers)
+    )
+    assert len(loader) > 0  # the step is planned from the planned version's index
+    write_step_file(tmp_path / "steps", 0, other)  # replaced, index first, under the same name
+    if num_workers == 0:
+        # the trainer's process planned through a descriptor on the planned version: it reads it
+        assert [tmb_key(t) for t in loader] == _keys(planned, tmp_path / "payload")
+        return
+    # forked workers inherit the planned index, but the file at the path is another version
+    with pytest.raises(StepReplacedError) as err:
+        list(loader)
+    assert err.value.file == str(path) and err.value.step == 0
+    assert "was replaced after planning" in str(err.value)
+    loader.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_step_object_replaced_after_planning_is_refused(
+    tmp_path, object_store, s3_url, num_workers
+):
+    from rollfeed.payload import PayloadRoot
+
+    root = PayloadRoot(f"{s3_url}/payload", **object_store.options())
+    samples = write_batch(root, 6, seed=14)
+    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
+    steps.write_step_file(0, samples)
+    ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
+    options = LoaderOptions(num_workers=num_workers)
+    loader = build_dataloader(ds, TOPO, CONFIG, root=root, options=options)
+    assert len(loader) > 0
+    steps.write_step_file(0, same_sizes_other_tokens(samples))  # another ETag, the same index
+    with pytest.raises(StepReplacedError) as err:
+        list(loader)
+    assert err.value.file == f"{s3_url}/steps/step_000000.jsonl" and err.value.step == 0
+    loader.close()
+
+
+def test_step_replacement_attacks_never_read_other_data(tmp_path):
+    s = run_family("step_replace", tmp_path, timeout_s=90)
+    print(format_summary(s))
+    assert not {k: s[k] for k in FAILURES if s[k]}, format_summary(s)
+    assert s["tried"] >= 40 and s["correct"] and s["refused"], format_summary(s)
