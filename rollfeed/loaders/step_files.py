@@ -7,7 +7,9 @@ ignored, so a half-written temporary file is never read.
 Each line is a :class:`~rollfeed.collate.Sample` record (``Sample.to_json``); blank lines are
 skipped. Beside each step file :func:`write_step_file` puts its index, ``step_000042.index.json``
 (token counts and line offsets, :mod:`rollfeed.loaders.step_index`). A line that does not parse
-raises :class:`StepFileError` naming the file and the 1-based line number.
+raises :class:`StepFileError` naming the file and the 1-based line number. A write that fails
+(disk full, a file size limit, an I/O error) raises :class:`StepWriteError` naming the file and
+leaves neither temporary file nor a new index behind.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import StepFileError, StepTimeoutError
-from rollfeed.loaders.step_index import StepIndex, parse_sample, write_step_index
+from rollfeed.loaders.errors import StepFileError, StepTimeoutError, StepWriteError
+from rollfeed.loaders.step_index import StepIndex, index_path, parse_sample, write_step_index
 
 logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^step_(\d+)\.jsonl$")
@@ -53,12 +55,17 @@ def read_step_file(path: str | os.PathLike[str]) -> list[Sample]:
 
     Ignores the step index: this is the whole-file read that the index spares planners and workers.
     """
-    samples = []
     with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                samples.append(parse_sample(line, file=os.fspath(path), line_number=number))
-    return samples
+        return parse_step_lines(f, file=os.fspath(path))
+
+
+def parse_step_lines(lines: Iterable[bytes], *, file: str) -> list[Sample]:
+    """The samples of a step file's ``lines`` (e.g. the open file), blank lines skipped."""
+    return [
+        parse_sample(line, file=file, line_number=number)
+        for number, line in enumerate(lines, start=1)
+        if line.strip()
+    ]
 
 
 def poll_for_step(
@@ -96,25 +103,42 @@ def write_step_file(
     """Write step ``step`` and its index atomically; returns the step file's path.
 
     Both go to temporary names; the index is moved into place first, then the step file, so a
-    reader that sees the step file sees its index (:mod:`rollfeed.loaders.step_index`).
+    reader that sees the step file sees its index (:mod:`rollfeed.loaders.step_index`). A write
+    that fails raises :class:`StepWriteError` and removes what it wrote (a new index too).
     """
     path = Path(directory) / step_file_name(step)
     tmp = path.with_name(f".{path.name}.tmp")
-    lengths, sizes = [], []
-    with open(tmp, "wb") as f:
-        for s in samples:
-            line = (s.to_json() + "\n").encode("utf-8")
-            f.write(line)
-            lengths.append(len(s))
-            sizes.append(len(line))
-    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-    index = StepIndex(
-        file_bytes=int(ends[-1]) if len(ends) else 0,
-        lengths=np.asarray(lengths, dtype=np.int64),
-        offsets=ends - np.asarray(sizes, dtype=np.int64),
-        sizes=np.asarray(sizes, dtype=np.int64),
-        lines=np.arange(1, len(sizes) + 1, dtype=np.int64),
-    )
-    write_step_index(path, index)
-    os.replace(tmp, path)
+    indexed = False
+    try:
+        lengths, sizes = [], []
+        with open(tmp, "wb") as f:
+            for s in samples:
+                line = (s.to_json() + "\n").encode("utf-8")
+                f.write(line)
+                lengths.append(len(s))
+                sizes.append(len(line))
+        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
+        index = StepIndex(
+            file_bytes=int(ends[-1]) if len(ends) else 0,
+            lengths=np.asarray(lengths, dtype=np.int64),
+            offsets=ends - np.asarray(sizes, dtype=np.int64),
+            sizes=np.asarray(sizes, dtype=np.int64),
+            lines=np.arange(1, len(sizes) + 1, dtype=np.int64),
+        )
+        write_step_index(path, index)
+        indexed = True
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if indexed:  # the index is in place but its step file is not: it would describe nothing
+            index_path(path).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise StepWriteError(
+                f"writing step {step} failed ({type(err).__name__}: {err.strerror or err}); "
+                "nothing of it was left behind: free space (or raise the file size limit) and "
+                "write the step again",
+                file=os.fspath(path),
+                step=step,
+            ) from err
+        raise
     return path

@@ -5,13 +5,21 @@ or a bare Python error."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import resource
 
 import numpy as np
 import pytest
 
 from rollfeed.collate import Sample
-from rollfeed.loaders import RolloutDataset, StepFileError, read_step_file, write_step_file
+from rollfeed.loaders import (
+    RolloutDataset,
+    StepFileError,
+    StepMissingError,
+    read_step_file,
+    write_step_file,
+)
 from rollfeed.loaders.dataset import STEP_STRIDE
 from rollfeed.loaders.step_index import index_path, read_step_index
 
@@ -210,3 +218,42 @@ def test_dataset_index_past_the_steps_samples_is_a_step_file_error(step):
     with pytest.raises(StepFileError, match="which has 6") as err:
         ds[0 * STEP_STRIDE + N]
     assert err.value.file == str(path)
+
+
+def _write_under_a_size_limit(directory, limit: int, samples, conn) -> None:
+    """In a forked child: the kernel refuses writes past ``limit`` bytes (``RLIMIT_FSIZE``; Python
+    ignores the SIGXFSZ that comes with it), part-way through a file, as a full disk does."""
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    try:
+        write_step_file(directory, 4, samples)
+        conn.send(("no error", None, None))
+    except Exception as err:
+        conn.send((type(err).__name__, str(err), getattr(err, "file", None)))
+
+
+def test_write_step_file_refused_by_the_disk_is_a_typed_error_leaving_nothing(tmp_path):
+    samples = _samples(40)
+    size = len(b"".join((s.to_json() + "\n").encode() for s in samples))
+    before = sorted(os.listdir(tmp_path))
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    proc = multiprocessing.get_context("fork").Process(
+        target=_write_under_a_size_limit, args=(tmp_path, size // 2, samples, child)
+    )
+    proc.start()
+    kind, message, file = parent.recv()
+    proc.join(10)
+    assert kind == "StepWriteError", (kind, message)
+    assert file == str(tmp_path / "step_000004.jsonl") and "step 4" in message
+    assert sorted(os.listdir(tmp_path)) == before  # no .tmp, no index of a step that is not there
+    write_step_file(tmp_path, 4, samples)  # with room, the same write goes through
+    assert len(RolloutDataset.from_step_dir(tmp_path).lengths(4)) == 40
+
+
+@pytest.mark.parametrize("missing_index", ["parse", "error"])
+def test_lengths_of_a_missing_step_names_the_step_and_the_directory(step, missing_index):
+    tmp, _ = step
+    ds = RolloutDataset.from_step_dir(tmp, missing_index=missing_index)
+    with pytest.raises(StepMissingError) as err:
+        ds.lengths(3)
+    assert err.value.step == 3 and err.value.file == str(tmp / "step_000003.jsonl")
+    assert f"in {tmp}" in str(err.value) and "present: steps 0..0" in str(err.value)
