@@ -130,7 +130,7 @@ def main(argv: list[str]) -> None:
     args.add_argument("--seed", type=int, default=0)
     opts = args.parse_args(argv)
     busy = opts.busy_ms / 1e3
-    logging.getLogger("rollfeed.loaders.dataset").setLevel(logging.ERROR)  # fallback warnings
+    logging.getLogger("rollfeed.loaders.step_load").setLevel(logging.ERROR)  # fallback warnings
     with tempfile.TemporaryDirectory() as tmp:
         root, steps = os.path.join(tmp, "payload"), os.path.join(tmp, "steps")
         bare = os.path.join(tmp, "steps_without_index")

@@ -12,7 +12,8 @@ import os
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
-from rollfeed.loaders.loader import LoaderOptions, RolloutLoader
+from rollfeed.loaders.loader import RolloutLoader
+from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import Reshard
 from rollfeed.loaders.topology import Topology

@@ -10,6 +10,15 @@ It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
   they still hold. **Errors** end the pass; a worker's is raised with its type and place and not
   counted; with nothing in flight (no step file in time, an empty step) the sampler's state is
   taken as is.
+- **A pass is a step**, with workers or without: it ends when this rank's last micro batch of the
+  step is handed out, never waiting for the next step's file. ``len(loader)`` is the length of
+  the pass ``iter`` would start now, from the consumed state (waiting for its step file as
+  ``iter`` does), so ``for``, ``list()`` and ``len()`` agree.
+- **Metrics.** ``loader.metrics``: the current (or last) pass's :mod:`~rollfeed.loaders.metrics`,
+  made from what each micro batch's maker measured (carried with it) and the trainer's wait.
+- **Workers** are watched while the trainer waits (:mod:`~rollfeed.loaders.watch`): a stopped,
+  dead or too slow worker is a typed :class:`~rollfeed.loaders.errors.WorkerError` naming it and
+  the step, within the bounds of :class:`LoaderOptions`.
 - **Lifetime.** An iterator holds its loader, so ``for mb in build_dataloader(...)`` yields every
   micro batch. The next pass, ``load_state_dict``, ``close()``, dropping the iterator or exit
   stops the receive thread (a ``weakref.finalize``: at exit it runs while modules are whole);
@@ -18,11 +27,16 @@ It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+import multiprocessing
+import os
 import sys
+import threading
+import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,57 +45,17 @@ from torch.utils.data import DataLoader
 from rollfeed.collate import TensorMicroBatch
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
-from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.errors import WorkerError
+from rollfeed.loaders.metrics import StepMetrics
+from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.transfer import move_micro_batch
+from rollfeed.loaders.watch import TICK_S, WorkerWatch
 from rollfeed.loaders.worker import Delivered, MicroBatchWork, Task, WorkerFailure, as_is
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LoaderOptions:
-    """How the loader runs, never what it yields; checked on construction.
-
-    Workers are persistent (they, their open payload files and parsed step files survive from
-    step to step), forked on Linux (cheap, the dataset shared copy-on-write; torch's default
-    elsewhere) and use one torch thread each (the trainer owns the cores).
-
-    Args:
-        num_workers: worker processes that read the payload (``0``: the trainer's process).
-        receive_depth: micro batches a receive thread takes off the workers' queue ahead of
-            the trainer (``None``: 2 with workers, none without; ``0``: no thread).
-        pin_memory: pin each micro batch (a worker's one buffer, in one page-locked copy)
-            before ``next`` hands it out (``None``: when CUDA is available; ``True`` needs it).
-        device: copy each micro batch there (its buffer in one asynchronous copy) as ``next``
-            hands it out (``None``: stay on the host).
-        timeout_s: wait bound for one micro batch from the workers (``0``: none; a dead worker
-            is detected regardless).
-    """
-
-    num_workers: int = 0
-    receive_depth: int | None = None
-    pin_memory: bool | None = None
-    device: torch.device | str | None = None
-    timeout_s: float = 0
-
-    def __post_init__(self) -> None:
-        counts = {"num_workers": self.num_workers, "receive_depth": self.receive_depth}
-        for name, value in counts.items():
-            if (value is not None or name == "num_workers") and not _count(value):
-                raise LoaderConfigError(f"LoaderOptions.{name} must be an int >= 0, got {value!r}")
-        if not self.timeout_s >= 0 or (self.timeout_s and not self.num_workers):
-            raise LoaderConfigError(
-                f"LoaderOptions.timeout_s={self.timeout_s} must be >= 0, and 0 without workers"
-            )
-        cuda = self.pin_memory or torch.device(self.device or "cpu").type == "cuda"
-        if cuda and not torch.cuda.is_available():
-            raise LoaderConfigError(
-                f"LoaderOptions(pin_memory={self.pin_memory}, device={self.device!r}) needs "
-                "CUDA, which is not available here: pass pin_memory=None (pin when CUDA is "
-                "there) or False, and a device that is here"
-            )
+RETIRE_THREAD = "rollfeed-retire"  # drops the DataLoader of a worker error
 
 
 class _Tasks:
@@ -89,28 +63,39 @@ class _Tasks:
 
     def __init__(self, sampler: MicroBatchSampler) -> None:
         self.sampler, self.yielded = sampler, 0  # yielded: tasks drawn in the current pass
+        self.step: int | None = None  # the step of the tasks drawn in the current pass
 
     def __iter__(self) -> Iterator[Task]:
+        plan = None
         for indices in self.sampler:
             state = self.sampler.state_dict()
             self.yielded += 1
             # right after micro batch k of step s: (s, k + 1), or (s + 1, 0) after its last
-            yield Task(indices, state["step"] - (state["micro_batches"] == 0), state)
+            step = state["step"] - (state["micro_batches"] == 0)
+            if plan is None:
+                self.step, plan = step, self.sampler.plan_metrics(step)
+            yield Task(indices, step, state, plan)
 
 
 class RolloutIterator(Iterator[TensorMicroBatch]):
-    """One pass (one training step); ``step``: the step of the micro batch last returned."""
+    """One pass (one training step); ``step``: the step of the micro batch last returned;
+    ``metrics``: the pass's so far (:mod:`rollfeed.loaders.metrics`)."""
 
     def __init__(self, loader: RolloutLoader, source: Iterator[Any], receiver: Receiver | None):
         self._loader = loader  # the loader lives as long as its pass
         self._receiver, self._source = receiver, None if receiver else source
         self.taken = 0
         self.step: int | None = None
+        self._metrics: StepMetrics | None = None
         if receiver is not None:
             weakref.finalize(self, receiver.stop, wait=False)
 
+    @property
+    def metrics(self) -> dict[str, float]:
+        return {} if self._metrics is None else self._metrics.as_dict()
+
     def __next__(self) -> TensorMicroBatch:
-        loader = self._loader
+        loader, asked = self._loader, time.monotonic()
         try:
             if self._receiver is not None:
                 item = self._receiver.get()
@@ -118,18 +103,26 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
                 raise StopIteration
             else:
                 item = loader._host(next(self._source))
-        except BaseException:  # the end of the pass, or an error: the pass is over either way
-            loader._end(self)
+        except WorkerError as err:  # the pass is over, and the workers
+            loader._end(self, err)
+            # torch's frames on its way hold the retired DataLoader: not kept by the traceback
+            raise err.with_traceback(None) from None
+        except BaseException as err:  # the end of the pass, or an error: the pass is over
+            loader._end(self, err)
             raise
         if isinstance(item, WorkerFailure):
             loader._end(self)
             item.reraise()
         self.taken += 1
         loader._consumed, self.step = item.task.state, item.task.step
-        if loader._device is None:
-            return item.batch
-        device = loader._device  # one asynchronous copy from (pinned) host memory
-        return move_micro_batch(item.batch, lambda t: t.to(device, non_blocking=True))
+        batch = item.batch
+        if loader._device is not None:  # one asynchronous copy from (pinned) host memory
+            device = loader._device
+            batch = move_micro_batch(batch, lambda t: t.to(device, non_blocking=True))
+        if self._metrics is None:
+            self._metrics = StepMetrics(item.task.step, item.task.plan)
+        self._metrics.add(item.facts, asked=asked, handed=time.monotonic())
+        return batch
 
     def close(self, *, wait: bool = True) -> None:
         """Stop the pass (its thread too, waited for unless ``wait=False``)."""
@@ -142,7 +135,8 @@ class RolloutLoader:
     """This rank's ``TensorMicroBatch``es, one pass per training step; see the module doc.
 
     Built by :func:`~rollfeed.loaders.build.build_dataloader`. ``batch_sampler``: the
-    :class:`MicroBatchSampler`; ``len(loader)``: micro batches left in this pass.
+    :class:`MicroBatchSampler`; ``len(loader)``: micro batches of the pass ``iter`` would start
+    now; ``metrics``: the current or last pass's.
     """
 
     def __init__(
@@ -161,46 +155,73 @@ class RolloutLoader:
         self._pass: weakref.ref[RolloutIterator] | None = None
         self._receiver: Receiver | None = None  # the pass's thread, joined before the next
         self._consumed = sampler.state_dict()
+        self._watch: WorkerWatch | None = None
+        self._last_metrics: dict[str, float] = {}
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The current pass's metrics, or the last pass's once it ended (``{}`` before its
+        first micro batch); see :mod:`rollfeed.loaders.metrics`."""
+        it = self._pass and self._pass()
+        return it.metrics if it is not None else dict(self._last_metrics)
 
     def _new_loader(self) -> DataLoader:
         work, workers = MicroBatchWork(self.dataset, self.collator), self.options.num_workers
         fork = workers and sys.platform.startswith("linux")
+        if not workers:
+            return DataLoader(work, batch_sampler=self._tasks, collate_fn=as_is)
         if fork:  # forked workers inherit the next step's plan and index
             self.batch_sampler.warm()
-        kw = dict(
-            persistent_workers=True, worker_init_fn=_one_thread, timeout=self.options.timeout_s
-        )
+        context = multiprocessing.get_context("fork" if fork else None)
+        pids = context.Array("q", workers, lock=False)  # each worker's pid, as it starts
+        options = self.options
+        self._watch = WorkerWatch(pids, timeout_s=options.timeout_s, stopped_s=options.stopped_s)
+        self._watch.step = lambda tasks=self._tasks: tasks.step  # no cycle through the loader
+        tick = min(TICK_S, options.timeout_s or TICK_S)
         return DataLoader(
             work,
             batch_sampler=self._tasks,
             collate_fn=as_is,
             num_workers=workers,
-            multiprocessing_context="fork" if fork else None,
-            **(kw if workers else {}),
+            multiprocessing_context=context,
+            persistent_workers=True,
+            worker_init_fn=functools.partial(_start_worker, pids),
+            timeout=tick,  # a wait of the watch's: it looks at the workers between ticks
         )
 
     def _host(self, item: Any) -> Any:
         """A delivered micro batch, pinned when asked (on the receive thread if there is one)."""
         if not self._pin or not isinstance(item, Delivered):
             return item
-        return Delivered(move_micro_batch(item.batch, torch.Tensor.pin_memory), item.task)
+        return dataclasses.replace(
+            item, batch=move_micro_batch(item.batch, torch.Tensor.pin_memory)
+        )
 
     def __len__(self) -> int:
-        return len(self.batch_sampler)
+        """Micro batches of the pass ``iter`` would start now: from the consumed state, waiting
+        for its step file as ``iter`` does (bounded by ``step_timeout_s``)."""
+        state = self._consumed
+        return self.batch_sampler.pass_length(state["step"], state["micro_batches"])
 
     def __iter__(self) -> RolloutIterator:
         self._stop()
         if self.batch_sampler.state_dict() != self._consumed:
             logger.debug("rewinding the sampler to the consumed state %s", self._consumed)
             self.batch_sampler.load_state_dict(self._consumed)
+        if self._watch is not None and self._watch.dead():  # a worker died between passes
+            self._retire()
         if self._loader is None:
             self._loader = self._new_loader()
         self._tasks.yielded = 0
+        self._last_metrics = {}
         try:  # here, in the caller's thread: workers' start, step-file waits, SIGCHLD handler
-            source = iter(self._loader)
+            source = self._start()
         except BaseException:
             self._settle(0)
             raise
+        if self._watch is not None:
+            self._watch.arm()
+            source = self._watch.follow(source)
         depth = self.options.receive_depth
         if depth is None:
             depth = 2 if self.options.num_workers else 0
@@ -209,8 +230,35 @@ class RolloutLoader:
         self._pass = weakref.ref(it)
         return it
 
-    def _end(self, it: RolloutIterator) -> None:
+    def _start(self) -> Iterator[Any]:
+        """``iter`` of the DataLoader; a worker that died while it resumes is a typed error."""
+        assert self._loader is not None
+        try:
+            return iter(self._loader)
+        except (RuntimeError, ConnectionError, EOFError, WorkerError) as err:
+            watch = self._watch
+            failure = err if isinstance(err, WorkerError) else watch and watch.died_of(err)
+            if failure is None:
+                raise
+        self._retire()
+        raise failure.with_traceback(None)
+
+    def _retire(self) -> None:
+        """Let the DataLoader of a worker error go: its workers killed, then dropped on a
+        thread of its own, since torch's shutdown of it blocks for ever on a lock that a killed
+        worker held (an event all its workers poll)."""
+        old, watch = self._loader, self._watch
+        self._loader = self._watch = None
+        if watch is not None:
+            watch.kill_all()
+        if old is not None:
+            threading.Thread(target=_let_go, args=(old,), name=RETIRE_THREAD, daemon=True).start()
+
+    def _end(self, it: RolloutIterator, err: BaseException | None = None) -> None:
         it.close(wait=False)
+        self._last_metrics = it.metrics
+        if isinstance(err, WorkerError):  # the next pass starts new workers
+            self._retire()
         if self._pass is not None and self._pass() is it:
             self._pass = None
             self._settle(it.taken)
@@ -225,6 +273,7 @@ class RolloutLoader:
         it = self._pass and self._pass()
         receiver, self._pass, self._receiver = self._receiver, None, None
         if it is not None:
+            self._last_metrics = it.metrics
             it.close(wait=False)
         if receiver is not None:
             receiver.stop(wait=True)
@@ -242,13 +291,18 @@ class RolloutLoader:
     def close(self) -> None:
         """Stop the running pass and let the workers go, keeping the consumed position."""
         self._stop()
-        self._loader = None  # its worker iterator shuts the workers down as it is collected
+        if self._watch is not None:
+            self._watch.close()
+        self._loader = self._watch = None  # its iterator shuts the workers down as it goes
 
 
-def _count(value: object) -> bool:
-    return type(value) is int and value >= 0
+def _let_go(loader: DataLoader) -> None:
+    """The retire thread's body: the last reference to ``loader`` goes with its arguments."""
+    del loader
 
 
-def _one_thread(worker_id: int) -> None:
-    """Workers decode, the trainer computes: one torch intra-op thread per worker."""
+def _start_worker(pids: Any, worker_id: int) -> None:
+    """In each worker as it starts: its pid for the watch; one torch intra-op thread (workers
+    decode, the trainer computes)."""
+    pids[worker_id] = os.getpid()
     torch.set_num_threads(1)

@@ -1,9 +1,11 @@
 """One micro batch's work, where it runs (a DataLoader worker, or the trainer's process).
 
 The loader's DataLoader draws :class:`Task`s: the sampler's index list for a micro batch, its step,
-and the sampler's state right after it (reported once the trainer consumes that micro batch).
-:class:`MicroBatchWork` is the dataset it fetches from: ``__getitems__`` reads the samples
-(``dataset.__getitems__``, else ``dataset[i]``), collates them and returns a :class:`Delivered`.
+the sampler's state right after it (reported once the trainer consumes that micro batch) and the
+step's plan metrics. :class:`MicroBatchWork` is the dataset it fetches from: ``__getitems__`` reads
+the samples (``dataset.__getitems__``, else ``dataset[i]``), collates them and returns a
+:class:`Delivered`: the micro batch, its task, and what was measured making it
+(:class:`~rollfeed.loaders.metrics.MicroBatchFacts`), in one object.
 
 Errors keep their type and place. torch rebuilds a worker's error from its type and text, so
 ``.file``, ``.line``, ``.field``, ``.offset``, ``.pos`` would come back ``None``. In a worker, an
@@ -16,6 +18,7 @@ micro batch (a resume reads it again). Other errors are left to torch (type and 
 from __future__ import annotations
 
 import pickle
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from typing import Any, NoReturn
 from torch.utils.data import Dataset, get_worker_info
 
 from rollfeed.collate import TensorMicroBatch
+from rollfeed.loaders.metrics import MicroBatchFacts, measure
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +35,14 @@ class Task:
     indices: Sequence[int]
     step: int
     state: dict[str, int]
+    plan: dict[str, float]  # the step's plan metrics
 
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
     batch: TensorMicroBatch
     task: Task
+    facts: MicroBatchFacts
 
 
 class WorkerFailure:
@@ -65,9 +71,11 @@ class MicroBatchWork(Dataset):
 
     def __getitems__(self, task: Task) -> Delivered | WorkerFailure:
         try:
+            started = time.monotonic()
             indices, getitems = task.indices, getattr(self.dataset, "__getitems__", None)
             samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
-            return Delivered(self.collate(samples), task)
+            batch = self.collate(samples)
+            return Delivered(batch, task, measure(batch, samples, started=started))
         except Exception as err:
             info = get_worker_info()
             if info is None or not _round_trips(err):

@@ -1,13 +1,15 @@
-"""Fault test child: take 2 micro batches, save state, SIGKILL a worker, time the error.
+"""Fault test child: take 2 micro batches, save state, SIGKILL (or SIGSTOP) a worker, time the
+error, then take the rest of the step from the same loader (its next pass starts new workers).
 
-Run as ``python -m tests.loaders.kill_worker RUN_DIR OUT_JSON [thread|plain]`` (with or without the
-receive thread). It runs apart from pytest since
-the DataLoader's SIGCHLD handler raises a worker's death asynchronously, wherever the main thread
-is.
+Run as ``python -m tests.loaders.kill_worker RUN_DIR OUT_JSON [thread|plain] [KILL|STOP]`` (with
+or without the receive thread), with the default ``LoaderOptions`` bounds. It runs apart from
+pytest since the DataLoader's SIGCHLD handler raises a worker's death asynchronously, wherever
+the main thread is, and so that a wait without bound fails the test by the child's timeout.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -16,7 +18,13 @@ import sys
 import time
 
 from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import (
+    LoaderOptions,
+    RolloutDataset,
+    Topology,
+    WorkerError,
+    build_dataloader,
+)
 from tests.loaders.common import SEQ_LEN
 
 
@@ -30,7 +38,8 @@ class SlowDataset(RolloutDataset):
         return super().__getitem__(index)
 
 
-def main(run: str, out: str, mode: str = "thread") -> None:
+def main(run: str, out: str, mode: str = "thread", how: str = "KILL") -> None:
+    faulthandler.dump_traceback_later(30, exit=True)  # a hang shows where, before the timeout
     ds = SlowDataset.from_step_dir(os.path.join(run, "steps"))
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
     loader = build_dataloader(
@@ -47,12 +56,16 @@ def main(run: str, out: str, mode: str = "thread") -> None:
     t0 = time.monotonic()
     try:
         # workers hold prefetched tasks: mid-step
-        os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+        os.kill(multiprocessing.active_children()[0].pid, getattr(signal, f"SIG{how}"))
         while True:
             next(it)
             result["after_kill"] = result.get("after_kill", 0) + 1
-    except (RuntimeError, ConnectionError, EOFError) as err:  # EOF: died mid-handover
+    except WorkerError as err:
         result.update(error=type(err).__name__, message=str(err), seconds=time.monotonic() - t0)
+        result.update(worker=err.worker, step=err.step)
+        result["rest"] = [t.input_ids.tolist() for t in loader]
+    except Exception as err:  # anything else is what the test refuses
+        result.update(error=type(err).__name__, message=str(err))
     except StopIteration:
         result.update(error="StopIteration")
     with open(out, "w") as f:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing
 import threading
 import time
@@ -105,10 +106,9 @@ def test_bad_options_are_config_errors():
         LoaderOptions(num_workers=-1)
     with pytest.raises(LoaderConfigError, match="num_workers"):
         LoaderOptions(num_workers=True)
-    with pytest.raises(LoaderConfigError, match="timeout_s"):
-        LoaderOptions(num_workers=1, timeout_s=-1)
-    with pytest.raises(LoaderConfigError, match="timeout_s"):
-        LoaderOptions(timeout_s=5)  # no workers to wait for
+    for bad in (dict(timeout_s=-1), dict(timeout_s=math.inf), dict(stopped_s=0)):
+        with pytest.raises(LoaderConfigError, match="timeout_s"):
+            LoaderOptions(num_workers=1, **bad)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

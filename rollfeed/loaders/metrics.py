@@ -1,0 +1,132 @@
+"""Per-step loader metrics: what the plan did to the step, what this rank got, how long it waited.
+
+Whoever makes a micro batch (a worker, or the trainer's process without workers) measures it
+there (:func:`measure`) and the facts travel with it, in the same delivery, so they can never
+describe another micro batch. :class:`StepMetrics` adds up one pass (one step) as the trainer
+takes its micro batches; ``RolloutLoader.metrics`` is its dict, plain Python numbers a trainer
+logs as they are:
+
+- the step's plan (the whole step, the same on every rank; ``plan_lengths``): ``step``,
+  ``samples``, ``tokens`` (after truncation), ``truncated`` and ``truncated_tokens``, ``dropped``
+  (overlong samples left out under ``overlong="drop"``), ``padding_fraction``, ``micro_steps``;
+- this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
+  ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
+  handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
+  collating them), and the kept-set width distribution over this rank's rows that hold a kept set
+  (``sampling_mask``): ``kept_rows``, ``kept_width_mean``, ``kept_width_p50`` / ``_p90`` /
+  ``_p99``, ``kept_width_max`` (0 when there is none);
+- the trainer-visible wait, the time spent inside ``next``: ``wait_s`` (total), ``wait_max_s``, and
+  of ``wait_s`` the part before the micro batch was made, ``wait_making_s``, and after it,
+  ``wait_handover_s`` (transfer from the worker, receive, pinning, the device copy).
+
+Example (two micro batches with kept widths ``[1, 1, 3]`` and ``[2]``)::
+
+    kept_rows 4, kept_width_mean 1.75, kept_width_p50 1, kept_width_max 3
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollfeed.collate import Sample, TensorMicroBatch
+from rollfeed.collate.token_checks import SUPPORT_FIELD
+
+PLAN_KEYS = (
+    "samples",
+    "tokens",
+    "truncated",
+    "truncated_tokens",
+    "dropped",
+    "padding_fraction",
+    "micro_steps",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class MicroBatchFacts:
+    """What the maker of one micro batch measured.
+
+    ``kept_widths [W + 1]`` int64: how many of this rank's rows hold a kept set of ``w`` ids
+    (``w = 0``: no kept set). ``made_at``: ``time.monotonic()`` when it was made (one clock for
+    every process of a host).
+    """
+
+    samples: int
+    tokens: int
+    payload_bytes: int
+    kept_widths: np.ndarray
+    make_s: float
+    made_at: float
+
+
+def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float) -> MicroBatchFacts:
+    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``)."""
+    by_handle = {seg.field for s in samples for seg in s.payload}
+    support = tmb.fields.get(SUPPORT_FIELD)
+    widths = np.zeros(1, np.int64)
+    if support is not None and support.numel():
+        widths = np.bincount((support >= 0).sum(dim=1).numpy())
+    now = time.monotonic()
+    return MicroBatchFacts(
+        samples=tmb.num_samples,
+        tokens=int(tmb.seq_lens.sum()),
+        payload_bytes=sum(t.nbytes for name, t in tmb.fields.items() if name in by_handle),
+        kept_widths=widths,
+        make_s=now - started,
+        made_at=now,
+    )
+
+
+class StepMetrics:
+    """One pass's metrics, added up micro batch by micro batch; see the module doc."""
+
+    def __init__(self, step: int, plan: Mapping[str, float]) -> None:
+        self.step, self.plan = step, {k: plan[k] for k in PLAN_KEYS}
+        self.counts = dict.fromkeys(
+            ("micro_batches", "rank_samples", "rank_tokens", "payload_bytes"), 0
+        )
+        self.seconds = dict.fromkeys(
+            ("make_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s"), 0.0
+        )
+        self.widths = np.zeros(1, np.int64)
+
+    def add(self, facts: MicroBatchFacts, *, asked: float, handed: float) -> None:
+        """One micro batch handed out: ``next`` was called at ``asked`` and returned at
+        ``handed`` (``time.monotonic()``)."""
+        c, s = self.counts, self.seconds
+        c["micro_batches"] += 1
+        c["rank_samples"] += facts.samples
+        c["rank_tokens"] += facts.tokens
+        c["payload_bytes"] += facts.payload_bytes
+        wait = handed - asked
+        making = min(max(facts.made_at - asked, 0.0), wait)
+        s["make_s"] += facts.make_s
+        s["wait_s"] += wait
+        s["wait_max_s"] = max(s["wait_max_s"], wait)
+        s["wait_making_s"] += making
+        s["wait_handover_s"] += wait - making
+        w = facts.kept_widths
+        if len(w) > len(self.widths):
+            self.widths = np.pad(self.widths, (0, len(w) - len(self.widths)))
+        self.widths[: len(w)] += w
+
+    def as_dict(self) -> dict[str, float]:
+        rows = self.widths[1:]
+        kept = int(rows.sum())
+        out: dict[str, float] = {"step": self.step, **self.plan, **self.counts, **self.seconds}
+        out["kept_rows"] = kept
+        if kept:
+            cum = np.cumsum(rows)
+            width = np.arange(1, len(self.widths))
+            out["kept_width_mean"] = float((rows * width).sum() / kept)
+            for q in (50, 90, 99):  # the smallest width with at least q% of the rows at or below
+                out[f"kept_width_p{q}"] = int(width[np.searchsorted(cum, kept * q / 100)])
+            out["kept_width_max"] = int(width[np.flatnonzero(rows)[-1]])
+        else:
+            out.update(dict.fromkeys(("kept_width_mean", "kept_width_p50"), 0))
+            out.update(dict.fromkeys(("kept_width_p90", "kept_width_p99", "kept_width_max"), 0))
+        return out

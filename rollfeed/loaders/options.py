@@ -1,0 +1,75 @@
+"""LoaderOptions: how a :class:`~rollfeed.loaders.loader.RolloutLoader` runs, never what it yields.
+
+Example::
+
+    LoaderOptions(num_workers=2)   # workers, a receive thread, bounded waits (600 s; stopped: 5 s)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from rollfeed.loaders.errors import LoaderConfigError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoaderOptions:
+    """How the loader runs, never what it yields; checked on construction.
+
+    Workers are persistent (they, their open payload files and parsed step files survive from
+    step to step), forked on Linux (cheap, the dataset shared copy-on-write; torch's default
+    elsewhere) and use one torch thread each (the trainer owns the cores).
+
+    Args:
+        num_workers: worker processes that read the payload (``0``: the trainer's process).
+        receive_depth: micro batches a receive thread takes off the workers' queue ahead of
+            the trainer (``None``: 2 with workers, none without; ``0``: no thread).
+        pin_memory: pin each micro batch (a worker's one buffer, in one page-locked copy)
+            before ``next`` hands it out (``None``: when CUDA is available; ``True`` needs it).
+        device: copy each micro batch there (its buffer in one asynchronous copy) as ``next``
+            hands it out (``None``: stay on the host).
+        timeout_s: the longest wait for one micro batch from running workers, then
+            :class:`~rollfeed.loaders.errors.WorkerTimeoutError` (default 600 s; ``0``: no
+            bound). A dead worker is reported at once, a stopped one after ``stopped_s``.
+        stopped_s: how long a worker may stay stopped (``SIGSTOP``, a debugger; its state in
+            ``/proc``) while the trainer waits, before
+            :class:`~rollfeed.loaders.errors.WorkerStoppedError` (default 5 s). Workers are
+            looked at once a second while the trainer waits.
+    """
+
+    num_workers: int = 0
+    receive_depth: int | None = None
+    pin_memory: bool | None = None
+    device: torch.device | str | None = None
+    timeout_s: float = 600.0
+    stopped_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        counts = {"num_workers": self.num_workers, "receive_depth": self.receive_depth}
+        for name, value in counts.items():
+            if (value is not None or name == "num_workers") and not _count(value):
+                raise LoaderConfigError(f"LoaderOptions.{name} must be an int >= 0, got {value!r}")
+        if not (_seconds(self.timeout_s) and _seconds(self.stopped_s) and self.stopped_s > 0):
+            raise LoaderConfigError(
+                f"LoaderOptions(timeout_s={self.timeout_s!r}, stopped_s={self.stopped_s!r}) must "
+                "be finite seconds, timeout_s >= 0 (0: no bound) and stopped_s > 0"
+            )
+        cuda = self.pin_memory or torch.device(self.device or "cpu").type == "cuda"
+        if cuda and not torch.cuda.is_available():
+            raise LoaderConfigError(
+                f"LoaderOptions(pin_memory={self.pin_memory}, device={self.device!r}) needs "
+                "CUDA, which is not available here: pass pin_memory=None (pin when CUDA is "
+                "there) or False, and a device that is here"
+            )
+
+
+def _count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _seconds(value: object) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and 0 <= value < math.inf  # type: ignore[operator]
