@@ -33,9 +33,9 @@ class SlowDataset(RolloutDataset):
     this step when one is killed (tiny indexed samples load so fast that the whole step would be
     prefetched before the kill)."""
 
-    def __getitem__(self, index: int):
-        time.sleep(0.05)
-        return super().__getitem__(index)
+    def __getitems__(self, indices):
+        time.sleep(0.05 * len(indices))
+        return super().__getitems__(indices)
 
 
 def main(run: str, out: str, mode: str = "thread", how: str = "KILL") -> None:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from rollfeed.loaders import (
     RolloutDataset,
     StepFileError,
     Topology,
+    WorkerTimeoutError,
     build_dataloader,
 )
 from rollfeed.loaders.step_files import read_step_file, write_step_file
@@ -132,3 +134,32 @@ def test_missing_payload_file_surfaces_from_worker_with_file_name(run, depth):
     assert isinstance(err, PayloadMissingFileError), repr(err)
     assert f"b/{victim.name}" in str(err)
     assert any("worker" in n for n in err.__notes__)  # raised inside a worker, re-raised here
+
+
+class _SleepyDataset(RolloutDataset):
+    """Every micro batch takes 1.5 s to load: a worker that is slow (sleeping, state S), not
+    stopped."""
+
+    def __getitems__(self, indices):
+        time.sleep(1.5)
+        return super().__getitems__(indices)
+
+
+@pytest.mark.timeout(60)
+def test_slow_worker_is_waited_for_then_a_typed_timeout_never_a_stopped_one(run):
+    ds = _SleepyDataset.from_step_dir(run / "steps")
+    topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
+    config = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
+    slow = LoaderOptions(num_workers=2, timeout_s=0, stopped_s=0.2)
+    loader = build_dataloader(ds, topo, config, root=run / "payload", options=slow)
+    it = iter(loader)
+    assert next(it).input_ids.tolist() == next(iter(_loader(run))).input_ids.tolist()
+    it.close()
+    loader.close()
+    bounded = LoaderOptions(num_workers=2, timeout_s=0.5, stopped_s=0.2)
+    loader = build_dataloader(ds, topo, config, root=run / "payload", options=bounded)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match=r"timeout_s=0\.5") as err:
+        next(iter(loader))
+    assert err.value.step == 0 and time.monotonic() - t0 < 10
+    loader.close()
