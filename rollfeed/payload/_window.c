@@ -529,7 +529,8 @@ typedef struct {
 /* The record's claims against its file, before any allocation. 1 when they hold. */
 static int fits(const Field *f, const Rec *r, const Files *fl, int32_t li) {
     int64_t hsize = REGION_HEADER + f->key_len;
-    if (r->file_id != 0 && r->file_id != fl->file_id[li]) return 0; /* stale: reopened there */
+    if (r->file_id == 0) return 0; /* no file id for a file that has one: refused there */
+    if (r->file_id != fl->file_id[li]) return 0; /* stale: reopened there */
     if (r->offset - hsize < fl->header_size[li]) return 0;
     int64_t room = fl->size[li] - r->offset;
     if (room < 0) return 0;

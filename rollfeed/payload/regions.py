@@ -18,7 +18,11 @@ import numpy as np
 
 from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.checksum import fixed_block_rows
-from rollfeed.payload.errors import PayloadRegionError, PayloadStaleFileError
+from rollfeed.payload.errors import (
+    PayloadRegionError,
+    PayloadSegmentError,
+    PayloadStaleFileError,
+)
 from rollfeed.payload.layout import (
     CHECKSUM_CRC32C,
     DTYPE_CODES,
@@ -54,9 +58,21 @@ def check_room(t: RecordTable, header_size: np.ndarray, hsize: np.ndarray) -> No
 
 
 def check_file_ids(t: RecordTable, file_id: np.ndarray) -> None:
-    """Records that carry a file id name the file now open under their name (``file_id [S]``:
-    the open file's id, 0 for version 1); else :class:`PayloadStaleFileError` (the caller reopens
-    once and asks again)."""
+    """Records name the file now open under their name (``file_id [S]``: the open file's id, 0
+    for version 1); else :class:`PayloadStaleFileError` (the caller reopens once and asks again).
+    A record without a file id is only taken for a version-1 file (which has none): for any
+    other it is :class:`PayloadSegmentError`, since nothing could tell a rewritten file apart."""
+    missing = (t.file_id == 0) & (file_id != 0)
+    if missing.any():
+        i = int(np.argmax(missing))
+        raise t.fail(
+            PayloadSegmentError,
+            i,
+            "the record carries no file id, but the file under its name has one (format version "
+            "2 or 3, whose writers put it in every record): a record without one belongs to a "
+            "pre-release format or was made by hand, and a rewritten file could not be told "
+            "apart; use the records the writer returned",
+        )
     bad = (t.file_id != 0) & (t.file_id != file_id)
     if bad.any():
         i = int(np.argmax(bad))
