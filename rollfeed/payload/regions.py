@@ -225,7 +225,9 @@ def _mismatch(t, hbuf, name, size, file_id, shape, ragged, flags) -> bool:
     row_bytes = t.itemsize * elems
     if ragged is None:  # the checksum block follows each record's row bytes
         diff[:, 8:12] = hbuf[:, 8:12].view("<u4") != fixed_block_rows(row_bytes)[:, None]
+    # the header's file id is the record's own (bytes of the very file read vouch for it)
     bad = diff.any(axis=1) | (got[:, 3] != file_id) | (t.first + t.rows > rows)
+    bad |= (t.file_id != 0) & (got[:, 3] != t.file_id)
     room = size - t.offset
     if ragged is None:
         q, r = np.divmod(body, row_bytes)
@@ -245,7 +247,12 @@ def _explain(t, h: RegionColumns, version, size, file_id, shape, ragged, flags) 
     checks = [
         (~h.magic_ok, lambda i: "no region header (magic) before the body: wrong offset?"),
         (~h.name_ok, lambda i: "the region header is of another field (or not well formed)"),
-        ((h.file_id != 0) & (h.file_id != file_id), None),  # a valid header of another file
+        # a valid header of another file than the one opened, or than the record's
+        (
+            (h.file_id != 0)
+            & ((h.file_id != file_id) | ((t.file_id != 0) & (h.file_id != t.file_id))),
+            None,
+        ),
         (h.kind != (KIND_RAGGED if ragged else KIND_FIXED), lambda i: f"kind {h.kind[i]}"),
         (h.dtype != t.dtype, lambda i: f"dtype: {_dtype_name(h.dtype[i])}"),
     ]
@@ -331,7 +338,8 @@ def _explain(t, h: RegionColumns, version, size, file_id, shape, ragged, flags) 
             PayloadStaleFileError,
             i,
             f"the region header says file id {h.file_id[i]}, the file was opened with id "
-            f"{file_id[i]}: it was rewritten in place",
+            f"{file_id[i]} and the record names id {t.file_id[i]}: the file was rewritten "
+            "in place or replaced while it was read",
         )
     s = t.segs[i]
     claim = f"dtype {s.dtype}, shape {s.shape}, rows [{s.first}, {s.first + s.rows})"
