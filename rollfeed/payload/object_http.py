@@ -1,40 +1,57 @@
-"""Ranged GETs over plain HTTP: the read path of an object-store root.
+"""Signed requests over plain HTTP: the read path of an object-store root, and the few other
+requests the payload and the step store make.
 
 Reads run in trainer ranks and in the DataLoader workers that fork from them. obstore's requests
 run on a runtime of threads that a forked child does not have: measured here, a child forked
 after its parent made one obstore request hangs on its first request, even on a client of its
-own. Reads therefore use this small client: SigV4-signed GETs (:mod:`rollfeed.payload.object_sign`)
-over ``http.client`` keep-alive connections, one per thread, created lazily in each process
-(keyed by pid), so a worker forked at any time reads; a writer's single PUTs go through it too.
-Multipart uploads (large writes), listings and deletes (``prune``, ``inspect``) use obstore.
+own. Reads therefore use this small client: SigV4-signed requests
+(:mod:`rollfeed.payload.object_sign`) over ``http.client`` keep-alive connections, one per
+thread, created lazily in each process (keyed by pid), so a worker forked at any time reads; a
+writer's single PUTs, the step store's requests and the prune's upload listing go through it
+too. Multipart uploads (large writes), object listings and deletes use obstore.
 
-Each GET carries ``Range`` and, after the first, ``If-Match`` on the ETag seen then. A request
-that times out, cannot connect, is throttled (429/503) or gets a 5xx is retried with exponential
-backoff (from ``backoff_s``), at most ``request_retries`` times and within ``retry_timeout_s``;
-then :class:`PayloadStoreTimeoutError`. Other statuses map to typed errors at once: 404
+Bounds, whatever the server does. ``timeout_s`` bounds each attempt as a whole (connect,
+request, headers and body: a deadline the :class:`~rollfeed.payload.object_deadline.Watchdog`
+holds, not a per-receive timeout a server dripping one byte at a time would never trip); a
+request that timed out, could not connect, was cut, throttled (429/503) or got a 5xx is retried
+with exponential backoff (from 50 ms), at most ``request_retries`` times, every attempt ending
+within ``retry_timeout_s`` of the first; then :class:`PayloadStoreTimeoutError`. A body is
+never read past what was asked: a ranged GET's answer must say it holds the bytes asked for
+(``Content-Range``, ``Content-Length``) before a byte of it is read, and a store that ignores
+``Range`` (200 with the whole object) is named as such; other answers are read up to
+:data:`ANSWER_BYTES`. Statuses map to typed errors at once: 404
 :class:`PayloadMissingFileError`, 412 :class:`PayloadStaleFileError`, 401/403
 :class:`PayloadStoreAuthError`, 416 :class:`PayloadTruncatedError`.
+
+Example::
+
+    http = SignedHttp(access, StoreURL.parse("s3://rollouts/run7"))
+    http.get("run7/g/w-000001.rfp", 0, 4096, None, where="s3://...", rel="g/w-000001.rfp")
+    -> Got(size=..., etag='"9b2c..."', data=b"RFP3...")   # 4096 bytes, or fewer at the end
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from rollfeed.payload.errors import PayloadIOError, PayloadStoreTimeoutError
+from rollfeed.payload.object_deadline import Watchdog
 from rollfeed.payload.object_errors import status_error
 from rollfeed.payload.object_sign import sign
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
 _RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+ANSWER_BYTES = 64 << 20  # the most bytes of a listing's (or an error's) answer read
 T = TypeVar("T")
 
 
@@ -48,8 +65,7 @@ class Got:
 
 
 class SignedHttp:
-    """This process's signed GET client for one bucket (never pickled; keyed by pid by its
-    owner)."""
+    """This process's signed client for one bucket (never pickled; keyed by pid by its owner)."""
 
     def __init__(self, access: StoreAccess, url: StoreURL) -> None:
         self.base = access.bucket_url(url.bucket)
@@ -58,6 +74,7 @@ class SignedHttp:
         self.creds, self.access = access.credentials(), access
         self.pid = os.getpid()
         self._local = threading.local()
+        self._watch = Watchdog()
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -79,7 +96,7 @@ class SignedHttp:
     def get(self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str) -> Got:
         """Bytes ``[start, end)`` of ``key`` (fewer when the object is shorter), with retries."""
         return self._retrying(
-            lambda tries: self._once(key, start, end, etag, where=where, rel=rel),
+            lambda deadline, tries: self._get_once(deadline, key, start, end, etag, where, rel),
             what=f"GET bytes [{start}, {end})",
             where=where,
             rel=rel,
@@ -91,75 +108,240 @@ class SignedHttp:
         does. A retry that finds the key takes it as the earlier attempt having landed (keys
         are one writer's own)."""
         return self._retrying(
-            lambda tries: self._put_once(key, data, retried=tries > 0, where=where, rel=rel),
+            lambda deadline, tries: self._put_once(deadline, key, data, tries > 0, where, rel),
             what=f"PUT of {len(data)} bytes",
             where=where,
             rel=rel,
             offset=None,
         )
 
+    def request(
+        self,
+        method: str,
+        key: str,
+        *,
+        what: str,
+        where: str,
+        query: Mapping[str, str] | None = None,
+        body: bytes = b"",
+    ) -> bytes:
+        """One signed request for ``key`` (``""``: the bucket itself), with retries; its answer
+        (at most :data:`ANSWER_BYTES`), or the typed error its status maps to
+        (:func:`~rollfeed.payload.object_errors.status_error`)."""
+        return self._retrying(
+            lambda deadline, tries: self._request_once(
+                deadline, method, key, query, body, what, where
+            ),
+            what=what,
+            where=where,
+            rel=key,
+            offset=None,
+        )
+
     def _retrying(
-        self, attempt: Callable[[int], T], *, what: str, where: str, rel: str, offset: int | None
+        self,
+        attempt: Callable[[float, int], T],
+        *,
+        what: str,
+        where: str,
+        rel: str,
+        offset: int | None,
     ) -> T:
-        deadline = time.monotonic() + self.access.retry_timeout_s
+        a = self.access
+        last = time.monotonic() + a.retry_timeout_s  # no attempt runs past it
         tries = 0
         while True:
             try:
-                return attempt(tries)
+                return attempt(min(time.monotonic() + a.timeout_s, last), tries)
             except (OSError, http.client.HTTPException, _Retry) as err:
                 self._drop()
-                if tries >= self.access.request_retries or time.monotonic() >= deadline:
+                pause = min(2.0, 0.05 * 2**tries)
+                if tries >= a.request_retries or time.monotonic() + pause >= last:
                     raise PayloadStoreTimeoutError(
-                        f"the store did not answer {what} of {where} after {tries} retries "
-                        f"({type(err).__name__}: {err}); check the endpoint, or raise "
-                        "timeout_s / request_retries / retry_timeout_s",
+                        f"the store did not answer {what} of {where} after {tries} retries: "
+                        f"out of reach or too slow ({type(err).__name__}: {err}); each attempt "
+                        f"is bounded by timeout_s="
+                        f"{a.timeout_s}, all of them by retry_timeout_s={a.retry_timeout_s}: "
+                        "check the endpoint, or raise timeout_s / request_retries / "
+                        "retry_timeout_s",
                         file=rel,
                         offset=offset,
                     ) from None
-                time.sleep(min(2.0, 0.05 * 2**tries))
+                time.sleep(pause)
                 tries += 1
 
-    def _signed(self, method: str, key: str, body: bytes = b"") -> tuple[str, dict[str, str]]:
-        return sign(method, f"{self.base}/{key}", self.creds, body=body)
+    @contextlib.contextmanager
+    def _exchange(self, deadline: float) -> Iterator[http.client.HTTPConnection]:
+        """This thread's connection for one request and its answer, all of it by ``deadline``
+        (cut there by the watchdog: then ``TimeoutError``, which is retried). A connection an
+        exchange leaves in doubt (any error, or cut) is dropped, never reused."""
+        conn = self._conn()
+        with self._watch.guard(deadline) as guard:
+            try:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("no time left for this attempt")
+                if conn.sock is None:  # connecting is bounded by the socket's timeout
+                    conn.timeout = left
+                    conn.connect()
+                guard.arm(conn.sock)  # held by the guard: http.client lets go of it early
+                conn.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+                yield conn
+            except BaseException as err:
+                self._drop()
+                if guard.fired and isinstance(err, OSError | http.client.HTTPException):
+                    raise TimeoutError(
+                        f"no complete answer within the attempt's {self.access.timeout_s} s "
+                        f"(the connection was cut at the deadline; {type(err).__name__})"
+                    ) from None
+                raise
+        if guard.fired:  # the answer was complete, but its connection is cut
+            self._drop()
 
-    def _put_once(self, key: str, data: bytes, *, retried: bool, where: str, rel: str) -> bool:
+    def _signed(
+        self, method: str, key: str, body: bytes = b"", query: Mapping[str, str] | None = None
+    ) -> tuple[str, dict[str, str]]:
+        url = f"{self.base}/{key}" if key else self.base
+        return sign(method, url, self.creds, body=body, query=query)
+
+    def _get_once(
+        self,
+        deadline: float,
+        key: str,
+        start: int,
+        end: int,
+        etag: str | None,
+        where: str,
+        rel: str,
+    ) -> Got:
+        target, headers = self._signed("GET", key)
+        headers["range"] = f"bytes={start}-{end - 1}"
+        if etag is not None:
+            headers["if-match"] = etag
+        what = f"bytes [{start}, {end})"
+        with self._exchange(deadline) as conn:
+            conn.request("GET", target, headers=headers)
+            resp = conn.getresponse()
+            if resp.status in (200, 206):
+                n, size = _ranged_length(resp, start, end, where, rel)
+                data = resp.read(n)
+                if len(data) != n:  # the connection ended early: retried like a cut one
+                    raise http.client.IncompleteRead(data, n - len(data))
+                return Got(size=size, etag=resp.getheader("etag"), data=data)
+            _answer(resp, what=what, where=where, rel=rel)  # drained: the connection stays
+        if resp.status in _RETRY_STATUS:
+            raise _Retry(f"HTTP {resp.status}")
+        raise status_error(resp.status, where=where, rel=rel, what=what, offset=start)
+
+    def _put_once(
+        self, deadline: float, key: str, data: bytes, retried: bool, where: str, rel: str
+    ) -> bool:
         target, headers = self._signed("PUT", key, data)
         headers["if-none-match"] = "*"
         headers["content-length"] = str(len(data))
-        conn = self._conn()
-        conn.request("PUT", target, body=data, headers=headers)
-        resp = conn.getresponse()
-        resp.read()
+        what = f"PUT of {len(data)} bytes"
+        with self._exchange(deadline) as conn:
+            conn.request("PUT", target, body=data, headers=headers)
+            resp = conn.getresponse()
+            _answer(resp, what=what, where=where, rel=rel)
         if resp.status in _RETRY_STATUS:
             raise _Retry(f"HTTP {resp.status}")
         if resp.status in (200, 201):
             return True
         if resp.status in (409, 412):
             return retried
-        what = f"PUT of {len(data)} bytes"
         raise status_error(resp.status, where=where, rel=rel, what=what, offset=None)
 
-    def _once(
-        self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str
-    ) -> Got:
-        target, headers = self._signed("GET", key)
-        headers["range"] = f"bytes={start}-{end - 1}"
-        if etag is not None:
-            headers["if-match"] = etag
-        conn = self._conn()
-        conn.request("GET", target, headers=headers)
-        resp = conn.getresponse()
-        body = resp.read()
+    def _request_once(
+        self,
+        deadline: float,
+        method: str,
+        key: str,
+        query: Mapping[str, str] | None,
+        body: bytes,
+        what: str,
+        where: str,
+    ) -> bytes:
+        target, headers = self._signed(method, key, body, query)
+        if body or method in ("PUT", "POST"):
+            headers["content-length"] = str(len(body))
+        with self._exchange(deadline) as conn:
+            conn.request(method, target, body=body or None, headers=headers)
+            resp = conn.getresponse()
+            text = _answer(resp, what=what, where=where, rel=key)
         if resp.status in _RETRY_STATUS:
             raise _Retry(f"HTTP {resp.status}")
-        what = f"bytes [{start}, {end})"
-        if resp.status in (200, 206):
-            size = len(body)
-            m = _RANGE.match(resp.getheader("content-range") or "")
-            if m and m.group(3) != "*":
-                size = int(m.group(3))
-            return Got(size=size, etag=resp.getheader("etag"), data=body)
-        raise status_error(resp.status, where=where, rel=rel, what=what, offset=start)
+        if resp.status >= 300:
+            detail = f"HTTP {resp.status} {text[:200]!r}"
+            raise status_error(resp.status, where=where, rel=key, what=what, detail=detail)
+        return text
+
+
+def _length(resp: http.client.HTTPResponse, where: str, rel: str) -> int | None:
+    """The answer's ``Content-Length`` (``None`` when chunked), checked."""
+    raw = resp.getheader("content-length")
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise PayloadIOError(f"{where} answered with Content-Length {raw[:40]!r}", file=rel)
+    return int(raw)
+
+
+def _answer(resp: http.client.HTTPResponse, *, what: str, where: str, rel: str) -> bytes:
+    """An answer's whole body, at most :data:`ANSWER_BYTES` (a longer one is refused unread)."""
+    length = _length(resp, where, rel)
+    if length is not None and length > ANSWER_BYTES:
+        raise PayloadIOError(
+            f"{where} answered {what} with {length} bytes, more than the {ANSWER_BYTES} an "
+            "answer may take",
+            file=rel,
+        )
+    text = resp.read(ANSWER_BYTES + 1 if length is None else length)
+    if len(text) > ANSWER_BYTES:
+        raise PayloadIOError(
+            f"{where} answered {what} with more than {ANSWER_BYTES} bytes", file=rel
+        )
+    if length is not None and len(text) != length:
+        raise http.client.IncompleteRead(text, length - len(text))
+    return text
+
+
+def _ranged_length(
+    resp: http.client.HTTPResponse, start: int, end: int, where: str, rel: str
+) -> tuple[int, int]:
+    """``(bytes to read, object size)`` of the answer to a GET of bytes ``[start, end)``, once
+    its headers say it holds those bytes (or the first of them, at the object's end); else a
+    typed error before any byte is read."""
+    length = _length(resp, where, rel)
+    asked = f"bytes [{start}, {end}) of {where}"
+    if resp.status == 200:  # no Range honoured: only the whole of a small enough object will do
+        if start == 0 and length is not None and length <= end:
+            return length, length
+        said = f"{length} bytes" if length is not None else "a body of unstated length"
+        raise PayloadIOError(
+            f"the store ignored Range: it answered a GET of {asked} with 200 and {said} (the "
+            "whole object); use a store (or proxy) that serves ranged GETs with 206",
+            file=rel,
+            offset=start,
+        )
+    got = _RANGE.fullmatch((resp.getheader("content-range") or "").strip())
+    first, last = (int(got.group(1)), int(got.group(2))) if got else (-1, -1)
+    if got is None or first != start or not first <= last < end:
+        raise PayloadIOError(
+            f"the store answered a GET of {asked} with 206 and Content-Range "
+            f"{resp.getheader('content-range')!r}: not the bytes asked for",
+            file=rel,
+            offset=start,
+        )
+    n = last - first + 1
+    if length is not None and length != n:
+        raise PayloadIOError(
+            f"the store answered a GET of {asked} with Content-Length {length} for the {n} "
+            f"bytes its Content-Range names; nothing of it was read",
+            file=rel,
+            offset=start,
+        )
+    return n, (int(got.group(3)) if got.group(3) != "*" else last + 1)
 
 
 class _Retry(PayloadIOError):
