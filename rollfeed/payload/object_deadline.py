@@ -1,110 +1,89 @@
-"""A deadline for a whole request, whatever the server sends: one watchdog thread per client
-cuts the connection of an exchange still running at its deadline.
+"""A deadline for a whole request, whatever the server sends: connections whose every send and
+receive waits at most until the exchange's deadline.
 
 A socket timeout bounds each receive, not a request: a server that sends one byte a second
 answers every receive in time and keeps a read going for as long as it likes (a 206 body dripped
-byte by byte, headers dripped line by line). The watchdog holds the deadlines of the exchanges in
-flight in a heap; at a deadline it shuts the connection's socket down (``shutdown(SHUT_RDWR)``,
-which wakes a receive blocked in another thread, TLS included), and the exchange then reads as
-timed out. It costs a lock and a heap push per exchange and sleeps while none is due; its thread
-starts on first use, in the process that uses it (a client is made per process, so a forked
-worker starts its own).
-
-The socket is handed over once connected (``guard.arm``): the connection object lets go of it
-as soon as an answer says ``Connection: close`` (the response then reads from it alone), and
-connecting is bounded by the socket's own timeout.
+byte by byte, headers dripped line by line). The sockets here re-arm their timeout to what is
+left of ``deadline`` before every call and raise ``TimeoutError`` once nothing is left, so an
+exchange (request, headers, body) ends by its deadline however the answer is paced, with no
+thread and no signal. ``http.client`` reads and writes only through ``recv_into`` / ``sendall``
+of its connection's socket (a TLS socket's too: ``SSLContext.sslsocket_class``), and a response
+keeps reading from that same socket object after the connection let go of it
+(``Connection: close``), so setting ``sock.deadline`` before an exchange bounds all of it;
+connecting is bounded by the socket's own timeout, which the caller sets to what is left.
 
 Example::
 
-    watch = Watchdog()
-    with watch.guard(time.monotonic() + 10.0) as guard:
-        conn.connect()
-        guard.arm(conn.sock)                           # raises TimeoutError if already past
-        conn.request("GET", target, headers=headers)   # cut at the deadline if still going
-        body = conn.getresponse().read()
-    guard.fired  # True when the deadline cut it
+    conn = DeadlineHTTPConnection("127.0.0.1:8333", timeout=2.0)   # connect within 2 s
+    conn.connect()
+    conn.sock.deadline = time.monotonic() + 10.0
+    conn.request("GET", target, headers=headers)
+    body = conn.getresponse().read()     # TimeoutError if the answer is not all there by then
 """
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import itertools
+import http.client
+import math
 import socket
-import threading
+import ssl
 import time
-from collections.abc import Iterator
+from typing import Any
 
 
-class Guard:
-    """One exchange under a deadline: ``fired`` once the deadline passed (and its socket, once
-    armed, was cut)."""
+class _Deadline:
+    """What a deadline socket adds: each send and receive waits at most until ``deadline``
+    (``time.monotonic()`` seconds)."""
 
-    __slots__ = ("done", "fired", "sock")
+    deadline = math.inf
 
-    def __init__(self) -> None:
-        self.sock: socket.socket | None = None
-        self.done = self.fired = False
+    def _arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request ran past its deadline")
+        self.settimeout(left)  # type: ignore[attr-defined]
 
-    def arm(self, sock: socket.socket) -> None:
-        """Cut ``sock`` at the deadline; ``TimeoutError`` when it has passed already (the
-        watchdog sets ``fired`` before it looks for the socket, so one of the two sees the
-        other)."""
-        self.sock = sock
-        if self.fired:
-            raise TimeoutError("the deadline passed while connecting")
+    def recv_into(self, *args: Any, **kwargs: Any) -> int:
+        self._arm()
+        return super().recv_into(*args, **kwargs)  # type: ignore[misc]
 
-    def cut(self) -> None:
-        """Shut the socket down (a receive blocked on it returns at once)."""
-        sock = self.sock
-        if sock is not None:
-            with contextlib.suppress(OSError):  # closed meanwhile: nothing to cut
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the descriptor's, TLS too
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        self._arm()
+        return super().recv(*args, **kwargs)  # type: ignore[misc]
+
+    def send(self, *args: Any, **kwargs: Any) -> int:
+        self._arm()
+        return super().send(*args, **kwargs)  # type: ignore[misc]
+
+    def sendall(self, *args: Any, **kwargs: Any) -> None:
+        self._arm()  # one sendall with a timeout is bounded as a whole
+        return super().sendall(*args, **kwargs)  # type: ignore[misc]
 
 
-class Watchdog:
-    """Cuts the connections of exchanges past their deadlines (see the module doc)."""
+class DeadlineSocket(_Deadline, socket.socket):
+    """A TCP socket under a deadline."""
 
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Guard]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
 
-    @contextlib.contextmanager
-    def guard(self, deadline: float) -> Iterator[Guard]:
-        """A guard whose armed socket is cut if the block is still running at ``deadline``
-        (``time.monotonic()`` seconds)."""
-        g = Guard()
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="rollfeed-s3-deadline", daemon=True
-                )
-                self._thread.start()
-            heapq.heappush(self._heap, (deadline, next(self._order), g))
-            if self._heap[0][2] is g:  # earlier than what the thread sleeps for
-                self._cond.notify()
-        try:
-            yield g
-        finally:
-            with self._cond:
-                g.done = True
-                while self._heap and self._heap[0][2].done:
-                    heapq.heappop(self._heap)
+class DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
+    """A TLS socket under a deadline (one ``read`` of a TLS socket with a timeout is bounded as
+    a whole, so re-arming before each one bounds a dripped record too)."""
 
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][2].done:
-                    heapq.heappop(self._heap)
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                wait = self._heap[0][0] - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                _, _, g = heapq.heappop(self._heap)
-                g.fired = True  # before reading its socket: see Guard.arm
-                g.cut()
+
+class DeadlineHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection whose socket is a :class:`DeadlineSocket`."""
+
+    def connect(self) -> None:
+        super().connect()  # within self.timeout
+        raw = self.sock
+        self.sock = DeadlineSocket(fileno=raw.detach())
+        self.sock.settimeout(self.timeout)
+
+
+class DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection whose socket is a :class:`DeadlineSSLSocket` (the default context,
+    certificates checked)."""
+
+    def __init__(self, host: str, **kwargs: Any) -> None:
+        context = ssl.create_default_context()
+        context.sslsocket_class = DeadlineSSLSocket
+        super().__init__(host, context=context, **kwargs)

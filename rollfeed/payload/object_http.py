@@ -11,8 +11,9 @@ writer's single PUTs, the step store's requests and the prune's upload listing g
 too. Multipart uploads (large writes), object listings and deletes use obstore.
 
 Bounds, whatever the server does. ``timeout_s`` bounds each attempt as a whole (connect,
-request, headers and body: a deadline the :class:`~rollfeed.payload.object_deadline.Watchdog`
-holds, not a per-receive timeout a server dripping one byte at a time would never trip); a
+request, headers and body: a deadline every send and receive of the connection is held to,
+:mod:`rollfeed.payload.object_deadline`, not a per-receive timeout a server dripping one byte
+at a time would never trip); a
 request that timed out, could not connect, was cut, throttled (429/503) or got a 5xx is retried
 with exponential backoff (from 50 ms), at most ``request_retries`` times, every attempt ending
 within ``retry_timeout_s`` of the first; then :class:`PayloadStoreTimeoutError`. A body is
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from rollfeed.payload.errors import PayloadIOError, PayloadStoreTimeoutError
-from rollfeed.payload.object_deadline import Watchdog
+from rollfeed.payload.object_deadline import DeadlineHTTPConnection, DeadlineHTTPSConnection
 from rollfeed.payload.object_errors import status_error
 from rollfeed.payload.object_sign import sign
 from rollfeed.payload.store_url import StoreAccess, StoreURL
@@ -74,16 +75,11 @@ class SignedHttp:
         self.creds, self.access = access.credentials(), access
         self.pid = os.getpid()
         self._local = threading.local()
-        self._watch = Watchdog()
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            kind = (
-                http.client.HTTPSConnection
-                if self.scheme == "https"
-                else http.client.HTTPConnection
-            )
+            kind = DeadlineHTTPSConnection if self.scheme == "https" else DeadlineHTTPConnection
             conn = self._local.conn = kind(self.netloc, timeout=self.access.timeout_s)
         return conn
 
@@ -173,30 +169,21 @@ class SignedHttp:
     @contextlib.contextmanager
     def _exchange(self, deadline: float) -> Iterator[http.client.HTTPConnection]:
         """This thread's connection for one request and its answer, all of it by ``deadline``
-        (cut there by the watchdog: then ``TimeoutError``, which is retried). A connection an
-        exchange leaves in doubt (any error, or cut) is dropped, never reused."""
+        (past it, ``TimeoutError``, which is retried). A connection an exchange leaves in
+        doubt (any error) is dropped, never reused."""
         conn = self._conn()
-        with self._watch.guard(deadline) as guard:
-            try:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("no time left for this attempt")
-                if conn.sock is None:  # connecting is bounded by the socket's timeout
-                    conn.timeout = left
-                    conn.connect()
-                guard.arm(conn.sock)  # held by the guard: http.client lets go of it early
-                conn.sock.settimeout(max(1e-3, deadline - time.monotonic()))
-                yield conn
-            except BaseException as err:
-                self._drop()
-                if guard.fired and isinstance(err, OSError | http.client.HTTPException):
-                    raise TimeoutError(
-                        f"no complete answer within the attempt's {self.access.timeout_s} s "
-                        f"(the connection was cut at the deadline; {type(err).__name__})"
-                    ) from None
-                raise
-        if guard.fired:  # the answer was complete, but its connection is cut
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no time left for this attempt")
+            if conn.sock is None:  # connecting is bounded by the socket's timeout
+                conn.timeout = left
+                conn.connect()
+            conn.sock.deadline = deadline  # every send and receive of this exchange
+            yield conn
+        except BaseException:
             self._drop()
+            raise
 
     def _signed(
         self, method: str, key: str, body: bytes = b"", query: Mapping[str, str] | None = None

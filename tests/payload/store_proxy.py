@@ -54,6 +54,7 @@ class StoreProxy:
         self.only: Callable[[str, str], bool] = lambda method, target: True
         self.sent = 0
         self.requests: list[tuple[str, str]] = []
+        self._skip = 0  # requests still to pass before the mode applies
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._open: set[socket.socket] = set()
@@ -61,6 +62,7 @@ class StoreProxy:
 
         class Handler(socketserver.BaseRequestHandler):
             def handle(self) -> None:
+                self.request.settimeout(60)  # a client that never closes: end anyway
                 with proxy._lock:
                     proxy._open.add(self.request)
                 try:
@@ -89,6 +91,23 @@ class StoreProxy:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def misbehave(self, mode: str, *, after_first: bool = False) -> None:
+        """Answer in ``mode`` from now on (``after_first``: from the second request on)."""
+        with self._lock:
+            self.mode, self._skip = mode, int(after_first)
+
+    @contextlib.contextmanager
+    def passing(self):
+        """Pass every answer inside the block, then misbehave as before."""
+        with self._lock:
+            mode, skip = self.mode, self._skip
+            self.mode = "pass"
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.mode, self._skip = mode, skip
+
     def close(self) -> None:
         self._stop.set()
         self._server.shutdown()
@@ -108,9 +127,10 @@ class StoreProxy:
         method, target, headers, body = got
         with self._lock:
             self.requests.append((method, target))
-        mode = self.mode if self.only(method, target) else "pass"
+            mode = self.mode if self.only(method, target) and not self._skip else "pass"
+            self._skip = max(0, self._skip - 1)
         if mode == "stall":
-            self._stop.wait()
+            _until_closed(sock)
             return
         if mode == "garbage":
             self._send(sock, b"HTTP/1.1 2x0 Fine\r\nContent-Length: lots\r\n\r\nxyz")
@@ -134,7 +154,7 @@ class StoreProxy:
         elif mode in ("stall_body", "short"):
             self._send(sock, head + data[: len(data) // 2])
             if mode == "stall_body":
-                self._stop.wait()
+                _until_closed(sock)
         elif mode == "lie_length":
             self._send(sock, head + data)
         else:
@@ -198,6 +218,13 @@ class StoreProxy:
         while n > 0 and not self._stop.is_set():
             self._send(sock, chunk[: min(n, len(chunk))])
             n -= len(chunk)
+
+
+def _until_closed(sock: socket.socket) -> None:
+    """Send nothing more until the client closes its end (a handler holds no thread past its
+    client's own timeout)."""
+    while sock.recv(65536):
+        pass
 
 
 def _read_request(sock: socket.socket):
