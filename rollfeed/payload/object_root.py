@@ -98,9 +98,11 @@ class ObjectRoot(PayloadRoot):
 
     ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: the
     store (each ``None`` from the ``AWS_*`` variables, read in the process that builds a client).
-    ``timeout_s``: one request's bound; ``request_retries``: retries of a request that timed
-    out, was throttled or got a 5xx (exponential backoff from 50 ms), all within
-    ``retry_timeout_s``; then a typed error (:class:`PayloadStoreTimeoutError`), never a hang.
+    ``timeout_s``: one request's bound, as a whole (connect, headers and body, however slowly a
+    store sends them); ``request_retries``: retries of a request that timed out, was cut, was
+    throttled or got a 5xx (exponential backoff from 50 ms), every attempt ending within
+    ``retry_timeout_s`` of the first; then a typed error (:class:`PayloadStoreTimeoutError`),
+    never a hang.
     ``retries`` / ``backoff_s``: as for a local root, an object missing or shorter than a record
     needs is looked up again with backoff. ``concurrency``: ranged GETs in flight per read.
     ``merge_gap``: ranges of one object at most this many bytes apart are one GET (the bytes
