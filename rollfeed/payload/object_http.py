@@ -20,7 +20,7 @@ within ``retry_timeout_s`` of the first; then :class:`PayloadStoreTimeoutError`.
 never read past what was asked: a ranged GET's answer must say it holds the bytes asked for
 (``Content-Range``, ``Content-Length``) before a byte of it is read, and a store that ignores
 ``Range`` (200 with the whole object) is named as such; other answers are read up to
-:data:`ANSWER_BYTES`. Statuses map to typed errors at once: 404
+64 MiB (:mod:`rollfeed.payload.object_answer`). Statuses map to typed errors at once: 404
 :class:`PayloadMissingFileError`, 412 :class:`PayloadStaleFileError`, 401/403
 :class:`PayloadStoreAuthError`, 416 :class:`PayloadTruncatedError`.
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
-import re
 import threading
 import time
 import urllib.parse
@@ -45,14 +44,13 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from rollfeed.payload.errors import PayloadIOError, PayloadStoreTimeoutError
+from rollfeed.payload.object_answer import answer_body, ranged_length
 from rollfeed.payload.object_deadline import DeadlineHTTPConnection, DeadlineHTTPSConnection
 from rollfeed.payload.object_errors import status_error
 from rollfeed.payload.object_sign import sign
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
-_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
-ANSWER_BYTES = 64 << 20  # the most bytes of a listing's (or an error's) answer read
 T = TypeVar("T")
 
 
@@ -122,8 +120,8 @@ class SignedHttp:
         body: bytes = b"",
     ) -> bytes:
         """One signed request for ``key`` (``""``: the bucket itself), with retries; its answer
-        (at most :data:`ANSWER_BYTES`), or the typed error its status maps to
-        (:func:`~rollfeed.payload.object_errors.status_error`)."""
+        (at most :data:`~rollfeed.payload.object_answer.ANSWER_BYTES`), or the typed error its
+        status maps to (:func:`~rollfeed.payload.object_errors.status_error`)."""
         return self._retrying(
             lambda deadline, tries: self._request_once(
                 deadline, method, key, query, body, what, where
@@ -210,12 +208,12 @@ class SignedHttp:
             conn.request("GET", target, headers=headers)
             resp = conn.getresponse()
             if resp.status in (200, 206):
-                n, size = _ranged_length(resp, start, end, where, rel)
+                n, size = ranged_length(resp, start, end, where, rel)
                 data = resp.read(n)
                 if len(data) != n:  # the connection ended early: retried like a cut one
                     raise http.client.IncompleteRead(data, n - len(data))
                 return Got(size=size, etag=resp.getheader("etag"), data=data)
-            _answer(resp, what=what, where=where, rel=rel)  # drained: the connection stays
+            answer_body(resp, what=what, where=where, rel=rel)  # drained: the connection stays
         if resp.status in _RETRY_STATUS:
             raise _Retry(f"HTTP {resp.status}")
         raise status_error(resp.status, where=where, rel=rel, what=what, offset=start)
@@ -230,7 +228,7 @@ class SignedHttp:
         with self._exchange(deadline) as conn:
             conn.request("PUT", target, body=data, headers=headers)
             resp = conn.getresponse()
-            _answer(resp, what=what, where=where, rel=rel)
+            answer_body(resp, what=what, where=where, rel=rel)
         if resp.status in _RETRY_STATUS:
             raise _Retry(f"HTTP {resp.status}")
         if resp.status in (200, 201):
@@ -255,80 +253,13 @@ class SignedHttp:
         with self._exchange(deadline) as conn:
             conn.request(method, target, body=body or None, headers=headers)
             resp = conn.getresponse()
-            text = _answer(resp, what=what, where=where, rel=key)
+            text = answer_body(resp, what=what, where=where, rel=key)
         if resp.status in _RETRY_STATUS:
             raise _Retry(f"HTTP {resp.status}")
         if resp.status >= 300:
             detail = f"HTTP {resp.status} {text[:200]!r}"
             raise status_error(resp.status, where=where, rel=key, what=what, detail=detail)
         return text
-
-
-def _length(resp: http.client.HTTPResponse, where: str, rel: str) -> int | None:
-    """The answer's ``Content-Length`` (``None`` when chunked), checked."""
-    raw = resp.getheader("content-length")
-    if raw is None:
-        return None
-    if not raw.strip().isdigit():
-        raise PayloadIOError(f"{where} answered with Content-Length {raw[:40]!r}", file=rel)
-    return int(raw)
-
-
-def _answer(resp: http.client.HTTPResponse, *, what: str, where: str, rel: str) -> bytes:
-    """An answer's whole body, at most :data:`ANSWER_BYTES` (a longer one is refused unread)."""
-    length = _length(resp, where, rel)
-    if length is not None and length > ANSWER_BYTES:
-        raise PayloadIOError(
-            f"{where} answered {what} with {length} bytes, more than the {ANSWER_BYTES} an "
-            "answer may take",
-            file=rel,
-        )
-    text = resp.read(ANSWER_BYTES + 1 if length is None else length)
-    if len(text) > ANSWER_BYTES:
-        raise PayloadIOError(
-            f"{where} answered {what} with more than {ANSWER_BYTES} bytes", file=rel
-        )
-    if length is not None and len(text) != length:
-        raise http.client.IncompleteRead(text, length - len(text))
-    return text
-
-
-def _ranged_length(
-    resp: http.client.HTTPResponse, start: int, end: int, where: str, rel: str
-) -> tuple[int, int]:
-    """``(bytes to read, object size)`` of the answer to a GET of bytes ``[start, end)``, once
-    its headers say it holds those bytes (or the first of them, at the object's end); else a
-    typed error before any byte is read."""
-    length = _length(resp, where, rel)
-    asked = f"bytes [{start}, {end}) of {where}"
-    if resp.status == 200:  # no Range honoured: only the whole of a small enough object will do
-        if start == 0 and length is not None and length <= end:
-            return length, length
-        said = f"{length} bytes" if length is not None else "a body of unstated length"
-        raise PayloadIOError(
-            f"the store ignored Range: it answered a GET of {asked} with 200 and {said} (the "
-            "whole object); use a store (or proxy) that serves ranged GETs with 206",
-            file=rel,
-            offset=start,
-        )
-    got = _RANGE.fullmatch((resp.getheader("content-range") or "").strip())
-    first, last = (int(got.group(1)), int(got.group(2))) if got else (-1, -1)
-    if got is None or first != start or not first <= last < end:
-        raise PayloadIOError(
-            f"the store answered a GET of {asked} with 206 and Content-Range "
-            f"{resp.getheader('content-range')!r}: not the bytes asked for",
-            file=rel,
-            offset=start,
-        )
-    n = last - first + 1
-    if length is not None and length != n:
-        raise PayloadIOError(
-            f"the store answered a GET of {asked} with Content-Length {length} for the {n} "
-            f"bytes its Content-Range names; nothing of it was read",
-            file=rel,
-            offset=start,
-        )
-    return n, (int(got.group(3)) if got.group(3) != "*" else last + 1)
 
 
 class _Retry(PayloadIOError):
