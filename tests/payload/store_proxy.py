@@ -10,7 +10,8 @@ way :attr:`StoreProxy.mode` says:
 - ``"pass"``: as the store answered;
 - ``"drip"``: every byte of the answer (status line and headers too) ``delay_s`` apart;
 - ``"drip_body"``: status and headers at once, then the body ``delay_s`` a byte;
-- ``"stall"``: nothing at all; ``"stall_body"``: the headers and half the body, then nothing;
+- ``"stall"``: nothing at all; ``"stall_body"``: the headers and half the body, then nothing
+  (until the client gives up);
 - ``"inflate"``: a 200/206 answer claims ``claim`` bytes (``Content-Length``, and a 206's
   ``Content-Range`` end), then streams its body and zeros up to ``stream`` bytes, as fast as the
   client takes them;
@@ -22,8 +23,9 @@ way :attr:`StoreProxy.mode` says:
 - ``"page_uploads"``: a multipart-upload listing asks the store for pages of ``page`` uploads
   (the request re-signed with the session's credentials), as S3 pages at 1,000.
 
-``only`` (a predicate on ``(method, target)``) limits the misbehaviour to some requests; the
-others pass. :attr:`sent` counts the bytes of answers handed to the client's socket.
+:meth:`StoreProxy.misbehave` sets the mode (``after_first``: the next request still passes);
+:attr:`sent` counts the bytes of answers handed to the client's socket, :attr:`requests` the
+requests seen. Every handler ends when its client closes its end.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import socket
 import socketserver
 import threading
 import urllib.parse
-from collections.abc import Callable
 
 from rollfeed.payload.object_sign import sign
 from rollfeed.payload.store_url import Credentials
@@ -51,7 +52,6 @@ class StoreProxy:
         self.upstream = urllib.parse.urlsplit(upstream).netloc
         self.mode, self.delay_s, self.page = "pass", 0.2, 2
         self.claim, self.stream = 2 << 30, 128 << 20
-        self.only: Callable[[str, str], bool] = lambda method, target: True
         self.sent = 0
         self.requests: list[tuple[str, str]] = []
         self._skip = 0  # requests still to pass before the mode applies
@@ -127,7 +127,7 @@ class StoreProxy:
         method, target, headers, body = got
         with self._lock:
             self.requests.append((method, target))
-            mode = self.mode if self.only(method, target) and not self._skip else "pass"
+            mode = self.mode if not self._skip else "pass"
             self._skip = max(0, self._skip - 1)
         if mode == "stall":
             _until_closed(sock)
