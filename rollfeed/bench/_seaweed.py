@@ -39,10 +39,12 @@ def _bindable(port: int) -> bool:
 
 
 def _free_port() -> int:
-    """A free port below 45000 whose gRPC twin (port + 10000, as weed uses) is free too."""
+    """A free port whose gRPC twin (port + 10000, as weed uses) is free too, both below the
+    kernel's ephemeral range (32768 and up by default), so no outgoing connection of another
+    process can take either between this check and ``weed`` binding it."""
     rng = random.Random()
     while True:
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(12000, 22000)
         if _bindable(port) and _bindable(port + 10000):
             return port
 
