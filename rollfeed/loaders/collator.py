@@ -69,6 +69,11 @@ class MicroBatchCollator:
         self.width, self.whole_fields = width, whole_fields
 
     def __call__(self, samples: Sequence[Sample]) -> TensorMicroBatch:
+        tmb = self.make(samples)
+        return tmb if get_worker_info() is None else share_as_one_storage(tmb)
+
+    def make(self, samples: Sequence[Sample]) -> TensorMicroBatch:
+        """The micro batch of ``samples``, its tensors where they were made (no sharing)."""
         if isinstance(samples, Planned) and samples.config != self.config:
             raise PlanMismatchError(
                 "the sampler planned this micro batch with another config than the collator's ("
@@ -76,14 +81,13 @@ class MicroBatchCollator:
                 "build both from one PlanConfig"
             )
         mb = place_micro_batch(samples, self.config)
-        tmb = to_tensor_micro_batch(
+        return to_tensor_micro_batch(
             mb,
             cp_rank=self.topology.cp_rank,
             root=self.root,
             width=self.width,
             whole_fields=self.whole_fields,
         )
-        return tmb if get_worker_info() is None else share_as_one_storage(tmb)
 
 
 _ALIGN = 64

@@ -46,8 +46,9 @@ from rollfeed.collate import TensorMicroBatch
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import WorkerError
+from rollfeed.loaders.handover import Described, Handover
 from rollfeed.loaders.metrics import StepMetrics
-from rollfeed.loaders.options import LoaderOptions
+from rollfeed.loaders.options import LoaderOptions, memfd_available
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.transfer import move_micro_batch
@@ -156,6 +157,7 @@ class RolloutLoader:
         self._receiver: Receiver | None = None  # the pass's thread, joined before the next
         self._consumed = sampler.state_dict()
         self._watch: WorkerWatch | None = None
+        self._handover: Handover | None = None  # the current DataLoader's (forked workers)
         self._last_metrics: dict[str, float] = {}
 
     @property
@@ -166,8 +168,11 @@ class RolloutLoader:
         return it.metrics if it is not None else dict(self._last_metrics)
 
     def _new_loader(self) -> DataLoader:
-        work, workers = MicroBatchWork(self.dataset, self.collator), self.options.num_workers
+        workers = self.options.num_workers
         fork = workers and sys.platform.startswith("linux")
+        memfd = fork and self.options.handover != "torch" and memfd_available()
+        self._handover = Handover(workers) if memfd else None
+        work = MicroBatchWork(self.dataset, self.collator, self._handover)
         if not workers:
             return DataLoader(work, batch_sampler=self._tasks, collate_fn=as_is)
         if fork:  # forked workers inherit the next step's plan and index
@@ -190,12 +195,17 @@ class RolloutLoader:
         )
 
     def _host(self, item: Any) -> Any:
-        """A delivered micro batch, pinned when asked (on the receive thread if there is one)."""
-        if not self._pin or not isinstance(item, Delivered):
+        """A delivered micro batch, received from its handover and pinned when asked (on the
+        receive thread if there is one)."""
+        if not isinstance(item, Delivered):
             return item
-        return dataclasses.replace(
-            item, batch=move_micro_batch(item.batch, torch.Tensor.pin_memory)
-        )
+        batch = item.batch
+        if isinstance(batch, Described):
+            assert self._handover is not None
+            batch = self._handover.receive(batch)
+        if self._pin:
+            batch = move_micro_batch(batch, torch.Tensor.pin_memory)
+        return item if batch is item.batch else dataclasses.replace(item, batch=batch)
 
     def __len__(self) -> int:
         """Micro batches of the pass ``iter`` would start now: from the consumed state, waiting

@@ -8,11 +8,17 @@ Example::
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.handover import Handover as MemfdHandover
+
+Handover = Literal["memfd", "torch"]
+HANDOVERS: tuple[Handover, ...] = ("memfd", "torch")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -34,6 +40,11 @@ class LoaderOptions:
         timeout_s: the longest wait for one micro batch from running workers, then
             :class:`~rollfeed.loaders.errors.WorkerTimeoutError` (default 600 s; ``0``: no
             bound). A dead worker is reported at once, a stopped one after ``stopped_s``.
+        handover: how a worker's micro batch reaches the trainer's process: ``"memfd"``, its
+            one buffer's descriptor sent over a socket of the worker's own
+            (:mod:`~rollfeed.loaders.handover`; Linux, forked workers), or ``"torch"``, the
+            DataLoader's own (through the worker's resource sharer thread); ``None``: ``"memfd"``
+            where it is available.
         stopped_s: how long a worker may stay stopped (``SIGSTOP``, a debugger; its state in
             ``/proc``) while the trainer waits, before
             :class:`~rollfeed.loaders.errors.WorkerStoppedError` (default 5 s). Workers are
@@ -46,6 +57,7 @@ class LoaderOptions:
     device: torch.device | str | None = None
     timeout_s: float = 600.0
     stopped_s: float = 5.0
+    handover: Handover | None = None
 
     def __post_init__(self) -> None:
         counts = {"num_workers": self.num_workers, "receive_depth": self.receive_depth}
@@ -56,6 +68,15 @@ class LoaderOptions:
             raise LoaderConfigError(
                 f"LoaderOptions(timeout_s={self.timeout_s!r}, stopped_s={self.stopped_s!r}) must "
                 "be finite seconds, timeout_s >= 0 (0: no bound) and stopped_s > 0"
+            )
+        if self.handover not in (None, *HANDOVERS):
+            raise LoaderConfigError(
+                f"LoaderOptions.handover must be one of {HANDOVERS} or None, got {self.handover!r}"
+            )
+        if self.handover == "memfd" and not memfd_available():
+            raise LoaderConfigError(
+                "LoaderOptions(handover='memfd') needs Linux (memfd_create, forked workers); "
+                "pass None or 'torch'"
             )
         cuda = self.pin_memory or torch.device(self.device or "cpu").type == "cuda"
         if cuda and not torch.cuda.is_available():
@@ -73,3 +94,8 @@ def _count(value: object) -> bool:
 def _seconds(value: object) -> bool:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     return number and 0 <= value < math.inf  # type: ignore[operator]
+
+
+def memfd_available() -> bool:
+    """Whether the memfd handover works here: Linux (forked workers), ``memfd_create``."""
+    return sys.platform.startswith("linux") and MemfdHandover.available()

@@ -15,6 +15,11 @@ yet, the pass waits for it (bounded by ``step_timeout_s``, then
 in the caller's ``iter``/``next`` -- never inside a prefetch of the previous step's micro batches.
 A trainer ahead of its rollouts waits or fails; it never trains on a quiet empty step.
 
+Each planned micro batch carries the step file's version and its samples' planned lengths
+(:class:`~rollfeed.loaders.plan.Planned`), which the dataset holds its reads to. A step with
+samples truncated at ``seq_len`` is logged once (a warning naming samples and tokens, and how to
+make it an error); its plan's counts are :meth:`MicroBatchSampler.plan_metrics`.
+
 Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
 
     list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), PlanConfig(seq_len=8)))

@@ -20,13 +20,14 @@ from __future__ import annotations
 import pickle
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from torch.utils.data import Dataset, get_worker_info
 
 from rollfeed.collate import TensorMicroBatch
+from rollfeed.loaders.handover import Described, Handover
 from rollfeed.loaders.metrics import MicroBatchFacts, measure
 
 
@@ -40,7 +41,7 @@ class Task:
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
-    batch: TensorMicroBatch
+    batch: TensorMicroBatch | Described  # Described: on its way through a Handover
     task: Task
     facts: MicroBatchFacts
 
@@ -64,20 +65,29 @@ class WorkerFailure:
 
 
 class MicroBatchWork(Dataset):
-    """The dataset a loader's DataLoader fetches :class:`Task`s from (picklable, fd-free)."""
+    """The dataset a loader's DataLoader fetches :class:`Task`s from (picklable, fd-free).
 
-    def __init__(self, dataset: Any, collate: Callable[[Any], TensorMicroBatch]) -> None:
-        self.dataset, self.collate = dataset, collate
+    With a :class:`~rollfeed.loaders.handover.Handover` (forked workers), a worker sends each
+    micro batch's buffer over its socket and delivers its :class:`Described` tensors."""
+
+    def __init__(self, dataset: Any, collator: Any, handover: Handover | None = None) -> None:
+        self.dataset, self.collator, self.handover = dataset, collator, handover
+        self._sent = 0  # micro batches this process handed over
 
     def __getitems__(self, task: Task) -> Delivered | WorkerFailure:
+        info = get_worker_info()
         try:
             started = time.monotonic()
             indices, getitems = task.indices, getattr(self.dataset, "__getitems__", None)
             samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
-            batch = self.collate(samples)
-            return Delivered(batch, task, measure(batch, samples, started=started))
+            if self.handover is None or info is None:
+                batch = self.collator(samples)
+                return Delivered(batch, task, measure(batch, samples, started=started))
+            made = self.collator.make(samples)
+            self._sent += 1
+            described = self.handover.send(made, worker=info.id, token=self._sent)
+            return Delivered(described, task, measure(made, samples, started=started))
         except Exception as err:
-            info = get_worker_info()
             if info is None or not _round_trips(err):
                 raise
             return WorkerFailure(err, info.id)

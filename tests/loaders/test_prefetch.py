@@ -60,9 +60,13 @@ def _position(state: dict) -> tuple[int, int]:
     return state["step"], state["micro_batches"]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_threaded_passes_equal_reference_bitwise(run, num_workers):
-    loader = _loader(run, num_workers=num_workers, receive_depth=2)
+@pytest.mark.parametrize(
+    ("num_workers", "handover"),
+    [(0, None), (2, None), (2, "torch")],
+    ids=["main", "memfd", "torch"],
+)
+def test_threaded_passes_equal_reference_bitwise(run, num_workers, handover):
+    loader = _loader(run, num_workers=num_workers, receive_depth=2, handover=handover)
     for step in (0, 1):
         samples = read_step_file(run / "steps" / f"step_{step:06d}.jsonl")
         ref, _ = reference(
@@ -109,6 +113,8 @@ def test_bad_options_are_config_errors():
     for bad in (dict(timeout_s=-1), dict(timeout_s=math.inf), dict(stopped_s=0)):
         with pytest.raises(LoaderConfigError, match="timeout_s"):
             LoaderOptions(num_workers=1, **bad)
+    with pytest.raises(LoaderConfigError, match="handover"):
+        LoaderOptions(num_workers=1, handover="pipe")
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
