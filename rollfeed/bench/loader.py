@@ -8,6 +8,9 @@ A consumer that is busy ``--busy-ms`` per micro batch (simulated compute) drains
   consumer is done with), mean over all but the first, with ``--workers`` worker processes and
   the receive thread (the default), the same workers without it (``receive_depth=0``), and the
   work done on the main thread (``num_workers=0``, where the wait is the whole decode);
+- where that wait goes (``loader.metrics``): before the micro batch was made (the workers are
+  behind) or after (its handover: transfer, receive, pinning), with the memfd handover (the
+  default) against torch's own (``handover="torch"``), each with and without the receive thread;
 - time to the first micro batch (workers, start included; and for the next step, with the
   workers already running) against decoding the whole step up front (``prepare_batch`` +
   ``to_tensor_micro_batch`` for every micro batch, the first usable only when all are done).
@@ -74,14 +77,16 @@ def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
     return out
 
 
-def _drain(make, busy_s: float) -> tuple[RolloutLoader, float, list[float]]:
+def _drain(make, busy_s: float) -> tuple[RolloutLoader, float, list[float], dict[str, float]]:
     """(the loader ``make()`` built, seconds from calling it to the first micro batch, wait in
-    ``next`` for each later one). Building is timed: it reads the first step's lengths."""
+    ``next`` for each later one, and their wait split as ``loader.metrics`` counts it). Building
+    is timed: it reads the first step's lengths."""
     t0 = time.perf_counter()
     loader = make()
     it = iter(loader)
     next(it)
     first = time.perf_counter() - t0
+    before = dict(loader.metrics)
     waits = []
     while True:
         time.sleep(busy_s)
@@ -89,7 +94,9 @@ def _drain(make, busy_s: float) -> tuple[RolloutLoader, float, list[float]]:
         try:
             next(it)
         except StopIteration:
-            return loader, first, waits
+            after = loader.metrics
+            split = {k: after[k] - before[k] for k in ("wait_making_s", "wait_handover_s")}
+            return loader, first, waits, split
         waits.append(time.perf_counter() - t)
 
 
@@ -141,17 +148,21 @@ def main(argv: list[str]) -> None:
             index_path(write_step_file(bare, step, samples)).unlink()
             write_step_file(steps, step, samples)
         topo = Topology(dp_rank=0, dp_size=1)
-        rows: dict[str, list] = {k: [] for k in ("workers", "no_thread", "main", "bare")}
+        names = ("workers", "no_thread", "torch", "torch_no_thread", "main", "bare")
+        rows: dict[str, list] = {k: [] for k in names}
         warm: dict[str, list[float]] = {"workers": [], "bare": []}
         times: dict[str, list[float]] = {"up_front": [], "index": [], "parse": []}
         runs = (
-            ("workers", steps, opts.workers, None),
-            ("no_thread", steps, opts.workers, 0),
-            ("main", steps, 0, None),
-            ("bare", bare, opts.workers, None),
-        )
+            ("workers", steps, dict(num_workers=opts.workers)),
+            ("no_thread", steps, dict(num_workers=opts.workers, receive_depth=0)),
+            ("torch", steps, dict(num_workers=opts.workers, handover="torch")),
+            ("torch_no_thread", steps, dict(num_workers=opts.workers, receive_depth=0,
+                                            handover="torch")),
+            ("main", steps, dict(num_workers=0)),
+            ("bare", bare, dict(num_workers=opts.workers)),
+        )  # fmt: skip
         for _ in range(opts.repeats):
-            for name, directory, workers, depth in runs:
+            for name, directory, options in runs:
                 # a fresh loader per run: time to first includes building it, starting the workers
                 make = functools.partial(
                     build_dataloader,
@@ -159,22 +170,20 @@ def main(argv: list[str]) -> None:
                     topo,
                     CONFIG,
                     root=root,
-                    options=LoaderOptions(num_workers=workers, receive_depth=depth),
+                    options=LoaderOptions(**options),
                 )
-                loader, first, waits = _drain(make, busy)
-                rows[name].append((first, waits))
+                loader, first, waits, split = _drain(make, busy)
+                rows[name].append((first, waits, split))
                 if name in warm:
                     warm[name].append(_next_step_first(loader))
+                loader.close()
                 del loader
             times["up_front"].append(_up_front(os.path.join(steps, step_file_name(0)), root))
             times["index"].append(_lengths(steps))
             times["parse"].append(_lengths(bare))
     micro = len(rows["main"][0][1]) + 1
-    wait = {
-        k: statistics.median(statistics.mean(w) for _, w in rows[k])
-        for k in ("workers", "no_thread", "main")
-    }
-    first = statistics.median(f for f, _ in rows["workers"])
+    wait = {k: statistics.median(statistics.mean(w) for _, w, _ in rows[k]) for k in rows}
+    first = statistics.median(f for f, _, _ in rows["workers"])
     whole = statistics.median(times["up_front"])
     tokens = sum(len(s) for s in samples)
     print(
@@ -191,6 +200,25 @@ def main(argv: list[str]) -> None:
         f"it {wait['no_thread'] * 1e3:.2f} ms "
         f"(ratio {wait['no_thread'] / max(wait['workers'], 1e-9):.1f}x)"
     )
+    print("  where the wait goes, per micro batch (making: not made yet; handover: on its way)")
+    for name, label in (
+        ("workers", "memfd handover, receive thread (default)"),
+        ("no_thread", "memfd handover, no receive thread"),
+        ("torch", "torch's handover, receive thread"),
+        ("torch_no_thread", "torch's handover, no receive thread"),
+    ):
+        k = micro - 1
+        run = min(rows[name], key=lambda r: abs(statistics.mean(r[1]) - wait[name]))  # median run
+        making, handover = (run[2][key] / k * 1e3 for key in ("wait_making_s", "wait_handover_s"))
+        print(
+            f"    {label:42s} wait {wait[name] * 1e3:6.2f} ms = making {making:6.2f} + "
+            f"handover {handover:6.2f}"
+        )
+    ratio = wait["torch"] / max(wait["workers"], 1e-9)
+    print(
+        f"  handover: memfd {wait['workers'] * 1e3:.2f} ms vs torch's {wait['torch'] * 1e3:.2f} "
+        f"ms (ratio {ratio:.1f}x)"
+    )
     print(
         f"  time to first micro batch: {first * 1e3:.1f} ms (workers, build and start included) vs "
         f"whole step read, parsed and decoded up front {whole * 1e3:.1f} ms "
@@ -202,7 +230,7 @@ def main(argv: list[str]) -> None:
         f"whole step read, parsed and decoded up front {whole * 1e3:.1f} ms "
         f"(ratio {whole / nxt:.1f}x)"
     )
-    bare_first = statistics.median(f for f, _ in rows["bare"])
+    bare_first = statistics.median(f for f, _, _ in rows["bare"])
     bare_nxt = statistics.median(warm["bare"])
     print(
         f"  step index: time to first micro batch {first * 1e3:.1f} ms vs without index "

@@ -43,8 +43,9 @@ class PlanConfig:
         pad_to_multiple_of: a row's length is padded to a multiple of this; ``None``: the
             layout's unit, ``cp_size`` (contiguous) or ``2 * cp_size`` (zigzag). Must be a
             multiple of that unit.
-        overlong: a sample longer than ``seq_len`` is cut to it (``"truncate"``, counted),
-            left out (``"drop"``, counted) or refused (``"error"``, :class:`OverlongError`).
+        overlong: a sample longer than ``seq_len`` is cut to it (``"truncate"``, counted; the
+            loader also warns once per step), left out (``"drop"``, counted) or refused
+            (``"error"``, :class:`OverlongError`: pass it to make a truncation an error).
         quadratic_cost: weight of ``L**2`` in a sample's balance cost ``L + q * L**2`` (causal
             attention against per-token work); ``0`` balances tokens only.
         fields: the payload field registry samples are checked against and fields are read
