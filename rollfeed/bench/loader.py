@@ -200,7 +200,10 @@ def main(argv: list[str]) -> None:
         f"it {wait['no_thread'] * 1e3:.2f} ms "
         f"(ratio {wait['no_thread'] / max(wait['workers'], 1e-9):.1f}x)"
     )
-    print("  where the wait goes, per micro batch (making: not made yet; handover: on its way)")
+    print(
+        "  where the wait goes, per micro batch (making: not made yet; handover: on its way; "
+        "drop: freeing the one before)"
+    )
     for name, label in (
         ("workers", "memfd handover, receive thread (default)"),
         ("no_thread", "memfd handover, no receive thread"),
@@ -210,9 +213,10 @@ def main(argv: list[str]) -> None:
         k = micro - 1
         run = min(rows[name], key=lambda r: abs(statistics.mean(r[1]) - wait[name]))  # median run
         making, handover = (run[2][key] / k * 1e3 for key in ("wait_making_s", "wait_handover_s"))
+        drop = statistics.mean(run[1]) * 1e3 - making - handover
         print(
             f"    {label:42s} wait {wait[name] * 1e3:6.2f} ms = making {making:6.2f} + "
-            f"handover {handover:6.2f}"
+            f"handover {handover:6.2f} + drop {drop:5.2f}"
         )
     ratio = wait["torch"] / max(wait["workers"], 1e-9)
     print(
