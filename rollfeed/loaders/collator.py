@@ -10,10 +10,12 @@ that come with the sampler's config (:class:`~rollfeed.loaders.plan.Planned`, th
 dataset's ``__getitems__``) are refused with :class:`~rollfeed.loaders.errors.PlanMismatchError`
 when it is not the collator's.
 
-Inside a worker the result's tensors are copied into **one** shared-memory buffer (views at
-aligned offsets): a DataLoader sends every storage to the main process as its own file descriptor
-over a socket, so one storage per micro batch instead of ~13 is what keeps the trainer's wait
-small (measured by ``python -m rollfeed.bench loader``).
+Called inside a DataLoader worker, the result's tensors are copied into **one** shared-memory
+buffer (views at aligned offsets): a DataLoader sends every storage to the main process as its
+own file descriptor over a socket, so one storage per micro batch instead of ~13 is what keeps
+the trainer's wait small (measured by ``python -m rollfeed.bench loader``). The loader's own
+workers call :meth:`MicroBatchCollator.make` and hand the result over themselves
+(:mod:`rollfeed.loaders.handover`).
 
 Picklable and fd-free: the :class:`~rollfeed.payload.PayloadRoot` it holds opens files lazily per
 process and keeps them open across micro batches of that worker.

@@ -40,11 +40,11 @@ class LoaderOptions:
         timeout_s: the longest wait for one micro batch from running workers, then
             :class:`~rollfeed.loaders.errors.WorkerTimeoutError` (default 600 s; ``0``: no
             bound). A dead worker is reported at once, a stopped one after ``stopped_s``.
-        handover: how a worker's micro batch reaches the trainer's process: ``"memfd"``, its
-            one buffer's descriptor sent over a socket of the worker's own
-            (:mod:`~rollfeed.loaders.handover`; Linux, forked workers), or ``"torch"``, the
-            DataLoader's own (through the worker's resource sharer thread); ``None``: ``"memfd"``
-            where it is available.
+        handover: how a worker's micro batch reaches the trainer's process: ``"memfd"``, one
+            buffer of a pool the worker reuses, its descriptor sent over a socket of the worker's
+            own (:mod:`~rollfeed.loaders.handover`; Linux, forked workers), or ``"torch"``, the
+            DataLoader's own (a new shared-memory segment each, fetched through the worker's
+            resource sharer thread); ``None``: ``"memfd"`` where it is available.
         stopped_s: how long a worker may stay stopped (``SIGSTOP``, a debugger; its state in
             ``/proc``) while the trainer waits, before
             :class:`~rollfeed.loaders.errors.WorkerStoppedError` (default 5 s). Workers are
