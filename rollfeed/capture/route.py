@@ -53,10 +53,16 @@ _INT64 = (-(2**63), 2**63)  # the integers the engine's messages encode
 
 
 def _check_integers(sampling: dict[str, Any]) -> None:
-    """Refuse an integer sampling value the engine cannot encode (vLLM would answer HTTP 500)."""
+    """Refuse an integer sampling value the engine cannot encode (vLLM would answer HTTP 500).
+
+    Checks each value and the items of a list or dict value (``stop_token_ids``, ``logit_bias``).
+    """
     for key, value in sampling.items():
-        items = value.values() if isinstance(value, dict) else value
-        for v in items if isinstance(value, list | dict) else [value]:
+        if isinstance(value, dict):
+            values = list(value.values())
+        else:
+            values = value if isinstance(value, list) else [value]
+        for v in values:
             if isinstance(v, int) and not isinstance(v, bool) and not _INT64[0] <= v < _INT64[1]:
                 hint = (
                     "; a completion ends at the model's context length anyway, so any budget "

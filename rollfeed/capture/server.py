@@ -181,11 +181,13 @@ def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
             return _error(400, err)
         answer = asyncio.ensure_future(_answer(route, request))
         gone = asyncio.ensure_future(_disconnected(raw))
-        await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
-        if answer.done():
+        try:
+            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client went away, or the server stops this handler
             gone.cancel()
+            answer.cancel()  # a no-op once it is done
+        if not answer.cancelled():
             return answer.result()
-        answer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await answer
         logger.info("a client of group %s went away; its request was cancelled", request.group)

@@ -64,18 +64,25 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def _idle(work: Path) -> bool:
-    """Whether no run holds ``work``'s lock (taken and released at once to find out)."""
+def _delete_if_idle(work: Path) -> bool:
+    """Delete ``work`` unless a run holds its lock (held while deleting); True when deleted."""
     try:
         fd = os.open(work / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        return True  # a run killed before it took its lock
+        fd = None  # a run killed before it took its lock
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(work)
     except BlockingIOError:
+        logger.info("demo run directory %s is in use; kept", work)
+        return False
+    except OSError as err:
+        logger.warning("could not delete the old demo run directory %s: %s", work, err)
         return False
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     return True
 
 
@@ -89,14 +96,7 @@ def prune_runs(base: Path, keep: int = KEEP_RUNS) -> list[Path]:
         ):
             runs.append(Path(entry.path))
     runs.sort(key=lambda p: p.name.split("-")[1:3])  # yyyymmdd, hhmmss: the start time
-    deleted = []
-    for old in runs[: max(len(runs) - keep, 0)]:
-        if not _idle(old):
-            logger.info("demo run directory %s is in use; kept", old)
-            continue
-        shutil.rmtree(old)
-        deleted.append(old)
-    return deleted
+    return [old for old in runs[: max(len(runs) - keep, 0)] if _delete_if_idle(old)]
 
 
 @contextlib.contextmanager
