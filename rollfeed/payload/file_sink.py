@@ -11,8 +11,9 @@ fails (disk full, I/O error) the file is cut back to its last complete write and
 **A file that is gone.** An open descriptor keeps writing into a file that was unlinked (its
 group pruned) or renamed away and replaced at its path, and no reader can ever reach those bytes.
 So after each append the sink checks that the path still names the inode it wrote
-(:meth:`FileSink.still_named`: the handle walked beneath the root as a reader walks it, compared by
-device and inode with the descriptor). When it does not, the writer starts a fresh file
+(:meth:`FileSink.still_named`: the path's device and inode against the descriptor's, two system
+calls; a component swapped for a symlink is left to the reader, which refuses it with a typed
+error). When it does not, the writer starts a fresh file
 (:meth:`FileSink.start_fresh_file`: ``<name>-<k>.rfp``, ``k`` counting this writer's fresh files,
 with a new file id; the group directory is made again) and writes there. The records of earlier
 writes stay what they were: their file is gone, which is what the prune asked for.
@@ -30,7 +31,7 @@ import contextlib
 import errno
 import os
 
-from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError, PayloadPathError
+from rollfeed.payload.errors import PayloadIOError, PayloadPathError
 from rollfeed.payload.layout import FILE_HEADER, file_header, new_file_id
 from rollfeed.payload.safe_open import open_parent_beneath
 
@@ -119,19 +120,14 @@ class FileSink:
         return at if at else FILE_HEADER.size
 
     def still_named(self) -> bool:
-        """Whether ``file`` under the root names the inode this sink wrote (a reader reaches it)."""
+        """Whether ``file`` under the root names the inode this sink wrote (one ``stat`` of the
+        path, not following a final symlink, against ``fstat`` of the descriptor)."""
         if self._fd is None:
             return False
         try:
-            dfd, name = open_parent_beneath(self.root, self.file)
-        except (PayloadMissingFileError, PayloadPathError):  # the group is gone or replaced
+            there = os.stat(os.path.join(self.root, self.file), follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
             return False
-        try:
-            there = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        finally:
-            os.close(dfd)
         mine = os.fstat(self._fd)
         return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
