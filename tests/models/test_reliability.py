@@ -184,6 +184,76 @@ def test_support_logprobs_refuses_nan_temperature_naming_rows(fused: bool) -> No
     assert torch.isfinite(out.logprobs).all() and torch.isfinite(weight.grad).all()
 
 
+def _score_rows(fused: bool, hidden, weight, labels, support, **options):
+    if fused:
+        return fused_support_logprobs(hidden, weight, labels, support, **options)
+    return support_logprobs(hidden @ weight.T, labels, support, **options)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_temperature_below_the_compute_dtypes_smallest_normal_is_refused_naming_the_row(
+    fused: bool,
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 8, generator=gen)
+    weight = torch.randn(11, 8, generator=gen)
+    labels = torch.tensor([1, 2, 3])
+    support = torch.tensor([[1, 5], [2, -1], [3, 7]])
+    # 1e-45 is finite and > 0, but in float32 it is a subnormal whose reciprocal overflows.
+    with refused("TemperatureError", match=r"finite and >= 1\.175e-38"):
+        _score_rows(fused, hidden, weight, labels, support, temperature=1e-45)
+    t = torch.tensor([1.0, 1e-45, 1.0])
+    with refused("TemperatureError", match=r"first rows \[1\]") as err:
+        _score_rows(fused, hidden, weight, labels, support, temperature=t)
+    assert err.value.place["pos"] == 1
+    # The bound is the compute dtype's: float64 scores the same temperature, finitely.
+    out = _score_rows(
+        fused, hidden.double(), weight.double(), labels, support, temperature=t.double()
+    )
+    assert torch.isfinite(out.logprobs).all() and out.valid_mask.all()
+
+
+@pytest.mark.parametrize(
+    ("fused", "nan_in"), [(False, "logits"), (True, "hidden"), (True, "weight")]
+)
+def test_nan_logit_on_a_scored_singleton_row_raises_naming_the_row(fused: bool, nan_in: str):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(4, 8, generator=gen, dtype=torch.float64)
+    weight = torch.randn(11, 8, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([1, 2, 3, -100])
+    support = torch.tensor([[1, 5], [2, -1], [3, 7], [-1, -1]])  # row 1: the singleton {2}
+    if nan_in == "weight":
+        weight[2] = float("nan")  # only token 2's logit, only row 1 asks for it
+    else:
+        hidden[1, 0] = float("nan")
+    hidden[3] = float("nan")  # an unscored row (a prompt token) may hold anything
+    with refused("NonFiniteLogitError", match=r"1 scored row\(s\) .* first rows \[1\]") as err:
+        _score_rows(fused, hidden, weight, labels, support, compute_entropy=True)
+    assert err.value.place == {"tensor": "logits", "pos": 1, "sample": None, "layer": None}
+
+
+def test_nan_logit_raises_on_every_tp_rank_after_the_reductions(tp_group) -> None:
+    logits = torch.randn(3, VOCAB, dtype=torch.float64)
+    logits[2, 7] = float("nan")
+    support = torch.tensor([[1, 2], [4, -1], [7, -1]])
+    with refused("NonFiniteLogitError", match=r"first rows \[2\]"):
+        support_logprobs(logits, support[:, 0].clone(), support, tp_group=tp_group)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("negative", [-2, -100])
+def test_negative_support_id_other_than_padding_is_refused(fused: bool, negative: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 8, generator=gen, dtype=torch.float64)
+    weight = torch.randn(11, 8, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([1, 2, 3])
+    support = torch.tensor([[1, 5, -1], [2, negative, -1], [3, -1, -1]])
+    with refused("VocabularyRangeError", match=rf"support\[1, 1\] = {negative} .* pad with -1"):
+        _score_rows(fused, hidden, weight, labels, support)
+    ok = _score_rows(fused, hidden, weight, labels, support.clamp(min=-1))  # -1 pads
+    assert ok.valid_mask.all()
+
+
 def test_support_logprobs_refuses_id_outside_the_vocabulary_under_tp(tp_group, monkeypatch):
     logits = torch.randn(3, VOCAB, dtype=torch.float64)
     labels = torch.tensor([1, VOCAB + 5, 2])
