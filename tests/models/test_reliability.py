@@ -302,34 +302,45 @@ _GATED_DELTANET = dict(
         ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
     ],
 )
-def test_scorer_refuses_gated_deltanet_layers(names) -> None:
+def test_scorer_refuses_linear_attention_it_cannot_pack(names) -> None:
+    from rollfeed.models.packing_support import check_packable
+
+    # Key heads the cp group cannot split: refused by name before any forward.
     model = _tiny(*names, **_GATED_DELTANET)
+    with refused("UnpackableAttentionError", match=r"2 key heads, which cp=4 ranks cannot split"):
+        check_packable(model, cp_size=4)
+    check_packable(model, cp_size=2)
+    # A conv activation the packed kernels do not implement: not a Gated DeltaNet they run.
+    model = _tiny(*names, **_GATED_DELTANET, hidden_act="gelu")
     with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
     err = caught.value
     assert [layer for layer, _ in err.findings] == ["layer 0 (model.layers.0)"] * 2
-    assert "linear attention" in str(err) and "GatedDeltaNet" in str(err)
+    assert "other than a Gated DeltaNet" in str(err) and "GatedDeltaNet" in str(err)
     assert pickle.loads(pickle.dumps(err)).findings == err.findings
     assert model.config._attn_implementation != "rollfeed_packed"  # a refused model is untouched
+    assert "forward" not in vars(model.model.layers[0].linear_attn)
 
 
-def test_scorer_refuses_chunked_attention_and_cache_position_scaling() -> None:
-    # Layer 0 uses rope and chunked attention; layer 1 is a NoPE layer with temperature tuning.
-    model = _tiny(
-        "Llama4TextConfig",
-        "Llama4ForCausalLM",
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        intermediate_size_mlp=96,
-        attention_chunk_size=4,
-        no_rope_layers=[1, 0],
-    )
+def test_scorer_refuses_chunked_attention_and_query_scaling_it_cannot_pack() -> None:
+    # Chunks from attention_chunk_size without layer types, and index scaling on a layer that is
+    # not Llama-4's NoPE attention.
+    model = tiny_qwen3()
+    model.config.attention_chunk_size = 4
+    model.config.layer_types = None
+    attention = model.model.layers[1].self_attn
+    attention.attn_temperature_tuning, attention.use_rope, attention.floor_scale = True, False, 4
     with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
-    (layer0, chunked), (layer1, scaling) = caught.value.findings
-    assert layer0 == "layer 0 (model.layers.0)" and "chunked attention" in chunked
-    assert "chunks of 4 tokens" in chunked
-    assert layer1 == "layer 1 (model.layers.1)" and "attn_temperature_tuning" in scaling
+    findings = caught.value.findings
+    assert findings[0] == (
+        "layer 0 (model.layers.0)",
+        "chunked attention (attention_chunk_size=4, over the row)",
+    )
+    assert (
+        findings[-1][0] == "layer 1 (model.layers.1)"
+        and "attn_temperature_tuning" in findings[-1][1]
+    )
 
 
 @pytest.mark.parametrize("build", [tiny_qwen3, tiny_qwen3_moe, tiny_mixtral])
