@@ -128,7 +128,7 @@ def attend_segments(
     if segment_kernel(query, value, sinks=sinks, dropout=dropout) == "varlen":
         kernel = varlen_kernel()
         assert kernel is not None
-        q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [S, heads, d]
+        q, k, v = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [S, heads, d]
         out = kernel(
             q,
             k,

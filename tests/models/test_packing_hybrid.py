@@ -18,6 +18,8 @@ import torch
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.models import PolicyScorer
+from rollfeed.models.delta_rule import kernel_names
+from tests.devices import DEVICES
 from tests.dist.policy_cases import loss_weights, reference
 from tests.models.hybrid_cases import (
     HYBRIDS,
@@ -104,3 +106,23 @@ def test_rollfeeds_layers_equal_transformers_torch_fallback_on_one_sample(family
             with torch.no_grad():
                 other = plain(input_ids=ids[None]).logits[0]
             assert (other - want).abs().max() > 1e-4, name
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "llama4"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_scoring_on_each_device_matches_float64_on_the_cpu(device: str, family: str):
+    """The device's kernels (on CUDA: varlen attention, causal-conv1d and flash-linear-attention
+    where installed) in float32, against the float64 CPU scorer."""
+    samples = hybrid_samples(family, 3, LENGTHS, weights=True)
+    (mb,) = prepare_batch(samples, PlanConfig(seq_len=112, pad_to_multiple_of=8), dp_size=1)[0]
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
+    runs = []
+    for where, dtype in (("cpu", torch.float64), (device, torch.float32)):
+        scorer = PolicyScorer(hybrid_model(family, 3).to(where, dtype), replay_weights=True)
+        with torch.no_grad():
+            runs.append(scorer.score(tmb.to(where)))
+    want, got = runs
+    fla = kernel_names(torch.device(device), torch.float32)["delta_rule"] == "fla"
+    assert torch.equal(got.valid_mask.cpu(), want.valid_mask)
+    tol = 5e-3 if fla else 1e-4  # flash-linear-attention may round through tf32
+    torch.testing.assert_close(got.logprobs.double().cpu(), want.logprobs, atol=tol, rtol=0)
