@@ -183,12 +183,15 @@ def _chunked(
     carry = gamma[..., -1].exp()[..., None, None]  # [H, N, 1, 1]
     state = q.new_zeros(heads, dk, v.shape[-1])
     outs = []
-    for n in range(total):
+    # One unbind per tensor, not a slice per chunk: a slice's backward writes a zero tensor of the
+    # whole [H, N, ...] shape, which would make the backward quadratic in the row's chunks.
+    per_chunk = (x.unbind(1) for x in (u_free, w, q_read, inner, k_write, carry))
+    for n, (u_n, w_n, q_n, inner_n, k_n, carry_n) in enumerate(zip(*per_chunk, strict=True)):
         if n in opens:
             state = q.new_zeros(heads, dk, v.shape[-1])
-        u = u_free[:, n] - w[:, n] @ state
-        outs.append(q_read[:, n] @ state + inner[:, n] @ u)
-        state = state * carry[:, n] + k_write[:, n].transpose(-1, -2) @ u
+        u = u_n - w_n @ state
+        outs.append(q_n @ state + inner_n @ u)
+        state = state * carry_n + k_n.transpose(-1, -2) @ u
     out = torch.stack(outs, 1).movedim(0, 2).reshape(total * size, heads, -1)  # [N·C, H, dv]
     segment, offset = _segment_ids(segments, rows)
     return out[first[segment] * size + offset]
