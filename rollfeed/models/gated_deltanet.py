@@ -70,17 +70,20 @@ def _per_key_head(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor
     return torch.cat([q, k, v, b, a], dim=-1), z.reshape(one, s, nv, dv)
 
 
-def _conv_weight(module: nn.Module, heads: slice, cp_enabled: bool) -> torch.Tensor:
-    """The conv weight ``[C, K]`` of this rank's channels: its key heads' rows of the q and k
-    blocks and its value heads' rows of the v block."""
-    weight = module.conv1d.weight[:, 0]
+def _conv_params(
+    module: nn.Module, heads: slice, cp_enabled: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The conv weight ``[C, K]`` and bias ``[C]`` (or None) of this rank's channels: its key
+    heads' rows of the q and k blocks and its value heads' rows of the v block."""
+    weight, bias = module.conv1d.weight[:, 0], module.conv1d.bias
     if not cp_enabled:
-        return weight
+        return weight, bias
     dk, dv, r = module.head_k_dim, module.head_v_dim, module.num_v_heads // module.num_k_heads
     key_dim = module.num_k_heads * dk
     q_rows = torch.arange(heads.start * dk, heads.stop * dk, device=weight.device)
     v_rows = torch.arange(heads.start * r * dv, heads.stop * r * dv, device=weight.device)
-    return weight[torch.cat([q_rows, q_rows + key_dim, v_rows + 2 * key_dim])]
+    rows = torch.cat([q_rows, q_rows + key_dim, v_rows + 2 * key_dim])
+    return weight[rows], None if bias is None else bias[rows]
 
 
 def gated_deltanet_forward(
@@ -119,9 +122,7 @@ def gated_deltanet_forward(
     q, k, v, b, a = features.split([dk, dk, r * dv, r, r], dim=-1)
     mixed = torch.cat([q.reshape(rows, -1), k.reshape(rows, -1), v.reshape(rows, -1)], dim=-1)
     heads = slice(cp.rank * local, (cp.rank + 1) * local)
-    mixed = causal_conv1d_packed(
-        mixed, _conv_weight(module, heads, cp.enabled), module.conv1d.bias, packing.samples
-    )
+    mixed = causal_conv1d_packed(mixed, *_conv_params(module, heads, cp.enabled), packing.samples)
     q, k, v = mixed.split([local * dk, local * dk, local * r * dv], dim=-1)
     values = slice(heads.start * r, heads.stop * r)
     beta = b.reshape(rows, -1).sigmoid()

@@ -26,7 +26,8 @@ refuses every layer where it detects:
 Example: a two-layer Mamba-attention hybrid with ``layer_types = ["mamba", "full_attention"]``::
 
     check_packable(model)  ->  UnpackableAttentionError: ... layer 0 (model.layers.0):
-        layer type 'mamba', token mixer mamba is a ...Mixer, whose state runs across ...
+        layer type 'mamba', token mixer mamba is a MambaMixer, whose state runs across sample
+        boundaries
 """
 
 from __future__ import annotations
