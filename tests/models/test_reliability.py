@@ -1,4 +1,5 @@
-"""Scoring refuses what it cannot score exactly: ids outside the vocabulary, invalid temperatures,
+"""Scoring refuses what it cannot score exactly: ids outside the vocabulary (negative ones but the
+-1 padding included), invalid or too small temperatures, non-finite scores (NaN logits),
 and models whose attention packing cannot reproduce (typed errors naming the place)."""
 
 from __future__ import annotations
