@@ -11,9 +11,9 @@ import pytest
 
 ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadFieldError
     PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMissingFileError
-    PayloadPathError PayloadRegionError PayloadSegmentError PayloadStaleFileError
-    PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError PayloadWidthError
-    UnknownFieldError"""
+    PayloadOutputBoundError PayloadPathError PayloadRegionError PayloadSegmentError
+    PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError
+    PayloadWidthError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
