@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rollfeed-installed
 
-.PHONY: demo test lint bench gpu-check
+.PHONY: demo test lint bench gpu-check sanitize
 
 # setup.py builds the compiled window read (rollfeed/payload/_window.c) into the source tree.
 $(STAMP): pyproject.toml setup.py rollfeed/payload/_window.c
@@ -34,3 +34,8 @@ bench: $(STAMP)
 # naming what it could not run for want of a package (tests/gpu_check.py). Exits 2 without CUDA.
 gpu-check:
 	PYTHONPATH=. $(PYTHON) -m tests.gpu_check
+
+# The compiled window read under AddressSanitizer and UBSan (a copy of the tree, built with
+# -fsanitize=address,undefined): its parity, fuzz, mutation and output-bound tests.
+sanitize: $(STAMP)
+	$(BIN)/python -m tests.payload.sanitize

@@ -11,9 +11,9 @@ import pytest
 
 ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadFieldError
     PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMissingFileError
-    PayloadPathError PayloadRegionError PayloadSegmentError PayloadStaleFileError
-    PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError PayloadWidthError
-    UnknownFieldError"""
+    PayloadOutputBoundError PayloadPathError PayloadRegionError PayloadSegmentError
+    PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError
+    PayloadWidthError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
@@ -29,7 +29,7 @@ PUBLIC = {
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
         RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError
         VocabularyRangeError TemperatureError PackingError UnpackableAttentionError
-        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError""",
+        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError NonFiniteLogitError""",
     "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine
         capture_request_output capture_completion CapturedCompletion SupportCapture LogprobRows
         logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts

@@ -39,10 +39,12 @@ def _bindable(port: int) -> bool:
 
 
 def _free_port() -> int:
-    """A free port below 45000 whose gRPC twin (port + 10000, as weed uses) is free too."""
+    """A free port whose gRPC twin (port + 10000, as weed uses) is free too, both below the
+    kernel's ephemeral range (32768 and up by default), so no outgoing connection of another
+    process can take either between this check and ``weed`` binding it."""
     rng = random.Random()
     while True:
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(12000, 22000)
         if _bindable(port) and _bindable(port + 10000):
             return port
 
@@ -182,14 +184,19 @@ def wait_ready(server: SeaweedS3, bucket: str = BUCKET) -> None:
 
 
 def _create_bucket(server: SeaweedS3, bucket: str) -> None:
-    """PUT the bucket (SigV4-signed by the project's own signer); an existing one is fine."""
-    from rollfeed.payload.object_sign import signed_request
-    from rollfeed.payload.store_url import Credentials
+    """PUT the bucket (a request of the project's own signed client); an existing one is fine
+    (409, BucketAlreadyOwnedByYou)."""
+    from rollfeed.payload.errors import PayloadIOError
+    from rollfeed.payload.object_http import SignedHttp
+    from rollfeed.payload.store_url import StoreAccess, StoreURL
 
-    creds = Credentials(access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, region=REGION)
-    status, body = signed_request("PUT", f"{server.endpoint}/{bucket}", creds)
-    if status not in (200, 409) and b"BucketAlreadyOwnedByYou" not in body:
-        raise RuntimeError(f"creating bucket {bucket}: HTTP {status} {body[:300]!r}")
+    access = StoreAccess(**server.options(), request_retries=0, timeout_s=5.0)
+    http = SignedHttp(access, StoreURL.parse(f"s3://{bucket}"))
+    try:
+        http.request("PUT", "", what="creating the bucket", where=f"s3://{bucket}")
+    except PayloadIOError as err:
+        if "BucketAlreadyOwnedByYou" not in str(err) and "HTTP 409" not in str(err):
+            raise
 
 
 def start_server(workdir: Path) -> SeaweedS3:

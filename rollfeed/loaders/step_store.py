@@ -38,7 +38,7 @@ from rollfeed.loaders.step_index import (
 )
 from rollfeed.payload.errors import PayloadMissingFileError, PayloadTruncatedError
 from rollfeed.payload.object_http import SignedHttp
-from rollfeed.payload.object_sign import store_request, xml_answer
+from rollfeed.payload.object_sign import xml_answer
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -97,16 +97,7 @@ class StepStore:
 
     def _signed(self, method: str, key: str, query: dict[str, str], body: bytes = b"") -> bytes:
         where = self.where(key)
-        return store_request(
-            self.access,
-            self.url.bucket,
-            key,
-            method,
-            what=method,
-            where=where,
-            query=query,
-            body=body,
-        )
+        return self._reader().request(method, key, what=method, where=where, query=query, body=body)
 
     def list_steps(self) -> list[int]:
         """Sorted step numbers of the step files present under the prefix."""

@@ -4,9 +4,10 @@
  *
  * plan(segments, specs) takes the records and, per field, its spec and window; it returns a Plan
  * naming the files to open, or None when the read is not the common case. Plan.read(entries,
- * parallel_min) takes those files as the root's descriptor cache holds them open (.fd, and
- * .columns: size, format version, file id, file header size), reads every field over its window
- * and returns, per field with records, (name, values, coverage, dtype code, row shape), or None:
+ * parallel_min, max_output) takes those files as the root's descriptor cache holds them open
+ * (.fd, and .columns: size, format version, file id, file header size), reads every field over
+ * its window and returns, per field with records, (name, values, coverage, dtype code, row
+ * shape), or None (also when a field's values would take more than max_output bytes):
  * the caller then runs the planned NumPy reader, which handles every case and raises the typed
  * error naming the file, field, offset and position. This file never raises for bad data: it
  * declines. Every check the planned reader makes is made here too (records plausible and not
@@ -529,7 +530,8 @@ typedef struct {
 /* The record's claims against its file, before any allocation. 1 when they hold. */
 static int fits(const Field *f, const Rec *r, const Files *fl, int32_t li) {
     int64_t hsize = REGION_HEADER + f->key_len;
-    if (r->file_id != 0 && r->file_id != fl->file_id[li]) return 0; /* stale: reopened there */
+    if (r->file_id == 0) return 0; /* no file id for a file that has one: refused there */
+    if (r->file_id != fl->file_id[li]) return 0; /* stale: reopened there */
     if (r->offset - hsize < fl->header_size[li]) return 0;
     int64_t room = fl->size[li] - r->offset;
     if (room < 0) return 0;
@@ -705,6 +707,7 @@ typedef struct {
     int64_t *counts, *starts;                  /* the rows of every ragged record read */
     int64_t *diff, diff_cap;                   /* scatter_rows' scratch */
     PyObject **values, **coverage;             /* per field: the outputs (bytearrays) */
+    int64_t max_output;                        /* bytes one field's values may take */
     Ranges rs;
 } Read;
 
@@ -716,10 +719,20 @@ static int64_t row_bytes(const Rec *r) {
     return rb;
 }
 
+/* A bytearray of `size` bytes, grown from an empty one: when the allocation of
+ * PyByteArray_FromStringAndSize(NULL, size) fails, CPython 3.11 frees the half-made object before
+ * it has set its export count, which then reads as garbage and prints "SystemError: deallocated
+ * bytearray object has exported buffers"; a failed resize leaves a sound empty object. */
+static PyObject *new_bytearray(int64_t size) {
+    PyObject *b = PyByteArray_FromStringAndSize(NULL, 0);
+    if (b != NULL && size > 0 && PyByteArray_Resize(b, (Py_ssize_t)size) < 0) Py_CLEAR(b);
+    return b;
+}
+
 static int new_output(Read *rd, Py_ssize_t i, int64_t bytes) {
     Field *f = &rd->p->fields[i];
-    rd->values[i] = PyByteArray_FromStringAndSize(NULL, bytes);
-    rd->coverage[i] = PyByteArray_FromStringAndSize(NULL, f->n);
+    rd->values[i] = new_bytearray(bytes);
+    rd->coverage[i] = new_bytearray(f->n);
     if (rd->values[i] == NULL || rd->coverage[i] == NULL) return FAILED;
     memset(PyByteArray_AS_STRING(rd->coverage[i]), 0, f->n);
     return TAKEN;
@@ -752,6 +765,7 @@ static int claim(Read *rd, int64_t parallel_min) {
         int64_t nb;
         if (!f->ragged && f->nrecs) {
             if (__builtin_mul_overflow(f->n, row_bytes(&f->recs[0]), &nb)) return DECLINED;
+            if (nb > rd->max_output) return DECLINED; /* the planned reader's bound error */
             total += nb;
         }
     }
@@ -838,6 +852,7 @@ static int hold_to_headers(Read *rd) {
         if (f->width >= 0 && W > f->width) return DECLINED; /* the planned reader's error */
         f->out_width = W = f->width >= 0 ? f->width : (W > 1 ? W : 1);
         if (__builtin_mul_overflow(f->n, 4 * W, &cells)) return DECLINED;
+        if (cells > rd->max_output) return DECLINED; /* the planned reader's bound error */
         if (new_output(rd, i, cells) < 0) return FAILED;
     }
     return TAKEN;
@@ -949,13 +964,14 @@ static PyObject *results(Read *rd) {
 
 static PyObject *Plan_read(Plan *p, PyObject *args) {
     PyObject *entries, *result = NULL;
-    long long parallel_min;
-    if (!PyArg_ParseTuple(args, "O!L", &PyList_Type, &entries, &parallel_min)) return NULL;
+    long long parallel_min, max_output;
+    if (!PyArg_ParseTuple(args, "O!LL", &PyList_Type, &entries, &parallel_min, &max_output))
+        return NULL;
     Py_ssize_t nfiles = PyList_GET_SIZE(p->files), nf = p->nfields ? p->nfields : 1;
     int *fds = malloc((nfiles ? nfiles : 1) * sizeof(int));
     int64_t *cols = malloc(3 * (nfiles ? nfiles : 1) * sizeof(int64_t));
     Read rd = {.p = p, .values = calloc(nf, sizeof(PyObject *)),
-               .coverage = calloc(nf, sizeof(PyObject *))};
+               .coverage = calloc(nf, sizeof(PyObject *)), .max_output = max_output};
     int verdict = FAILED;
     if (fds == NULL || cols == NULL || rd.values == NULL || rd.coverage == NULL) {
         PyErr_NoMemory();
@@ -1023,7 +1039,8 @@ static PyObject *Plan_files(Plan *p, void *closure) {
 
 static PyMethodDef Plan_methods[] = {
     {"read", (PyCFunction)Plan_read, METH_VARARGS,
-     "read(entries, parallel_min) -> [(name, values, coverage, dtype code, row shape)], or "
+     "read(entries, parallel_min, max_output) -> [(name, values, coverage, dtype code, row "
+     "shape)], or "
      "None (declined)"},
     {NULL, NULL, 0, NULL}};
 

@@ -149,6 +149,13 @@ class RecordTable:
             else:
                 flat += (1, lay.rows, lay.values, lay.count_bytes, lay.block_rows)
             flat.append(shapes.setdefault(shape, len(shapes)))
+        # int64 columns would truncate a float (or take a bool) silently: a record made past
+        # validation (model_construct) with one is checked as if parsed (field_segments)
+        types = set(map(type, flat))
+        for shape in shapes:
+            types.update(map(type, shape))
+        if types - {int}:
+            raise TypeError("a record holds a value that is not an int where one belongs")
         cols = np.fromiter(flat, np.int64, len(flat)).reshape(len(segs), len(_COLUMNS)).T
         self._set(segs, list(where), list(shapes), cols)
 
@@ -203,7 +210,7 @@ def field_segments(
         return None
     try:
         t = RecordTable(mine)
-    except (TypeError, ValueError):  # made with model_copy(update=...), which checks nothing
+    except (TypeError, ValueError):  # made past validation (model_construct)
         mine = [_validated(s, name) for s in mine]
         t = _table_or_none(mine)
     except OverflowError:  # some integer is beyond int64: explain() names it

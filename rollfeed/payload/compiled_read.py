@@ -10,7 +10,8 @@ the rare case. It declines, never guesses: a file of an earlier format version, 
 (``verify_checksums``), an object-store root, a fixed field with integer ids of several widths or
 read nowhere, a field of placeholders only, a read large enough for the root's thread pool, and
 any record, file or header the planned reader would refuse or treat specially (a stale file id, a
-file that may have grown, a header that disagrees).
+file that may have grown, a header that disagrees, an output past the root's
+``max_output_bytes``).
 
 The kernel is built by ``pip install`` (``setup.py``; it needs a C compiler). Where it is not
 built, every read takes the planned reader; ``COMPILED`` says which is the case.
@@ -100,7 +101,9 @@ def read_compiled(
     except PayloadError:  # the planned reader opens them again, under the root's policy
         return None
     try:
-        got = plan.read(entries, root.parallel_min_bytes if parallel else _NO_LIMIT)
+        got = plan.read(
+            entries, root.parallel_min_bytes if parallel else _NO_LIMIT, root.max_output_bytes
+        )
     finally:
         root._proc().release(entries)
     if got is None:

@@ -60,6 +60,15 @@ class PayloadWidthError(PayloadError):
     """A ragged row is wider than the caller's fixed ``width``."""
 
 
+class PayloadOutputBoundError(PayloadError):
+    """A read's output for one field would exceed the root's ``max_output_bytes``: ``rows``
+    window rows of ``width`` values each (a ragged field's padded ``[n, W]``, a fixed field's
+    row elements). Raised before anything that size is allocated; names the file and position of
+    the record that sets the width (a ragged field's widest row)."""
+
+    PLACE = ("file", "field", "offset", "pos", "rows", "width")
+
+
 class PayloadRegionError(PayloadError):
     """A record disagrees with the region header it points into (field, kind, dtype, shape, rows,
     ragged layout), or the bytes where that header should be are not one."""

@@ -29,7 +29,14 @@ from rollfeed.payload.checksum import (
 from rollfeed.payload.fields import PayloadField
 from rollfeed.payload.layout import DTYPE_CODES, REGION_HEADER
 from rollfeed.payload.lease import FieldFiles, Reads
-from rollfeed.payload.read_plan import coverage, fit, header_ranges, overlaps, slots
+from rollfeed.payload.read_plan import (
+    check_output,
+    coverage,
+    fit,
+    header_ranges,
+    overlaps,
+    slots,
+)
 from rollfeed.payload.regions import check_file_ids, check_regions
 from rollfeed.payload.segment import ITEMSIZE
 
@@ -73,11 +80,14 @@ def _plan(t: RecordTable, ranges, row_bytes: int) -> _Plan:
 class FixedJob:
     """One fixed-width field over one window, planned (no I/O): :meth:`steps` runs it."""
 
-    def __init__(self, t: RecordTable, ranges, n: int, name: str, spec: PayloadField) -> None:
+    def __init__(
+        self, t: RecordTable, ranges, n: int, name: str, spec: PayloadField, bound: int
+    ) -> None:
         self.dtype, self.shape = common_dtype(t, name)
         check_fill(self.dtype, spec.fill, t.segs[0], name)
         self.n, self.name, self.fill = n, name, spec.fill
         self.elems, self.key = math.prod(self.shape), name.encode()
+        check_output(t, 0, name, n, self.elems, self.dtype.itemsize, bound, int(t.pos[0]))
         live = t.rows > 0
         self.plans = []  # per stored dtype (more than one only when integer ids widen)
         self.coverage = np.zeros(n, bool)

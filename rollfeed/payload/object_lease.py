@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadTruncatedError
+from rollfeed.payload.errors import PayloadStaleFileError, PayloadTruncatedError
 from rollfeed.payload.lease import Reads
 
 if TYPE_CHECKING:
@@ -86,11 +86,28 @@ class ObjectLease:
         return self.files.index(rel) if rel in self.files else None
 
     def refresh(self, idx: np.ndarray) -> None:
-        """Look objects ``idx`` up again (an object is immutable: a new size is a new object,
-        which the ETag check then refuses to mix with the old one's bytes)."""
+        """Look objects ``idx`` up again. An object is immutable, so one that now looks
+        different (ETag, size or file header) is another object under the key: everything the
+        read checked so far (file ids, sizes) was checked against the old one, so it is
+        :class:`PayloadStaleFileError` (the root's policy reopens the key once and reads again
+        from the start, holding every record to the new object's header)."""
+        changed = None
         for i in np.unique(idx).tolist():
-            self.entries[i], self.first[i] = self.root.replace(self.entries[i])
+            old = self.entries[i]
+            self.entries[i], self.first[i] = self.root.replace(old)
+            if changed is None and (self.entries[i].etag, self.entries[i].columns) != (
+                old.etag,
+                old.columns,
+            ):
+                changed = i
         self._columns()
+        if changed is not None:
+            entry = self.entries[changed]
+            raise PayloadStaleFileError(
+                f"object {self.root.where(entry.rel)} changed under its key while it was read "
+                "(another ETag, size or file header)",
+                file=entry.rel,
+            )
 
     def reopen(self, i: int) -> None:
         self.entries[i], self.first[i] = self.root.replace(self.entries[i])

@@ -43,7 +43,7 @@ from rollfeed.payload.errors import PayloadError, PayloadInputError, PayloadMiss
 from rollfeed.payload.layout import FILE_HEADER, parse_file_header
 from rollfeed.payload.object_http import SignedHttp
 from rollfeed.payload.object_lease import ObjectEntry, ObjectLease
-from rollfeed.payload.root import PayloadRoot
+from rollfeed.payload.root import MAX_OUTPUT_BYTES, PayloadRoot, output_bound
 from rollfeed.payload.store_url import StoreAccess, StoreURL
 
 log = logging.getLogger(__name__)
@@ -98,16 +98,18 @@ class ObjectRoot(PayloadRoot):
 
     ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: the
     store (each ``None`` from the ``AWS_*`` variables, read in the process that builds a client).
-    ``timeout_s``: one request's bound; ``request_retries``: retries of a request that timed
-    out, was throttled or got a 5xx (exponential backoff from 50 ms), all within
-    ``retry_timeout_s``; then a typed error (:class:`PayloadStoreTimeoutError`), never a hang.
+    ``timeout_s``: one request's bound, as a whole (connect, headers and body, however slowly a
+    store sends them); ``request_retries``: retries of a request that timed out, was cut, was
+    throttled or got a 5xx (exponential backoff from 50 ms), every attempt ending within
+    ``retry_timeout_s`` of the first; then a typed error (:class:`PayloadStoreTimeoutError`),
+    never a hang.
     ``retries`` / ``backoff_s``: as for a local root, an object missing or shorter than a record
     needs is looked up again with backoff. ``concurrency``: ranged GETs in flight per read.
     ``merge_gap``: ranges of one object at most this many bytes apart are one GET (the bytes
     between them are fetched and dropped: a request costs more than a few hundred KiB).
     ``open_bytes``: the GET that opens an object (its header, size and ETag) fetches this many of
     its first bytes, and the read that opened it uses them: an object of a request or two is
-    read with that one GET.
+    read with that one GET. ``max_output_bytes``: as for a local root.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class ObjectRoot(PayloadRoot):
         open_bytes: int = 256 << 10,
         merge_gap: int = _MERGE_GAP,
         verify_checksums: bool = False,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
         if max_open < 1 or retries < 0 or concurrency < 1 or merge_gap < 0:
             raise PayloadInputError(
@@ -152,6 +155,7 @@ class ObjectRoot(PayloadRoot):
         self.concurrency, self.merge_gap = concurrency, merge_gap
         self.open_bytes = open_bytes
         self.verify_checksums = bool(verify_checksums)
+        self.max_output_bytes = output_bound(max_output_bytes)
         self._state = None
 
     def __getstate__(self) -> dict:
@@ -159,7 +163,7 @@ class ObjectRoot(PayloadRoot):
         state = {k: getattr(self, k) for k in keys}
         state.update(parallel_min_bytes=0, concurrency=self.concurrency)
         state.update(merge_gap=self.merge_gap, verify_checksums=self.verify_checksums)
-        state.update(open_bytes=self.open_bytes)
+        state.update(open_bytes=self.open_bytes, max_output_bytes=self.max_output_bytes)
         return state
 
     def __repr__(self) -> str:

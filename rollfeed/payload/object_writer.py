@@ -7,10 +7,12 @@ header and its own random file id; the writer returns its records only after the
 a crashed writer leaves nothing visible and nothing half-written. A body of ``multipart_bytes``
 or more is uploaded in parts (several in flight); a writer killed mid-upload leaves an
 *incomplete multipart upload*, invisible to readers, which ``prune`` aborts. The PUT is
-preceded by a lookup of the key and, for a single PUT, conditional too (``If-None-Match: *``, which
-closes the race on stores that honour it; SeaweedFS does not): a second writer with the same name
-(or a forked child still counting from its parent's number) does not overwrite an object that
-records already point at.
+preceded by a lookup of the key and, for a single PUT, conditional too (``If-None-Match: *``,
+which closes the race on stores that honour it, as S3 and SeaweedFS 4.48 do: 412 for the second
+of two writers, measured here with one winner in each of 70 races; a multipart upload is not
+conditional, so the lookup alone guards it): a second writer with the same name (or a forked
+child still counting from its parent's number) does not overwrite an object that records
+already point at.
 
 Example (names of one writer of group ``step_000001`` named ``w0``)::
 
@@ -83,7 +85,8 @@ class ObjectSink:
 
 
 def _present(http: object, key: str, where: str, rel: str) -> bool:
-    """Whether ``key`` exists (a one-byte GET): not every store honours ``If-None-Match``."""
+    """Whether ``key`` exists (a one-byte GET): a store that does not honour ``If-None-Match``
+    is still refused the common case of a name taken long before."""
     try:
         http.get(key, 0, 1, None, where=where, rel=rel)  # type: ignore[attr-defined]
     except PayloadMissingFileError:

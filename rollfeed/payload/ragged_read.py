@@ -22,7 +22,7 @@ from rollfeed.payload.errors import PayloadWidthError
 from rollfeed.payload.fields import PayloadField
 from rollfeed.payload.lease import FieldFiles, Reads
 from rollfeed.payload.ragged_index import IndexStep
-from rollfeed.payload.read_plan import coverage, inside, overlaps, spread
+from rollfeed.payload.read_plan import check_output, coverage, inside, overlaps, spread
 from rollfeed.payload.regions import check_file_ids
 from rollfeed.payload.values import decode_into, spare
 
@@ -31,9 +31,19 @@ class RaggedJob:
     """One ragged field over one window, planned (no I/O): :meth:`steps` runs it."""
 
     def __init__(
-        self, t: RecordTable, ranges, n: int, name: str, spec: PayloadField, width: int | None
+        self,
+        t: RecordTable,
+        ranges,
+        n: int,
+        name: str,
+        spec: PayloadField,
+        width: int | None,
+        bound: int,
     ) -> None:
         self.ranges, self.n, self.name, self.spec, self.width = ranges, n, name, spec, width
+        self.bound, self.itemsize = bound, spec.ragged_dtype.itemsize
+        # W >= max(1, width): refused here already when even that is past the bound
+        check_output(t, 0, name, n, width or 1, self.itemsize, bound, int(t.pos[0]))
         live = t.rows > 0
         self.empty = not live.any()  # placeholders only: nothing is read, nothing they claim used
         if not live.all():  # placeholders are not read: their files need not be opened
@@ -82,10 +92,11 @@ class RaggedJob:
         n, spec, width = self.n, self.spec, self.width
         lead = int(spec.label == "omitted")  # column 0 is the label's, filled by the caller
         widest = max(int(d.index.counts.max()) for d in decoded) + lead
+        d = next(d for d in decoded if int(d.index.counts.max()) + lead == widest)
+        row = int(np.argmax(d.index.counts))
+        i = int(np.searchsorted(d.index.row_base, row, side="right") - 1)
+        pos = int(d.table.pos[i]) + row - int(d.index.row_base[i])  # the widest row
         if width is not None and widest > width:
-            d = next(d for d in decoded if int(d.index.counts.max()) + lead == widest)
-            row = int(np.argmax(d.index.counts))
-            i = int(np.searchsorted(d.index.row_base, row, side="right") - 1)
             s = d.table.segs[i]
             what = f"{widest} values (its sampled token included)" if lead else f"{widest} values"
             raise PayloadWidthError(
@@ -93,8 +104,10 @@ class RaggedJob:
                 file=s.file,
                 field=self.name,
                 offset=s.offset,
-                pos=s.pos + row - int(d.index.row_base[i]),
+                pos=pos,
             )
+        W = width if width is not None else max(1, widest)
+        check_output(d.table, i, self.name, n, W, self.itemsize, self.bound, pos)
         # The window's values in window-row order, so that one scatter places them all. Values
         # of whole regions are already in memory; the others take one read per intersection.
         row_counts = np.zeros(n, np.int64)
@@ -132,7 +145,6 @@ class RaggedJob:
             yield from _clipped_values(clipped, values, files)
         elif clipped:
             yield from _checked_values(clipped, values, files, self.name)
-        W = width if width is not None else max(1, widest)
         out = np.full((n, W), spec.fill, spec.ragged_dtype)
         if values is not None and values.size:
             # value k of row r lands at flat index r * W + lead + (k - value_base[r])

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rollfeed.payload.checks import RecordTable
-from rollfeed.payload.errors import PayloadTruncatedError
+from rollfeed.payload.errors import PayloadOutputBoundError, PayloadTruncatedError
 from rollfeed.payload.layout import REGION_HEADER, REGION_HEADER_V1
 from rollfeed.payload.lease import FieldFiles
 from rollfeed.payload.regions import check_room
@@ -94,6 +94,29 @@ def fit(
                 PayloadTruncatedError, i, f"{needs(i)}, but the file has {int(size[i])} bytes"
             )
     return size
+
+
+def check_output(
+    t: RecordTable, i: int, name: str, n: int, width: int, itemsize: int, bound: int, pos: int
+) -> None:
+    """Refuse a field's output of ``n`` rows of ``width`` values of ``itemsize`` bytes past
+    ``bound`` bytes (the root's ``max_output_bytes``), before it is allocated; record ``i`` (at
+    position ``pos``) is the one that sets the width."""
+    total = n * width * itemsize
+    if total <= bound:
+        return
+    s = t.segs[i]
+    raise PayloadOutputBoundError(
+        f"{n} rows of {width} values ({itemsize} bytes each) would take {total} bytes, more than "
+        f"max_output_bytes={bound}; read fewer rows, pass width= (wider rows are then refused), "
+        "or raise the root's max_output_bytes",
+        file=s.file,
+        field=name,
+        offset=s.offset,
+        pos=pos,
+        rows=n,
+        width=width,
+    )
 
 
 def slots(buf: np.ndarray) -> np.ndarray:

@@ -131,10 +131,11 @@ def read_fields(
         ranges = _ranges(window, name)
         n = sum(hi - lo for lo, hi in ranges)
         try:
+            bound = proot.max_output_bytes
             jobs[name] = (
-                RaggedJob(t, ranges, n, name, spec, width)
+                RaggedJob(t, ranges, n, name, spec, width, bound)
                 if spec.ragged
-                else FixedJob(t, ranges, n, name, spec)
+                else FixedJob(t, ranges, n, name, spec, bound)
             )
         except PayloadError as err:
             raise err.with_place(field=name) from None

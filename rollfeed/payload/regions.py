@@ -18,7 +18,11 @@ import numpy as np
 
 from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.checksum import fixed_block_rows
-from rollfeed.payload.errors import PayloadRegionError, PayloadStaleFileError
+from rollfeed.payload.errors import (
+    PayloadRegionError,
+    PayloadSegmentError,
+    PayloadStaleFileError,
+)
 from rollfeed.payload.layout import (
     CHECKSUM_CRC32C,
     DTYPE_CODES,
@@ -54,9 +58,21 @@ def check_room(t: RecordTable, header_size: np.ndarray, hsize: np.ndarray) -> No
 
 
 def check_file_ids(t: RecordTable, file_id: np.ndarray) -> None:
-    """Records that carry a file id name the file now open under their name (``file_id [S]``:
-    the open file's id, 0 for version 1); else :class:`PayloadStaleFileError` (the caller reopens
-    once and asks again)."""
+    """Records name the file now open under their name (``file_id [S]``: the open file's id, 0
+    for version 1); else :class:`PayloadStaleFileError` (the caller reopens once and asks again).
+    A record without a file id is only taken for a version-1 file (which has none): for any
+    other it is :class:`PayloadSegmentError`, since nothing could tell a rewritten file apart."""
+    missing = (t.file_id == 0) & (file_id != 0)
+    if missing.any():
+        i = int(np.argmax(missing))
+        raise t.fail(
+            PayloadSegmentError,
+            i,
+            "the record carries no file id, but the file under its name has one (format version "
+            "2 or 3, whose writers put it in every record): a record without one belongs to a "
+            "pre-release format or was made by hand, and a rewritten file could not be told "
+            "apart; use the records the writer returned",
+        )
     bad = (t.file_id != 0) & (t.file_id != file_id)
     if bad.any():
         i = int(np.argmax(bad))
@@ -209,7 +225,9 @@ def _mismatch(t, hbuf, name, size, file_id, shape, ragged, flags) -> bool:
     row_bytes = t.itemsize * elems
     if ragged is None:  # the checksum block follows each record's row bytes
         diff[:, 8:12] = hbuf[:, 8:12].view("<u4") != fixed_block_rows(row_bytes)[:, None]
+    # the header's file id is the record's own (bytes of the very file read vouch for it)
     bad = diff.any(axis=1) | (got[:, 3] != file_id) | (t.first + t.rows > rows)
+    bad |= (t.file_id != 0) & (got[:, 3] != t.file_id)
     room = size - t.offset
     if ragged is None:
         q, r = np.divmod(body, row_bytes)
@@ -229,7 +247,12 @@ def _explain(t, h: RegionColumns, version, size, file_id, shape, ragged, flags) 
     checks = [
         (~h.magic_ok, lambda i: "no region header (magic) before the body: wrong offset?"),
         (~h.name_ok, lambda i: "the region header is of another field (or not well formed)"),
-        ((h.file_id != 0) & (h.file_id != file_id), None),  # a valid header of another file
+        # a valid header of another file than the one opened, or than the record's
+        (
+            (h.file_id != 0)
+            & ((h.file_id != file_id) | ((t.file_id != 0) & (h.file_id != t.file_id))),
+            None,
+        ),
         (h.kind != (KIND_RAGGED if ragged else KIND_FIXED), lambda i: f"kind {h.kind[i]}"),
         (h.dtype != t.dtype, lambda i: f"dtype: {_dtype_name(h.dtype[i])}"),
     ]
@@ -315,7 +338,8 @@ def _explain(t, h: RegionColumns, version, size, file_id, shape, ragged, flags) 
             PayloadStaleFileError,
             i,
             f"the region header says file id {h.file_id[i]}, the file was opened with id "
-            f"{file_id[i]}: it was rewritten in place",
+            f"{file_id[i]} and the record names id {t.file_id[i]}: the file was rewritten "
+            "in place or replaced while it was read",
         )
     s = t.segs[i]
     claim = f"dtype {s.dtype}, shape {s.shape}, rows [{s.first}, {s.first + s.rows})"

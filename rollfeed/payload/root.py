@@ -45,6 +45,7 @@ from rollfeed.payload.safe_open import open_beneath, open_parent_beneath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_OUTPUT_BYTES = 1 << 30  # the default bound on one field's values in one read
 
 
 class _Entry:
@@ -122,6 +123,13 @@ class PayloadRoot:
     ``parallel_min_bytes``. From the page cache on 2 cores, a 6 MiB window over 64 files took
     0.7 ms inline and 1.1-2.6 ms on 2-4 threads, so the default only goes parallel for large
     reads; on a network filesystem, where each read waits on latency, set it to 0.
+    ``max_output_bytes``: the most bytes one field's values may take in one read (default
+    1 GiB): a fixed field's ``[n, *shape]``, a ragged field's padded ``[n, W]`` (``W`` the widest
+    row of its records, or ``width``). A read past it raises
+    :class:`~rollfeed.payload.errors.PayloadOutputBoundError` before that output is allocated:
+    a few MiB of one file can claim tens of GiB (one row of a million kept ids read over a
+    16,384-row window is 61 GiB padded). A ragged form of the output would count its ids and
+    row offsets against the same bound.
     """
 
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: object, **kwargs: object):
@@ -142,11 +150,13 @@ class PayloadRoot:
         threads: int = 4,
         parallel_min_bytes: int = 64 << 20,
         verify_checksums: bool = False,
+        max_output_bytes: int = MAX_OUTPUT_BYTES,
     ) -> None:
         if max_open < 1 or retries < 0:
             raise PayloadInputError(
                 f"PayloadRoot needs max_open >= 1 and retries >= 0, got {max_open}, {retries}"
             )
+        self.max_output_bytes = output_bound(max_output_bytes)
         self.path = os.path.abspath(os.fspath(path))
         self.max_open, self.retries, self.backoff_s = max_open, retries, backoff_s
         self.threads, self.parallel_min_bytes = threads, parallel_min_bytes
@@ -157,6 +167,7 @@ class PayloadRoot:
         state = {k: getattr(self, k) for k in ("path", "max_open", "retries", "backoff_s")}
         state.update(threads=self.threads, parallel_min_bytes=self.parallel_min_bytes)
         state.update(verify_checksums=self.verify_checksums)
+        state.update(max_output_bytes=self.max_output_bytes)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -327,6 +338,16 @@ class PayloadRoot:
         finally:
             os.close(parent)
         self.close()
+
+
+def output_bound(value: object) -> int:
+    """``max_output_bytes`` checked: an int >= 1 (and below 2**63, the kernel's int64)."""
+    if type(value) is not int or not 1 <= value < 1 << 63:
+        raise PayloadInputError(
+            f"max_output_bytes must be an int in [1, 2**63), got {value!r}; it bounds one "
+            "field's values in one read"
+        )
+    return value
 
 
 def as_root(root: PayloadRoot | str | os.PathLike[str]) -> PayloadRoot:

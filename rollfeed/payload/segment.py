@@ -15,12 +15,18 @@ Worked example (a mask region of 6 rows written for completion tokens 4..9)::
     shift_segments([s], 100)    -> pos=104                  (packed at micro-batch offset 100)
 
 Clipping a ragged segment only moves ``first``/``rows``: it needs neither row widths nor I/O.
+
+A record is validated however it is made: parsed, constructed, or copied with
+``model_copy(update=...)`` (which pydantic itself does not check), so ``pos=1.5`` or
+``rows=True`` is a :class:`PayloadSegmentError` at once and never reaches a reader.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
@@ -34,10 +40,24 @@ ITEMSIZE.update(float16=2, float32=4, float64=8)
 STORED_DTYPES = frozenset(ITEMSIZE)
 
 
-class RaggedLayout(BaseModel):
-    """Where a CSR region keeps its row index; see :mod:`rollfeed.payload.layout`."""
+class _Record(BaseModel):
+    """A frozen record whose copies are validated like the record itself."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied, validated as a new record (pydantic's own copy
+        checks nothing): a value of the wrong type is a :class:`PayloadSegmentError`."""
+        if not update:
+            return super().model_copy(deep=deep)
+        try:
+            return self.model_validate({**self.__dict__, **update})
+        except ValidationError as err:
+            raise PayloadSegmentError(f"malformed payload segment record: {err}") from None
+
+
+class RaggedLayout(_Record):
+    """Where a CSR region keeps its row index; see :mod:`rollfeed.payload.layout`."""
 
     rows: StrictInt  # rows in the whole region (not only this segment)
     values: StrictInt  # values in the whole region
@@ -45,14 +65,13 @@ class RaggedLayout(BaseModel):
     block_rows: StrictInt  # rows per index block (one absolute value offset per block)
 
 
-class PayloadSegment(BaseModel):
+class PayloadSegment(_Record):
     """A handle to ``rows`` consecutive token rows of one field. Frozen; JSON round-trips.
 
     Integers are strict (JSON ``true`` or ``1.0`` is not an offset). ``file_id`` is the id of the
-    file the record was written into (format version 2); ``None`` in records of version-1 files.
+    file the record was written into (format versions 2 and 3); ``None`` only in records of
+    version-1 files (a reader refuses a record without one for a file that has one).
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     field: str
     file: str
@@ -89,6 +108,7 @@ def clip_segments(segments: Iterable[PayloadSegment], lo: int, hi: int) -> list[
     A segment clipped to nothing stays as a zero-row placeholder with ``pos`` clamped into
     ``[lo, hi]``, so the field is still known to be present.
     """
+    lo, hi = _position(lo, "clip_segments lo"), _position(hi, "clip_segments hi")
     if hi < lo:
         raise PayloadSegmentError(f"clip_segments needs lo <= hi, got lo={lo}, hi={hi}")
     out = []
@@ -105,4 +125,16 @@ def clip_segments(segments: Iterable[PayloadSegment], lo: int, hi: int) -> list[
 
 def shift_segments(segments: Iterable[PayloadSegment], delta: int) -> list[PayloadSegment]:
     """Move every segment by ``delta`` token positions (e.g. to micro-batch coordinates)."""
+    delta = _position(delta, "shift_segments delta")
     return [s if delta == 0 else s.model_copy(update={"pos": s.pos + delta}) for s in segments]
+
+
+def _position(value: object, what: str) -> int:
+    """``value`` as an ``int`` when it is an integer (a NumPy one too), else a typed error: a
+    float or a bool would make records of non-integer positions."""
+    try:
+        if not isinstance(value, bool):
+            return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        pass
+    raise PayloadSegmentError(f"{what} must be an integer, got {value!r} ({type(value).__name__})")

@@ -96,9 +96,9 @@ class Credentials:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StoreAccess:
     """How to reach the store: each ``None`` is read from the environment in the process that
-    builds the client. ``timeout_s``: one request's bound; ``request_retries``: retries of a
-    request that timed out, was throttled or got a 5xx, with exponential backoff, all within
-    ``retry_timeout_s``."""
+    builds the client. ``timeout_s``: one request's bound, as a whole (connect, headers, body);
+    ``request_retries``: retries of a request that timed out, was throttled or got a 5xx, with
+    exponential backoff, every attempt ending within ``retry_timeout_s`` of the first."""
 
     endpoint: str | None = None
     region: str | None = None

@@ -1,7 +1,8 @@
 """Adversarial attack families on payload records, files, writers, readers and step lines.
 
 Each family runs in its own child process under ``RLIMIT_AS`` (1 GiB) and a wall-clock bound, each
-case under a per-case alarm (:mod:`tests.payload.adversary`); the families run two at a time. The
+case under a per-case alarm (:mod:`tests.payload.adversary`); the families run two at a time, the
+object-store ones against the session's SeaweedFS. The
 writer's own arrays are the oracle: a read either raises a typed ``rollfeed`` error or returns
 exactly the rows the writer was given. ``pytest -s -k adversarial`` prints the counts per family.
 """
@@ -10,9 +11,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.payload.adversary import FAILURES, format_summary, run_family
+from tests.payload.adversary import format_summary, run_family
+from tests.payload.adversary_tally import FAILURES
 
-FAMILIES = ("records", "bytes", "truncation", "kill", "races", "steps", "memory")
+FAMILIES = (
+    "records",
+    "bytes",
+    "truncation",
+    "kill",
+    "races",
+    "steps",
+    "memory",
+    "versions",
+    "stores",
+    "bounds",
+)
+STORE_FAMILIES = ("versions", "stores")  # these reach the session's S3 server
 # Fewer cases than this means an attack family silently stopped attacking.
 MIN_CASES = {
     "records": 2000,
@@ -22,13 +36,17 @@ MIN_CASES = {
     "races": 500,
     "steps": 400,
     "memory": 60,
+    "versions": 1000,  # the object-store sequences too: the local ones alone are fewer
+    "stores": 60,
+    "bounds": 450,
 }
 
 
 @pytest.fixture(scope="module")
-def summaries(tmp_path_factory):
+def summaries(tmp_path_factory, object_store):
     def one(family):
-        return run_family(family, tmp_path_factory.mktemp(f"adversary_{family}"))
+        env = object_store.env() if family in STORE_FAMILIES else None
+        return run_family(family, tmp_path_factory.mktemp(f"adversary_{family}"), env=env)
 
     with ThreadPoolExecutor(2) as pool:
         out = dict(zip(FAMILIES, pool.map(one, FAMILIES), strict=True))
@@ -87,3 +105,21 @@ def test_memory_claims_never_allocate_beyond_the_bound(summaries):
     """Records and headers claiming huge shapes, rows or values over a file of a few KiB: typed
     refusals within the allocation bound, never MemoryError."""
     _holds(summaries["memory"], "memory")
+
+
+def test_replaced_objects_and_files_are_never_read_as_old_records(summaries):
+    """Replace / truncate / restore sequences under old records, on an object store and a local
+    root, by roots that cached earlier versions: the records' own rows or typed refusals."""
+    _holds(summaries["versions"], "versions")
+
+
+def test_slow_inflating_and_lying_stores_are_bounded_and_typed(summaries):
+    """A proxy in front of the S3 server drips, stalls, inflates, cuts and lies to every request
+    the payload and the step store make: bounded, typed, never more read than asked for."""
+    _holds(summaries["stores"], "stores")
+
+
+def test_outputs_past_their_bound_are_refused_before_allocation(summaries):
+    """Wide rows over long windows against every output bound: refused exactly past the bound,
+    exact within it, never an allocation beyond the allocation bound."""
+    _holds(summaries["bounds"], "bounds")

@@ -7,15 +7,10 @@ import numpy as np
 import pytest
 
 from rollfeed.payload import PayloadPathError, PayloadRoot, layout, read_field
-from tests.payload.adversary import (
-    FAILURES,
-    FIELDS,
-    Tally,
-    byte_mutations,
-    check_read,
-    format_summary,
-    small_file,
-)
+from tests.payload.adversary import format_summary
+from tests.payload.adversary_corpus import byte_mutations, small_file
+from tests.payload.adversary_oracle import FIELDS, check_read
+from tests.payload.adversary_tally import FAILURES, Tally
 
 CASES = 40  # mutations (or cuts) per family; the local families run all of theirs
 
@@ -93,7 +88,7 @@ def test_records_naming_keys_outside_the_prefix_are_refused(tmp_path, object_sto
 def test_mutated_records_read_exactly_or_fail_typed(tmp_path, object_store, s3_url):
     from types import SimpleNamespace
 
-    from tests.payload.adversary import mutated_segment, record_mutations
+    from tests.payload.adversary_records import mutated_segment, record_mutations
 
     rng = np.random.default_rng(24)
     segs, regions, total, raw, _ = small_file(tmp_path, rng, (5, 140, 3))

@@ -316,9 +316,14 @@ def test_ragged_record_claiming_a_huge_block_allocates_nothing(tmp_path):
 
 def test_symlink_swapped_during_reads_never_returns_bytes_from_outside(tmp_path_factory):
     inside, outside = tmp_path_factory.mktemp("inside"), tmp_path_factory.mktemp("outside")
-    # Records without a file id: only the open itself stands between the reader and outside.
-    seg = write(inside, seed=7)["routed_experts"].model_copy(update={"file_id": None})
-    write(outside, seed=8)  # same layout, other bytes
+    seg = write(inside, seed=7)["routed_experts"]
+    # Outside: the same file (same file id, so no id check can tell) with other routing rows:
+    # only the open itself stands between the reader and it.
+    raw = bytearray((inside / seg.file).read_bytes())
+    body = slice(seg.offset, seg.offset + ROWS * int(np.prod(SHAPE)))
+    raw[body] = (routing(8).astype(np.uint8)).tobytes()
+    (outside / GROUP).mkdir()
+    (outside / seg.file).write_bytes(bytes(raw))
     name = inside / seg.file
     os.link(name, inside / GROUP / "keep")
     stop = threading.Event()

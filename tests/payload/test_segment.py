@@ -1,10 +1,14 @@
+import numpy as np
 import pytest
 
 from rollfeed.payload import (
+    PayloadRoot,
     PayloadSegment,
     PayloadSegmentError,
+    PayloadWriter,
     RaggedLayout,
     clip_segments,
+    read_field,
     shift_segments,
 )
 
@@ -63,3 +67,71 @@ def test_clip_twice_composes_and_shift_moves_positions():
 def test_clip_refuses_inverted_range():
     with pytest.raises(ValueError, match="lo <= hi"):
         clip_segments([mask_segment()], 5, 4)
+
+
+ODD = [1.5, 2.0, True, "4", None, np.float64(4.0)]
+
+
+@pytest.mark.parametrize("value", ODD, ids=repr)
+@pytest.mark.parametrize("attr", ["pos", "rows", "offset", "first", "file_id"])
+def test_a_copy_with_a_non_integer_is_refused_like_a_parsed_record(attr, value):
+    if attr == "file_id" and value is None:  # None is a file id's own "absent"
+        return
+    with pytest.raises(PayloadSegmentError, match="malformed"):
+        mask_segment(file_id=7).model_copy(update={attr: value})
+
+
+@pytest.mark.parametrize("value", [128.0, True, "128"], ids=repr)
+def test_a_ragged_layout_copy_with_a_non_integer_is_refused(value):
+    with pytest.raises(PayloadSegmentError, match="malformed"):
+        LAYOUT.model_copy(update={"block_rows": value})
+    with pytest.raises(PayloadSegmentError, match="malformed"):
+        mask_segment().model_copy(update={"ragged": {**LAYOUT.model_dump(), "rows": value}})
+
+
+@pytest.mark.parametrize("bad", [0.5, 8.5, 3.0, True, "2", np.float32(1)], ids=repr)
+def test_clip_and_shift_refuse_non_integer_positions(bad):
+    with pytest.raises(PayloadSegmentError, match="must be an integer"):
+        clip_segments([mask_segment()], 0, bad)
+    with pytest.raises(PayloadSegmentError, match="must be an integer"):
+        clip_segments([mask_segment()], bad, 20)
+    with pytest.raises(PayloadSegmentError, match="must be an integer"):
+        shift_segments([mask_segment()], bad)
+
+
+def test_integer_copies_clips_and_shifts_stay_plain_ints():
+    clipped = clip_segments([mask_segment()], np.int64(5), np.int32(8))
+    (moved,) = shift_segments(clipped, np.int64(3))
+    assert (moved.pos, moved.rows, moved.first) == (8, 3, 1)
+    assert {type(moved.pos), type(moved.rows), type(moved.first)} == {int}
+    assert mask_segment().model_copy(update={"pos": 9}).pos == 9
+
+
+def test_record_without_a_file_id_is_refused_for_a_file_that_has_one(tmp_path):
+    root = PayloadRoot(tmp_path, retries=0)
+    rows = np.arange(12, dtype=np.int64).reshape(6, 2) % 5
+    with PayloadWriter(root, group="g", name="w") as w:
+        (seg,) = w.write({"routed_experts": rows}, pos=0)
+    bare = PayloadSegment.from_json(seg.model_dump_json().replace(str(seg.file_id), "null"))
+    assert bare.file_id is None  # schema-valid
+    with pytest.raises(PayloadSegmentError, match="carries no file id") as err:
+        read_field([bare], "routed_experts", (0, 6), root=root)
+    assert err.value.file == seg.file and err.value.field == "routed_experts"
+    root.prune("g")  # the same name written again: other rows, another file id
+    with PayloadWriter(root, group="g", name="w") as w:
+        w.write({"routed_experts": rows + 1}, pos=0)
+    for check in (False, True):
+        again = PayloadRoot(tmp_path, retries=0, verify_checksums=check)
+        with pytest.raises(PayloadSegmentError, match="carries no file id"):
+            read_field([bare], "routed_experts", (0, 6), root=again)
+
+
+def test_a_record_made_past_validation_with_a_float_is_refused_by_the_reader(tmp_path):
+    root = PayloadRoot(tmp_path, retries=0)
+    with PayloadWriter(root, group="g", name="w") as w:
+        (seg,) = w.write({"routed_experts": np.ones((6, 2), np.int64)}, pos=0)
+    for attr, value in (("pos", 1.5), ("first", 1.0), ("rows", 5.5)):
+        forged = PayloadSegment.model_construct(**{**seg.__dict__, attr: value})
+        with pytest.raises(PayloadSegmentError, match="malformed") as err:
+            read_field([forged], "routed_experts", (0, 6), root=root)
+        assert err.value.field == "routed_experts"
