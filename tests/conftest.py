@@ -68,7 +68,7 @@ def capture_server(tiny_model, tmp_path_factory):
     args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "1", "--seed", "0"]
     args += ["--max-logprobs", str(MAX_LOGPROBS), "--enforce-eager"]
     args += ["--disable-uvicorn-access-log"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")  # serve's own KV cache size on CPU (1 GiB)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     with server_process(
         workdir / "payload",

@@ -1,4 +1,5 @@
-"""``make gpu-check``: the device-parametrized tests on CUDA and ``bench scoring --device cuda``.
+"""``make gpu-check``: the device-parametrized tests on CUDA, ``bench scoring --device cuda`` and
+``bench attention --device cuda``.
 
 For a one-GPU machine with its own Python and torch (any recent torch, no network, no vLLM, no
 virtualenv): run from the repository root with ``PYTHONPATH=.``. It installs and downloads
@@ -8,8 +9,9 @@ nothing. Steps:
 2. Name each optional dependency that is missing and what is not run without it.
 3. Import each test module that parametrizes over ``tests.devices.DEVICES``; a module whose
    import needs a missing third-party package is not run, and the package is named.
-4. ``pytest -k cuda`` over the modules that import (only their CUDA cases), then the scoring
-   benchmark on CUDA. Exit non-zero when either fails or when no CUDA test ran.
+4. ``pytest -k cuda`` over the modules that import (only their CUDA cases), then the scoring and
+   attention benchmarks on CUDA (the attention benchmark's hybrid stack needs transformers).
+   Exit non-zero when any fails or when no CUDA test ran.
 
 Example (a machine without transformers)::
 
@@ -18,6 +20,8 @@ Example (a machine without transformers)::
     not run: tests/models/test_policy.py (needs transformers)
     ... pytest output of the CUDA cases ...
     ... bench scoring --device cuda output ...
+    not run: bench attention's hybrid stack (needs transformers)
+    ... bench attention --device cuda --parts attention output ...
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 OPTIONAL = {
     "numpy": "every rollfeed module",
     "pydantic": "every rollfeed module (payload records)",
-    "transformers": "the tiny-model scorer tests",
+    "transformers": "the tiny-model scorer tests and bench attention's hybrid stack",
     "crc32c": "payload checksums (the payload tests, none of them on CUDA)",
     "hypothesis": "the property tests (none of them on CUDA)",
     "pytest_timeout": "per-test timeouts (tests run without one)",
@@ -71,6 +75,16 @@ def missing_import(path: Path) -> str | None:
             raise  # our own code does not import: a bug, not a missing dependency
         return top if isinstance(err, ModuleNotFoundError) else f"{top}: {err}"
     return None
+
+
+def _benchmarks(absent: list[str]) -> list[list[str]]:
+    """The benchmark command lines to run on CUDA, given the missing optional packages."""
+    run = [sys.executable, "-m", "rollfeed.bench"]
+    attention = [*run, "attention", "--device", "cuda"]
+    if "transformers" in absent:
+        print("not run: bench attention's hybrid stack (needs transformers)")
+        attention += ["--parts", "attention"]
+    return [[*run, "scoring", "--device", "cuda"], attention]
 
 
 def main() -> int:
@@ -107,11 +121,11 @@ def main() -> int:
     tests = subprocess.run([sys.executable, "-m", "pytest", *run, *flags], cwd=REPO)
     failed |= tests.returncode != 0  # 5: no CUDA case collected, which is a failure here too
     if "pydantic" in absent or "numpy" in absent:
-        print("not run: bench scoring --device cuda (rollfeed does not import here)")
+        print("not run: the benchmarks on cuda (rollfeed does not import here)")
         failed = True
     else:
-        bench = [sys.executable, "-m", "rollfeed.bench", "scoring", "--device", "cuda"]
-        failed |= subprocess.run(bench, cwd=REPO).returncode != 0
+        for bench in _benchmarks(absent):
+            failed |= subprocess.run(bench, cwd=REPO).returncode != 0
     print(f"gpu-check: {'FAILED' if failed else 'passed'}")
     return 1 if failed else 0
 

@@ -53,3 +53,14 @@ def test_gpu_check_without_a_cuda_device_stops_with_a_message() -> None:
     assert out.returncode == 2, out.stdout + out.stderr
     assert "no CUDA device here" in out.stderr and "make gpu-check" in out.stderr
     assert out.stdout == ""  # nothing was run
+
+
+def test_gpu_check_runs_the_scoring_and_attention_benchmarks_on_cuda(capsys) -> None:
+    from tests.gpu_check import _benchmarks
+
+    full = [cmd[3:] for cmd in _benchmarks([])]
+    assert full == [["scoring", "--device", "cuda"], ["attention", "--device", "cuda"]]
+    assert capsys.readouterr().out == ""
+    without = [cmd[3:] for cmd in _benchmarks(["transformers"])]
+    assert without[1] == ["attention", "--device", "cuda", "--parts", "attention"]
+    assert "hybrid stack (needs transformers)" in capsys.readouterr().out

@@ -3,7 +3,9 @@
 Private means a dotted component that starts with ``_`` and is not a dunder (``torch._utils``,
 ``torch.utils.data._utils``, ``from torch import _C``, ``DataLoader._iterator`` reached from an
 imported torch name). Checked on the AST of every module under ``rollfeed/`` (tests may poke at
-internals; the library may not): a private torch name breaks with any torch release.
+internals; the library may not): a private torch name breaks with any torch release. An object's
+private attribute is caught too when the library does not define that name itself
+(``mesh._flatten``, ``obj._pg_registry`` on a ``DeviceMesh``), whatever the object is.
 """
 
 from __future__ import annotations
@@ -84,3 +86,49 @@ def test_library_uses_no_private_torch_or_torchdata_name():
         if (uses := private_uses(path.read_text()))
     }
     assert not found, f"private torch/torchdata names used by the library: {found}"
+
+
+# Private by name, public by documentation: the standard library's exit without teardown.
+DOCUMENTED = {"os._exit"}
+
+
+def foreign_private_attributes(sources: dict[str, str]) -> list[str]:
+    """``"file:line: expr"`` for each ``x._name`` whose ``_name`` none of ``sources`` defines
+    (as a function, class, argument, import, or a name or attribute assigned)."""
+    trees = {name: ast.parse(text) for name, text in sources.items()}
+    defined = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Attribute | ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.attr if isinstance(node, ast.Attribute) else node.id)
+            elif isinstance(node, ast.alias):
+                defined.add(node.asname or node.name.split(".")[-1])
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and node.attr not in defined
+                and ast.unparse(node) not in DOCUMENTED
+            ):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def test_the_attribute_check_finds_another_librarys_private_state():
+    source = "class Mine:\n    _own = 1\ndef f(m, mesh):\n    m._own, mesh._pg_registry, os._exit"
+    assert foreign_private_attributes({"m.py": source}) == ["m.py:4: mesh._pg_registry"]
+
+
+def test_library_reaches_no_private_attribute_it_does_not_define():
+    sources = {
+        str(path.relative_to(LIBRARY.parent)): path.read_text()
+        for path in sorted(LIBRARY.rglob("*.py"))
+    }
+    found = foreign_private_attributes(sources)
+    assert not found, f"private attributes of other libraries' objects: {found}"

@@ -31,7 +31,7 @@ PUBLIC = {
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
         RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError
         VocabularyRangeError TemperatureError PackingError UnpackableAttentionError
-        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError""",
+        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError NonFiniteLogitError""",
     "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine
         capture_request_output capture_completion CapturedCompletion SupportCapture LogprobRows
         logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts

@@ -23,14 +23,42 @@ answered with one completion per ``n``: ``{"token_ids": [...], "logprobs": [...]
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from rollfeed.payload import PayloadSegment
 
 ROUTE = "/rollfeed/v1/generate"
 INFO_ROUTE = "/rollfeed/v1/info"
+GROUP_BYTES = 255  # a file name's limit on common filesystems
+GROUP_RULE = (
+    f"a group is 1 to {GROUP_BYTES} bytes of ASCII letters, digits, '.', '_' and '-', in "
+    "components separated by '/', each starting with a letter, a digit or '_'"
+)
+_GROUP = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+_GROUP_CHAR = re.compile(r"[A-Za-z0-9._/-]")
+
+
+def check_group(group: str) -> str:
+    """``group`` when it is a group name (:data:`GROUP_RULE`); else ``ValueError`` naming what
+    breaks the rule.
+
+    Example: ``"step_000042"`` and ``"run7/step_000042"`` pass; ``"step 42"`` (a space),
+    ``"step%2F42"`` (a percent-escape), a name holding a newline, ``"../x"`` and 300 bytes of
+    ``"a"`` do not.
+    """
+    size = len(group.encode())
+    if size > GROUP_BYTES:
+        raise ValueError(f"group {group[:40]!r}... is {size} bytes; {GROUP_RULE}")
+    if not _GROUP.fullmatch(group):
+        bad = next(
+            (f"{c!r} at position {i}" for i, c in enumerate(group) if not _GROUP_CHAR.fullmatch(c)),
+            "a component that is empty or starts with '.' or '-'",
+        )
+        raise ValueError(f"group {group!r} holds {bad}; {GROUP_RULE}")
+    return group
 
 
 class GenerateRequest(BaseModel):
@@ -38,7 +66,8 @@ class GenerateRequest(BaseModel):
 
     token_ids: ``[P]`` the whole history (every earlier turn included), ids of the served model.
     group: the payload group the records land in (e.g. one training step, ``"step_000042"``);
-        the server keeps one writer per group.
+        the server keeps one writer per group. A name follows :data:`GROUP_RULE` (no space,
+        newline, ``%`` or other character that a path, a log line or a URL would change).
     sampling: ``vllm.SamplingParams`` keyword arguments; ``top_k`` is required (it bounds the
         kept set), ``logprobs`` comes from the capture (``top_k + 1``), and everything the trainer
         cannot replay (penalties, logit bias, greedy) is refused with HTTP 400.
@@ -55,6 +84,8 @@ class GenerateRequest(BaseModel):
     sampling: dict[str, Any]
     prompt_start: StrictInt = Field(default=0, ge=0)
     policy: Literal["error", "repair"] = "error"
+
+    _group = field_validator("group")(check_group)
 
 
 class CompletionRecord(BaseModel):

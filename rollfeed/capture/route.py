@@ -49,6 +49,31 @@ logger = logging.getLogger(__name__)
 
 # Set by the route itself: the capture decides them, a request may not.
 _ROUTE_OWNED = ("logprobs", "flat_logprobs", "output_kind", "routed_experts_prompt_start")
+_INT64 = (-(2**63), 2**63)  # the integers the engine's messages encode
+
+
+def _check_integers(sampling: dict[str, Any]) -> None:
+    """Refuse an integer sampling value the engine cannot encode (vLLM would answer HTTP 500).
+
+    Checks each value and the items of a list or dict value (``stop_token_ids``, ``logit_bias``).
+    """
+    for key, value in sampling.items():
+        if isinstance(value, dict):
+            values = list(value.values())
+        else:
+            values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, int) and not isinstance(v, bool) and not _INT64[0] <= v < _INT64[1]:
+                hint = (
+                    "; a completion ends at the model's context length anyway, so any budget "
+                    "up to it will do"
+                    if key == "max_tokens"
+                    else ""
+                )
+                raise SamplingSettingsError(
+                    f"sampling {key}={v} lies outside the signed 64-bit integers the engine "
+                    f"encodes [-2**63, 2**63){hint}"
+                )
 
 
 class CaptureRoute:
@@ -101,6 +126,7 @@ class CaptureRoute:
             raise SamplingSettingsError(
                 f"sampling sets {owned}, which the capture route sets itself; leave them out"
             )
+        _check_integers(request.sampling)
         kwargs = dict(request.sampling)
         if isinstance(kwargs.get("logit_bias"), dict):  # JSON object keys are strings
             kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}

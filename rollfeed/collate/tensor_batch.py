@@ -24,8 +24,9 @@ contiguous layout, ``cp_size=2``, pad multiple 2 -> ``S = 6``::
     cp_rank 1        positions [3, 4, 5]  input_ids [8, 9, 0]  labels [9, -100, -100]
 
 ``fields`` holds one tensor per payload field present in the micro batch, read over the field's
-window (DESIGN.md): ``inputs`` -> ``[N, ...]`` at ``positions``; ``labels`` -> ``[N, ...]`` at
-``positions + 1`` (row position ``S`` reads fill); ``sequence`` -> ``[S, ...]`` over the whole row.
+window (:mod:`rollfeed.payload.fields`): ``inputs`` -> ``[N, ...]`` at ``positions``; ``labels``
+-> ``[N, ...]`` at ``positions + 1`` (row position ``S`` reads fill); ``sequence`` -> ``[S, ...]``
+over the whole row.
 With ``fields_whole=True`` every field was read over the whole row instead (``[S, ...]``, labels
 fields at ``1 .. S``), for models that shard inside the forward. Fixed-width fields are
 ``[n, *shape]`` at their stored dtype (routing ids stay ``uint8``); ragged fields are ``[n, W]``

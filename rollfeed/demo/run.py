@@ -11,7 +11,8 @@
 
 Each run works in a directory of its own, printed first: a fresh one under
 ``~/.cache/rollfeed/demo`` or the ``--workdir`` it is given, locked while it runs
-(:mod:`rollfeed.demo.workdir`), so two demos on one machine never share files.
+(:mod:`rollfeed.demo.workdir`), so two demos on one machine never share files. A fresh run deletes
+the run directories there beyond the newest five (``workdir.KEEP_RUNS``), never a running one.
 
 Without vLLM it says how to install it and returns 2: the demo never fakes rollouts.
 """
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from rollfeed.demo.workdir import DemoRun, DemoWorkdirInUseError, claim_workdir
+from rollfeed.demo.workdir import KEEP_RUNS, DemoRun, DemoWorkdirInUseError, claim_workdir
 
 RANKS, CP = 4, 2
 STEPS = 3  # optimizer steps on the captured step (off-policy epochs)
@@ -82,11 +83,14 @@ def _run_stages(
     work = run.workdir
     kind = "a fresh directory for this run" if run.fresh else "locked for this run"
     print(f"work directory {work} ({kind})", flush=True)
+    if run.pruned:
+        print(
+            f"      deleted {len(run.pruned)} older run directories (the newest {KEEP_RUNS} stay)"
+        )
     for name in ("rollouts.json", "trainer.json", "demo.png"):
         (work / name).unlink(missing_ok=True)
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -30,7 +30,6 @@ continues bitwise as if never stopped: the same batches, weights and optimizer m
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -156,17 +155,6 @@ def train_step(
         kept=cat(kept, torch.int64),
         step_s=time.perf_counter() - t0,
     )
-
-
-def release_meshes() -> None:
-    """Let every device mesh still alive drop its process groups; call right before
-    ``destroy_process_group``. torch's DTensor keeps meshes in process-wide caches (sharding
-    propagation, redistribution planners, mesh topology), and a mesh holds its groups: alive at
-    interpreter teardown, their gloo threads would abort it (see ``trainer``). The meshes are
-    unusable once the groups are destroyed anyway."""
-    for obj in gc.get_objects():
-        if isinstance(obj, DeviceMesh):
-            obj._pg_registry.clear()
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:

@@ -26,13 +26,15 @@ Rank 0 writes ``W/trainer.json``::
 step and after the last; the checkpoint also holds ``trainer.json`` as it stood. ``--resume``
 continues from the newest complete checkpoint there: the same result as a run never stopped.
 
-The process ends normally: the loader is closed (its workers and thread end), the device meshes
-that torch's DTensor caches keep drop their groups (``train.release_meshes``), and every process
-group is destroyed and no longer referenced when ``main`` returns, so no gloo worker thread is
-left to release a collective's tensors during interpreter teardown (which aborts the process). The
-model classes are imported before ``init_process_group`` for the same reason: transformers' model
-code imports ``torch.distributed.nn.functional``, whose functions take ``group.WORLD`` as a default
-argument; imported after the default group exists, it would hold that group for good.
+The process ends without interpreter teardown (:func:`end_process`, after the loader is closed,
+``trainer.json`` written and every process group destroyed). torch's DTensor keeps device meshes in
+process-wide caches (sharding propagation, redistribution planners, mesh topology) that torch
+offers no public way to clear, and a mesh holds its process groups; a gloo group still alive when
+the interpreter finalizes can abort it from a worker thread that needs the GIL to free a tensor.
+Skipping finalization, once everything is written and flushed, leaves no such window. The model
+classes are imported before ``init_process_group``: transformers' model code imports
+``torch.distributed.nn.functional``, whose functions take ``group.WORLD`` as a default argument;
+imported after the default group exists, it would hold that group for good.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -53,7 +58,6 @@ from rollfeed.demo.train import (
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
-    release_meshes,
     save_checkpoint,
     shard_model,
     train_step,
@@ -113,13 +117,15 @@ def train(args: argparse.Namespace) -> None:
     """The whole run on this rank (collective; a new mesh, model and loader on every call)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world // args.cp, args.cp), mesh_dim_names=("dp", "cp"))
+    # FSDP2 over every rank: the dp x cp mesh flattened in mesh order, as torchtitan shards its
+    # data and cp axes alike (here dp x cp is the whole world, so a 1-D mesh of it is that).
+    fsdp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_cp",))
     topo = Topology.from_mesh(mesh)
     dtype = DTYPES[args.dtype]
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
     if hasattr(model.config, "_experts_implementation") and dtype == torch.float64:
         model.set_experts_implementation("eager")  # the grouped-mm kernels refuse float64
-    # FSDP2 over the flattened dp x cp mesh (torchtitan flattens its data and cp axes alike).
-    shard_model(model, mesh["dp", "cp"]._flatten("dp_cp"))
+    shard_model(model, fsdp_mesh)
     scorer = PolicyScorer.from_mesh(model, mesh, compute_entropy=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     loader = build_dataloader(
@@ -206,9 +212,17 @@ def main(argv: list[str] | None = None) -> None:
         train(args)
         dist.barrier()
     finally:
-        release_meshes()
         dist.destroy_process_group()  # the default group and every mesh group
+
+
+def end_process() -> NoReturn:
+    """Exit 0 without interpreter teardown (see the module doc), logs and output flushed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     main()
+    end_process()

@@ -6,7 +6,13 @@ Two demos on one machine must never share a payload root, a step file or a write
 ``flock`` on ``DIR/.rollfeed-demo.lock`` for its whole life; a second run on the same ``DIR`` is
 refused at once with :class:`DemoWorkdirInUseError`, naming the directory and the run holding it.
 The kernel drops the lock when its holder exits, however it exits, so a killed run never leaves a
-stale lock behind.
+stale lock behind. Fresh runs hold the same lock on their own directory.
+
+Fresh run directories accumulate (about 13 MB each: payload, step file, checkpoints, plot), so a
+new fresh run deletes those beyond the newest :data:`KEEP_RUNS` (its own included), oldest first
+by the start time in their names; a directory whose run still holds its lock is never deleted,
+nor is anything under ``base`` that is not a ``run-<id>`` directory (a symlink included). An
+explicit ``--workdir`` is never deleted.
 
 Example::
 
@@ -18,9 +24,14 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
+import logging
 import os
+import re
 import secrets
+import shutil
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +40,9 @@ from pathlib import Path
 from rollfeed.errors import RollfeedError
 
 LOCK_NAME = ".rollfeed-demo.lock"
+KEEP_RUNS = 5  # fresh run directories kept under the base, the newest ones
+_RUN_DIR = re.compile(r"run-\d{8}-\d{6}-\d+-[0-9a-f]+")
+logger = logging.getLogger(__name__)
 
 
 class DemoWorkdirInUseError(RollfeedError):
@@ -42,6 +56,7 @@ class DemoRun:
     workdir: Path
     run_id: str
     fresh: bool  # True: created for this run; False: the caller's --workdir
+    pruned: tuple[Path, ...] = ()  # earlier run directories this run deleted (prune_runs)
 
 
 def new_run_id() -> str:
@@ -49,12 +64,48 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
+def _delete_if_idle(work: Path) -> bool:
+    """Delete ``work`` unless a run holds its lock (held while deleting); True when deleted."""
+    try:
+        fd = os.open(work / LOCK_NAME, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None  # a run killed before it took its lock
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        shutil.rmtree(work)
+    except BlockingIOError:
+        logger.info("demo run directory %s is in use; kept", work)
+        return False
+    except OSError as err:
+        logger.warning("could not delete the old demo run directory %s: %s", work, err)
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return True
+
+
+def prune_runs(base: Path, keep: int = KEEP_RUNS) -> list[Path]:
+    """Delete the fresh run directories under ``base`` beyond the newest ``keep``, skipping any a
+    running demo holds; returns the deleted ones, oldest first (see the module doc)."""
+    runs = []
+    for entry in os.scandir(base):
+        if _RUN_DIR.fullmatch(entry.name) and stat.S_ISDIR(
+            entry.stat(follow_symlinks=False).st_mode
+        ):
+            runs.append(Path(entry.path))
+    runs.sort(key=lambda p: p.name.split("-")[1:3])  # yyyymmdd, hhmmss: the start time
+    return [old for old in runs[: max(len(runs) - keep, 0)] if _delete_if_idle(old)]
+
+
 @contextlib.contextmanager
 def claim_workdir(workdir: str | os.PathLike[str] | None, *, base: Path) -> Iterator[DemoRun]:
     """Own a work directory for the duration of the ``with`` block.
 
-    ``workdir=None``: a new directory under ``base``. Otherwise ``workdir`` (created if needed),
-    locked; raises :class:`DemoWorkdirInUseError` when another run holds it.
+    ``workdir=None``: a new directory under ``base``, whose run directories beyond the newest
+    :data:`KEEP_RUNS` are then deleted (:func:`prune_runs`). Otherwise ``workdir`` (created if
+    needed), locked; raises :class:`DemoWorkdirInUseError` when another run holds it.
     """
     run_id = new_run_id()
     if workdir is None:
@@ -77,6 +128,9 @@ def claim_workdir(workdir: str | os.PathLike[str] | None, *, base: Path) -> Iter
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"run {run_id}, pid {os.getpid()}\n".encode(), 0)
-        yield DemoRun(workdir=work, run_id=run_id, fresh=fresh)
+        run = DemoRun(workdir=work, run_id=run_id, fresh=fresh)
+        if fresh:
+            run = dataclasses.replace(run, pruned=tuple(prune_runs(base)))
+        yield run
     finally:
         os.close(fd)  # releases the lock

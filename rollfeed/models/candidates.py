@@ -8,7 +8,8 @@ into ``logp`` and entropy with one MAX and one SUM all-reduce over the TP group.
 
 Support semantics (fixed here, for both paths):
 
-- ``support[n]`` lists global token ids; every negative entry is padding and contributes nothing;
+- ``support[n]`` lists global token ids; ``-1`` is padding and contributes nothing, any other
+  negative id raises :class:`VocabularyRangeError`;
 - an id repeated within a row counts **once** (the support is a set); repeats are counted in
   ``metrics["duplicate_ids"]``;
 - a row with no id is invalid (``valid_mask = False``; logprob and entropy 0, zero gradient) unless
@@ -19,8 +20,18 @@ Support semantics (fixed here, for both paths):
 - a support id ``>= V`` or a scored row's label outside ``[0, V)`` raises
   :class:`VocabularyRangeError`, ``V`` the *full* vocabulary also under TP (where such an id is
   owned by no rank and would score nothing);
-- a scored row's temperature that is not finite and ``> 0`` raises :class:`TemperatureError`;
-  rows that are not scored may hold any temperature (they are computed with 1).
+- a scored row's temperature that is not finite and ``>=`` the compute dtype's smallest normal
+  number (``torch.finfo(dtype).tiny``: below it ``1 / t`` overflows, so every gradient through
+  ``l / t`` is inf or NaN) raises :class:`TemperatureError`; rows that are not scored may hold any
+  temperature (they are computed with 1);
+- a scored row whose score is not finite (a NaN or inf logit from the model, or a logit that the
+  temperature scales past the dtype's range) raises :class:`NonFiniteLogitError` naming the row:
+  a NaN logit is a fault of the model, never a score.
+
+The input checks' verdicts are read back in one host sync together with what the caller must
+read anyway (:meth:`RowChecks.verify`: the fused path's pair count), before any collective; the
+scores' finiteness is one host sync after the reductions, where every TP rank holds the same sums
+and so raises with the others.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from typing import Literal
 import torch
 
 from rollfeed.models.errors import (
+    NonFiniteLogitError,
     SupportInputError,
     SupportLabelError,
     TemperatureError,
@@ -53,6 +65,7 @@ class RowPlan:
     ``label_owned [N]``: a scored row whose label lies in this rank's shard.
     ``fallback_rows [F]``: indices of the fallback rows, or None when no row can fall back.
     ``temperature [N]``: per-row temperature in the compute dtype.
+    ``checks``: the input checks' verdicts, still on the device (:meth:`RowChecks.verify`).
     """
 
     member: torch.Tensor
@@ -63,6 +76,32 @@ class RowPlan:
     fallback_rows: torch.Tensor | None
     temperature: torch.Tensor
     metrics: dict[str, torch.Tensor]
+    checks: RowChecks
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RowChecks:
+    """The input checks of one call, computed on the device (``[N]`` / ``[N, W]`` bool masks of
+    the offending rows and ids). Nothing is scored from a plan before :meth:`verify` read them."""
+
+    labels: torch.Tensor
+    support: torch.Tensor
+    temperature: torch.Tensor
+    vocab_size: int
+    bad_support: torch.Tensor
+    bad_label: torch.Tensor
+    bad_missing: torch.Tensor
+    bad_temperature: torch.Tensor
+
+    def verify(self, *read: torch.Tensor) -> list[int]:
+        """Raise the first failed check's typed error; else return the 0-d integer tensors
+        ``read`` as Python ints, read back with the verdicts in one host sync."""
+        masks = (self.bad_support, self.bad_label, self.bad_missing, self.bad_temperature)
+        values = torch.stack([*(m.any().long() for m in masks), *(r.long() for r in read)])
+        out = values.tolist()  # the one host sync of the checks
+        if any(out[: len(masks)]):
+            _raise(self.labels, self.support, self.temperature, self.vocab_size, *masks)
+        return out[len(masks) :]
 
 
 def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
@@ -92,10 +131,12 @@ def plan_rows(
 
     ``vocab_size``: the full vocabulary ``V`` (under TP the sum of the shards' widths; see
     :func:`rollfeed.models.tp.full_vocab_size`): support ids and scored rows' labels are checked
-    against ``[0, V)``, scored rows' temperatures against finite and ``> 0``.
+    against ``[0, V)`` (``-1`` pads), scored rows' temperatures against finite and ``>=
+    torch.finfo(dtype).tiny``. The verdicts stay on the device in ``checks``: the caller reads them
+    (:meth:`RowChecks.verify`) before it scores anything.
 
-    Costs one host sync for all the checks together and one to list fallback rows (when any row
-    can fall back: ``fallback_mask`` given or ``missing_label="full_vocab"``).
+    Costs one host sync to list fallback rows (when any row can fall back: ``fallback_mask`` given
+    or ``missing_label="full_vocab"``).
 
     Example: ``support = [[5, 3, 5, -1], [-1, -1, -1, -1]]``, ``labels = [3, 0]`` →
     ``member = [[T, T, F, F], [F, F, F, F]]``, ``valid = [T, F]``, one duplicate id.
@@ -118,13 +159,16 @@ def plan_rows(
         fallback |= missing
     member = member & ~fallback[:, None]
     valid = has_support | fallback
-    bad_support = support >= vocab_size
-    bad_label = valid & ((labels < 0) | (labels >= vocab_size))
-    bad_missing = missing if missing_label == "error" else torch.zeros_like(missing)
-    bad_temperature = valid & ~(torch.isfinite(t) & (t > 0))
-    flags = torch.stack([x.any() for x in (bad_support, bad_label, bad_missing, bad_temperature)])
-    if any(flags.tolist()):  # the one host sync of the checks
-        _raise(labels, support, t, vocab_size, bad_support, bad_label, bad_missing, bad_temperature)
+    checks = RowChecks(
+        labels=labels,
+        support=support,
+        temperature=t,
+        vocab_size=vocab_size,
+        bad_support=(support >= vocab_size) | (support < -1),
+        bad_label=valid & ((labels < 0) | (labels >= vocab_size)),
+        bad_missing=missing if missing_label == "error" else torch.zeros_like(missing),
+        bad_temperature=valid & ~(torch.isfinite(t) & (t >= torch.finfo(dtype).tiny)),
+    )
     label_owned = valid & (labels >= vocab_start) & (labels < vocab_start + local_width)
     local = member & (support >= vocab_start) & (support < vocab_start + local_width)
 
@@ -149,6 +193,7 @@ def plan_rows(
         # (masked) values and gradients finite.
         temperature=torch.where(valid, t, torch.ones_like(t)),
         metrics=metrics,
+        checks=checks,
     )
 
 
@@ -209,7 +254,8 @@ def _raise(
         n, k = (int(i) for i in bad_support.nonzero()[0])
         raise VocabularyRangeError(
             f"support[{n}, {k}] = {int(support[n, k])} is not a token id of the vocabulary "
-            f"[0, {vocab}); pad with -1, and score with the model the ids were sampled from",
+            f"[0, {vocab}); pad with -1 (the only padding id), and score with the model the ids "
+            "were sampled from",
             tensor="support",
             pos=n,
         )
@@ -233,8 +279,9 @@ def _raise(
     bad = bad_temperature.nonzero().squeeze(1)[:8].tolist()
     raise TemperatureError(
         f"{int(bad_temperature.sum())} scored row(s) have a temperature that is not finite and "
-        f"> 0, first rows {bad} (temperatures {t[bad].tolist()}); record the sampler's "
-        "temperature for every sampled token",
+        f">= {torch.finfo(t.dtype).tiny:.4g} (the smallest normal {t.dtype}: below it 1 / "
+        f"temperature overflows), first rows {bad} (temperatures {t[bad].tolist()}); record the "
+        "sampler's temperature for every sampled token",
         tensor="temperature",
         pos=bad[0],
     )
@@ -243,12 +290,13 @@ def _raise(
 def _temperatures(
     temperature: float | torch.Tensor, rows: int, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
+    tiny = torch.finfo(dtype).tiny
     if not isinstance(temperature, torch.Tensor) and not (
-        math.isfinite(temperature) and temperature > 0
+        math.isfinite(temperature) and temperature >= tiny
     ):
         raise TemperatureError(
-            f"temperature must be > 0 and finite, got {temperature}; pass the sampler's "
-            "temperature",
+            f"temperature must be finite and >= {tiny:.4g} (the smallest normal {dtype}: below "
+            f"it 1 / temperature overflows), got {temperature}; pass the sampler's temperature",
             tensor="temperature",
         )
     t = torch.as_tensor(temperature, dtype=dtype, device=device)
@@ -316,9 +364,39 @@ def score_candidates(
     total = all_reduce_sum_local_grad(torch.stack(sums), tp_group)
     z = torch.where(plan.valid, total[0], 1)
     logp = torch.where(plan.valid, total[1] - m - z.log(), 0)
-    if not compute_entropy:
-        return logp, None
-    if entropy_requires_grad:
-        return logp, torch.where(plan.valid, z.log() - total[2] / z, 0)
-    z, h_num = z.detach(), total[2].detach()
-    return logp, torch.where(plan.valid, z.log() - h_num / z, 0)
+    entropy = None
+    if compute_entropy and entropy_requires_grad:
+        entropy = torch.where(plan.valid, z.log() - total[2] / z, 0)
+    elif compute_entropy:
+        z, h_num = z.detach(), total[2].detach()
+        entropy = torch.where(plan.valid, z.log() - h_num / z, 0)
+    _check_finite(values, plan, logp, entropy)
+    return logp, entropy
+
+
+def _check_finite(
+    values: torch.Tensor, plan: RowPlan, logp: torch.Tensor, entropy: torch.Tensor | None
+) -> None:
+    """Raise :class:`NonFiniteLogitError` for scored rows whose score is NaN or inf.
+
+    Read from the reduced scores, so every TP rank holds the same verdict (a NaN in one rank's
+    shard reaches every rank through the SUM) and they raise together. One host sync.
+    """
+    finite = torch.isfinite(logp.detach())
+    if entropy is not None:
+        finite &= torch.isfinite(entropy.detach())
+    bad = plan.valid & ~finite
+    if not bool(bad.any()):
+        return
+    rows = bad.nonzero().squeeze(1)[:8].tolist()
+    first = rows[0]
+    local = values[first][plan.local[first]].detach().tolist()
+    raise NonFiniteLogitError(
+        f"{int(bad.sum())} scored row(s) have a non-finite score, first rows {rows} (row {first}: "
+        f"logprob {float(logp[first])}, its candidate logits / temperature "
+        f"{float(plan.temperature[first]):.4g} on this rank {local[:8]}): a NaN or inf logit is a "
+        "fault of the model (look for NaN activations or weights), or the temperature scales a "
+        f"logit past the range of {values.dtype}; such a row is never scored",
+        tensor="logits",
+        pos=first,
+    )

@@ -84,3 +84,8 @@ class RoutingReplayError(ModelError):
 class LMHeadError(ModelError):
     """An LM head the scorer cannot replace exactly: a bias, logits transformed after the head, a
     head weight sharded other than on the vocabulary, or a forward that does not call the head."""
+
+
+class NonFiniteLogitError(ModelError):
+    """A scored row whose logits are NaN or inf (a fault of the model: NaN activations or
+    weights), or whose logits the temperature scales past the compute dtype's range."""

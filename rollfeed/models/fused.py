@@ -180,7 +180,8 @@ def fused_support_logprobs(
     chunked but produces only ``[P]`` dots, scored together), plus one SUM of the ``[N, H]``
     hidden gradient in backward when ``reduce_hidden_grad``.
 
-    Costs one host sync to list the candidate pairs (their count sets the shapes).
+    Costs one host sync to check the inputs and count the candidate pairs (their count sets the
+    shapes), and one to check that the scores are finite.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise SupportInputError(
@@ -215,7 +216,9 @@ def fused_support_logprobs(
     label_hit = plan.local & (support == labels[:, None])
     has_hit = label_hit.any(-1)
     need = torch.cat([plan.local, (plan.label_owned & ~has_hit)[:, None]], 1)
-    pairs = need.nonzero()
+    # The pair count (which sets the shapes) is read back with the checks' verdicts: one sync.
+    (count,) = plan.checks.verify(need.sum())
+    pairs = torch.nonzero_static(need, size=count)
     ids = torch.cat([support, labels[:, None].to(support.dtype)], 1)
     pair_ids = ids[pairs[:, 0], pairs[:, 1]].long() - vocab_start
 

@@ -5,12 +5,14 @@ own sample (block-diagonal causal attention). Rather than a dense ``[S, S]`` mas
 S = 16,384, and it keeps SDPA off its fused kernels), attention puts the tokens in *canonical
 order* (their positions in the whole pre-split row), runs causal SDPA on each sample's slice and
 puts the result back in the order the tokens arrived in (rank order under cp > 1, zigzag included).
-Samples of equal length share one batched SDPA call. Memory is ``O(S)`` outside SDPA; the fused
-CPU/GPU kernels never hold a sample's ``[L, L]`` scores either. A sliding-window layer (gpt-oss
-alternates them) passes a per-sample ``[L, L]`` band mask for samples longer than the window;
+The kernels are in :mod:`rollfeed.models.segment_attention`: on CUDA one varlen call over the
+whole row, elsewhere (and for features the varlen kernels lack) causal SDPA per sample, samples of
+equal length batched. A sliding-window layer (gpt-oss alternates them) is a per-sample band;
 attention sinks (gpt-oss) are one extra key/value column per sample whose logit is the head's
-sink; MLA's value head size may differ from the query/key size (DeepSeek-V3). Masks are always
-per sample, never ``[S, S]``.
+sink; MLA's value head size may differ from the query/key size (DeepSeek-V3); a chunked layer
+(Llama-4's ``chunked_attention``) attends within chunks of ``attention_chunk_size`` tokens counted
+from each sample's first token, which is causal attention over the row cut into those chunks
+(:attr:`PackedLayout.chunks`). Masks are always per sample, never ``[S, S]``.
 
 Example, row = sample A (3 tokens) + sample B (2 tokens), canonical order::
 
@@ -29,10 +31,10 @@ import logging
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import PackingError
+from rollfeed.models.segment_attention import attend_segments
 from rollfeed.models.ulysses import gather_rank_order, heads_to_seq, seq_to_heads
 
 logger = logging.getLogger(__name__)
@@ -41,23 +43,83 @@ PACKED_ATTENTION = "rollfeed_packed"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Segments:
+    """The pieces of a packed row that attend only within themselves, canonical order.
+
+    ``bounds``: strictly increasing from 0 to ``S`` (empty pieces dropped). ``groups``:
+    ``(length, starts)`` per distinct length, the pieces one batched SDPA call covers.
+    ``cu_seqlens [B+1]`` int32: ``bounds`` on the row's device, for kernels that take the
+    boundaries as a tensor (varlen attention, the linear-attention kernels).
+
+    Example: bounds (0, 3, 5, 7) -> groups ((2, (3, 5)), (3, (0,))), cu_seqlens [0, 3, 5, 7].
+    """
+
+    bounds: tuple[int, ...]
+    groups: tuple[tuple[int, tuple[int, ...]], ...]
+    cu_seqlens: torch.Tensor
+
+    @property
+    def max_length(self) -> int:
+        return self.groups[-1][0] if self.groups else 0
+
+
+def make_segments(lengths: list[int], device: torch.device) -> Segments:
+    """:class:`Segments` of pieces of ``lengths`` (all > 0) laid end to end."""
+    bounds = [0]
+    by_length: dict[int, list[int]] = {}
+    for n in lengths:
+        by_length.setdefault(n, []).append(bounds[-1])
+        bounds.append(bounds[-1] + n)
+    return Segments(
+        bounds=tuple(bounds),
+        groups=tuple((n, tuple(starts)) for n, starts in sorted(by_length.items())),
+        cu_seqlens=_to_device(bounds, device),
+    )
+
+
+def chunk_lengths(lengths: list[int], chunk: int) -> list[int]:
+    """Each sample cut into chunks of ``chunk`` tokens counted from its first token.
+
+    Example: lengths [5, 2], chunk 2 -> [2, 2, 1, 2].
+    """
+    return [min(chunk, n - a) for n in lengths for a in range(0, n, chunk)]
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    host = torch.tensor(values, dtype=torch.int32, device="cpu")
+    if device.type == "cuda":  # a pinned, non-blocking copy: no host sync per forward
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PackedLayout:
     """What attention needs to know about one packed row of ``S`` tokens.
 
     ``order [S]`` long: the canonical index of each token, in the order tokens reach attention.
     ``inverse [S]`` long: the arriving token at each canonical index (``None`` when the tokens
-    arrive in canonical order). ``bounds``: sample boundaries in canonical order, strictly
-    increasing from 0 to ``S`` (empty samples dropped). ``groups``: ``(length, starts)`` per
-    distinct sample length, the samples one batched SDPA call covers. ``cp``: the ``cp`` group
-    the row is split over (size 1 when the whole row is local). Build it once per forward with
-    :func:`packed_layout`; attention then needs no host sync.
+    arrive in canonical order). ``samples``: the row's samples (:class:`Segments`);
+    ``chunks``: the samples cut into chunks of ``chunk_size`` tokens for chunked-attention
+    layers, or None. ``position_ids [S/cp]``: this rank's position ids, as given. ``cp``: the
+    ``cp`` group the row is split over (size 1 when the whole row is local). Build it once per
+    forward with :func:`packed_layout`; attention then needs no host sync.
     """
 
     order: torch.Tensor
     inverse: torch.Tensor | None
-    bounds: tuple[int, ...]
-    groups: tuple[tuple[int, tuple[int, ...]], ...]
+    samples: Segments
+    chunks: Segments | None
+    chunk_size: int | None
+    position_ids: torch.Tensor
     cp: CPGroup
+
+    @property
+    def bounds(self) -> tuple[int, ...]:
+        return self.samples.bounds
+
+    @property
+    def groups(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        return self.samples.groups
 
     @property
     def length(self) -> int:
@@ -120,6 +182,7 @@ def packed_layout(
     cp: CPGroup | None = None,
     canonical_index: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    chunk_size: int | None = None,
 ) -> PackedLayout:
     """The attention layout of this rank's tokens ``position_ids [S/cp]``.
 
@@ -128,9 +191,11 @@ def packed_layout(
     shards, ``cp.rank * S/cp + arange``). ``cu_seqlens [B+1]``: sample boundaries of the whole row;
     without it, samples are read off the position ids (a reset to 0 opens a sample), which needs the
     tokens of each sample in canonical order, so give ``cu_seqlens`` for zigzag layouts.
+    ``chunk_size``: the chunk of the model's chunked-attention layers, if it has any.
 
     Example: positions [0, 1, 2, 0, 1, 0, 1], cp 1 -> bounds (0, 3, 5, 7),
-    groups ((2, (3, 5)), (3, (0,))), inverse None.
+    groups ((2, (3, 5)), (3, (0,))), inverse None; with chunk_size 2 the chunks' bounds are
+    (0, 2, 3, 5, 7).
     """
     cp = cp or CPGroup()
     local = position_ids.reshape(-1).to(torch.long)
@@ -153,98 +218,20 @@ def packed_layout(
         )
     in_canonical_order = torch.equal(order, ranks)
     lengths = _sample_lengths(local, order, None if in_canonical_order else inverse, cp, cu_seqlens)
-    bounds = [0]
-    by_length: dict[int, list[int]] = {}
-    for n in lengths:
-        by_length.setdefault(n, []).append(bounds[-1])
-        bounds.append(bounds[-1] + n)
+    if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size < 1):
+        raise PackingError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    device = order.device
     return PackedLayout(
         order=order,
         inverse=None if in_canonical_order else inverse,
-        bounds=tuple(bounds),
-        groups=tuple((n, tuple(starts)) for n, starts in sorted(by_length.items())),
+        samples=make_segments(lengths, device),
+        chunks=None
+        if chunk_size is None
+        else make_segments(chunk_lengths(lengths, chunk_size), device),
+        chunk_size=chunk_size,
+        position_ids=local,
         cp=cp,
     )
-
-
-def _stack(x: torch.Tensor, starts: tuple[int, ...], length: int) -> torch.Tensor:
-    """``[B, H, S, d]`` -> ``[len(starts) * B, H, length, d]``: the samples at ``starts`` stacked
-    into the batch dim (a view for a single sample)."""
-    if len(starts) == 1:
-        return x[:, :, starts[0] : starts[0] + length]
-    return torch.cat([x[:, :, s : s + length] for s in starts], dim=0)
-
-
-def _sample_mask(
-    length: int, window: int | None, sinks: torch.Tensor | None, like: torch.Tensor
-) -> torch.Tensor | None:
-    """The attention mask of one sample of ``length`` tokens, or None for plain causal attention.
-
-    ``allowed [L, L]``: causal, and within ``window`` when given (query ``i`` sees key ``j`` when
-    ``0 <= i - j < window``, as transformers' sliding window does). With ``sinks [H]`` the mask is
-    additive, ``[1, H, L, L + 1]``: 0 where allowed, ``-inf`` elsewhere, and a last column holding
-    each head's sink logit, the logit of an extra key whose value is 0 (it takes softmax mass and
-    adds nothing). Example, L = 3, window 2, no sinks::
-
-        [[1, 0, 0],
-         [1, 1, 0],
-         [0, 1, 1]]
-    """
-    banded = window is not None and window < length
-    if sinks is None and not banded:
-        return None
-    i = torch.arange(length, device=like.device)
-    allowed = i[:, None] >= i[None, :]
-    if banded:
-        allowed &= (i[:, None] - i[None, :]) < window
-    if sinks is None:
-        return allowed
-    bias = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device)
-    bias = bias.masked_fill(~allowed, float("-inf")).expand(sinks.numel(), length, length)
-    column = sinks.to(like.dtype).view(-1, 1, 1).expand(-1, length, 1)
-    return torch.cat([bias, column], dim=-1)[None]
-
-
-def _block_causal(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    layout: PackedLayout,
-    *,
-    scale: float | None,
-    dropout: float,
-    window: int | None = None,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal attention within each sample. q ``[B, H, S, dk]``, k ``[B, KV, S, dk]``, v
-    ``[B, KV, S, dv]`` (``dv`` may differ from ``dk``: MLA), canonical order -> ``[B, H, S, dv]``.
-    One SDPA call per distinct sample length, so at most ``sqrt(2 S)`` calls (181 at S = 16,384;
-    measured on CPU at ~0.4 ms per call forward + backward, launch overhead included);
-    equal-length samples are stacked into the batch dim (a copy of their q/k/v, ``O(S)``).
-    ``window``: a sliding window (samples longer than it get a per-sample ``[L, L]`` band mask);
-    ``sinks [H]``: per-head sink logits (an extra zero key/value column, see :func:`_sample_mask`).
-    """
-    batch = query.shape[0]
-    gqa = query.shape[1] != key.shape[1]
-    pieces: dict[int, torch.Tensor] = {}
-    for length, starts in layout.groups:
-        q, k, v = (_stack(x, starts, length) for x in (query, key, value))
-        mask = _sample_mask(length, window, sinks, q)
-        if sinks is not None:  # the sink column: a zero key and a zero value
-            k, v = (torch.cat([x, x.new_zeros(*x.shape[:2], 1, x.shape[3])], dim=2) for x in (k, v))
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=dropout,
-            is_causal=mask is None,
-            scale=scale,
-            enable_gqa=gqa,
-        )
-        for start, part in zip(starts, out.split(batch, dim=0), strict=True):
-            pieces[start] = part
-    return torch.cat([pieces[s] for s in layout.bounds[:-1]], dim=2)
 
 
 def packed_attention_forward(
@@ -261,8 +248,10 @@ def packed_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: q ``[B, H, S/cp, dk]``, k ``[B, KV, S/cp, dk]``, v
     ``[B, KV, S/cp, dv]`` -> ``[B, S/cp, H, dv]``. ``attention_mask`` from transformers is
-    ignored: ``packing`` replaces it. Exact for sliding windows (``sliding_window``, per sample)
-    and attention sinks (``s_aux``, gpt-oss: ``[H]`` logits, split with the heads under cp).
+    ignored: ``packing`` replaces it. Exact for sliding windows (``sliding_window``, per sample),
+    attention sinks (``s_aux``, gpt-oss: ``[H]`` logits, split with the heads under cp) and
+    chunked layers (``module.config.layer_types[module.layer_idx] == "chunked_attention"``: the
+    layout's chunks, which must be of the model's ``attention_chunk_size``).
     """
     del attention_mask
     window = kwargs.get("sliding_window")
@@ -287,11 +276,11 @@ def packed_attention_forward(
         )
     if packing.inverse is not None:
         query, key, value = (x.index_select(2, packing.inverse) for x in (query, key, value))
-    out = _block_causal(
+    out = attend_segments(
         query,
         key,
         value,
-        packing,
+        _segments(module, packing),
         scale=scaling,
         dropout=dropout if module.training else 0.0,
         window=window if isinstance(window, int) else None,
@@ -301,6 +290,23 @@ def packed_attention_forward(
         out = out.index_select(2, packing.order)
     out = heads_to_seq(out, cp, seq_dim=2, head_dim=1)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _segments(module: torch.nn.Module, packing: PackedLayout) -> Segments:
+    """The pieces ``module`` attends within: the samples, or their chunks on a chunked layer."""
+    config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None)
+    if types is None or layer is None or types[layer] != "chunked_attention":
+        return packing.samples
+    chunk = config.attention_chunk_size
+    if packing.chunks is None or packing.chunk_size != chunk:
+        raise PackingError(
+            f"layer {layer} attends in chunks of {chunk} tokens, the packing layout was built "
+            f"with chunk_size={packing.chunk_size}; build it with packed_layout(..., "
+            f"chunk_size={chunk})",
+            layer=layer,
+        )
+    return packing.chunks
 
 
 def register_packed_attention() -> str:

@@ -36,6 +36,7 @@ from rollfeed.models.errors import (
 from rollfeed.models.fused import DEFAULT_CHUNK_SIZE
 from rollfeed.models.head_shard import head_vocab_size
 from rollfeed.models.packing_attention import packed_layout, register_packed_attention
+from rollfeed.models.packing_modules import install_packed_forwards
 from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.support import SupportScores, support_logprobs
@@ -64,11 +65,14 @@ class PolicyScorer:
     replay recorded routing weights too, when the micro batch carries them; ``drift_ratio``: the
     router replay's drift guard (:class:`~rollfeed.models.RouterReplay`, off when None; replaced
     slots counted in ``metrics["slots_replaced"]``). Switches the model's
-    attention to the packed implementation (:mod:`rollfeed.models.packing_attention`).
+    attention to the packed implementation (:mod:`rollfeed.models.packing_attention`) and runs
+    its Gated DeltaNet and Llama-4 NoPE layers with packed forwards of their own
+    (:mod:`rollfeed.models.packing_modules`).
 
     Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
-    feature, a model whose attention packing cannot reproduce exactly (linear attention,
-    chunked attention, ...: :mod:`rollfeed.models.packing_support`), and with
+    feature, a model that packing over ``cp`` cannot reproduce exactly (state-space mixers,
+    soft-capping, key heads ``cp`` cannot split, ...: :mod:`rollfeed.models.packing_support`),
+    and with
     :class:`~rollfeed.models.LMHeadError` a head the scorer cannot replace exactly (a bias, logits
     transformed after the head). ``vocab_size`` is the full vocabulary, found once here (a DTensor
     head's global shape; a plain shard under ``tp_group``: one all-reduce of the shards' widths,
@@ -97,12 +101,14 @@ class PolicyScorer:
         self.missing_label: MissingLabel = missing_label
         self.tp_group = tp_group
         self.vocab_start = vocab_start
-        check_packable(model)
+        check_packable(model, self.cp.size)
         self.head = check_head(model)
         self.vocab_size = head_vocab_size(
             self.head.weight, tp_group=tp_group, vocab_start=vocab_start
         )
         model.set_attn_implementation(register_packed_attention())
+        install_packed_forwards(model)
+        self.attention_chunk = _attention_chunk(model)
         self.replay = (
             RouterReplay(model, replay_weights=replay_weights, drift_ratio=drift_ratio)
             if find_routers(model)
@@ -139,7 +145,11 @@ class PolicyScorer:
         over the full vocabulary.
         """
         layout = packed_layout(
-            position_ids, cp=self.cp, canonical_index=canonical_index, cu_seqlens=cu_seqlens
+            position_ids,
+            cp=self.cp,
+            canonical_index=canonical_index,
+            cu_seqlens=cu_seqlens,
+            chunk_size=self.attention_chunk,
         )
         zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
         metrics = {"rows_replayed": zero, "rows_fallen_back": zero, "slots_replaced": zero}
@@ -319,6 +329,15 @@ class PolicyScorer:
             valid_mask=valid.bool(),
             metrics=metrics,
         )
+
+
+def _attention_chunk(model: nn.Module) -> int | None:
+    """The chunk of the model's chunked-attention layers (Llama-4), or None when it has none."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if "chunked_attention" in (getattr(text, "layer_types", None) or ()):
+        return text.attention_chunk_size
+    return None
 
 
 def _checkpointing(model: nn.Module) -> bool:

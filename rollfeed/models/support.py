@@ -67,9 +67,11 @@ def support_logprobs(
             dtype, scored in fp32 (fp64 stays fp64). Only support columns (and whole fallback rows)
             are read, so the gradient is zero outside them.
         labels: ``[N]`` int, the sampled token of each row (global ids).
-        support: ``[N, W]`` int32/int64 global token ids, ``-1`` padding; repeats count once.
+        support: ``[N, W]`` int32/int64 global token ids, ``-1`` padding (any other negative id
+            raises); repeats count once.
         temperature: the sampler's temperature, a scalar or ``[N]``; logits are divided by it.
-            Must be finite and ``> 0`` on every scored row (:class:`TemperatureError`).
+            Must be finite and ``>= torch.finfo(compute dtype).tiny`` on every scored row
+            (:class:`TemperatureError`).
         compute_entropy: also return the support entropy ``H_S`` (a detached metric).
         entropy_requires_grad: let the entropy carry gradients (an entropy loss term).
         fallback_mask: ``[N]`` bool; rows scored over the full vocabulary (a named, counted policy,
@@ -117,6 +119,7 @@ def support_logprobs(
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
     )
+    plan.checks.verify()
     t = plan.temperature
     index = (support.long() - vocab_start).clamp(0, width - 1)
     values = logits.gather(1, index).to(cdt) / t[:, None]

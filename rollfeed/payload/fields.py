@@ -2,10 +2,12 @@
 
 A field is a name plus a :class:`PayloadField`. ``fill`` says both the value of an uncovered
 position and the value kind (an ``int`` fill means integer values, a ``float`` fill float values);
-``window`` says which positions a context-parallel rank reads (DESIGN.md):
+``window`` says which positions a context-parallel rank reads:
 
 - ``inputs``: the rank's own input positions (routing, consumed in the forward);
-- ``labels``: the same positions shifted one ahead (a mask sits at the sampled token's position);
+- ``labels``: the same positions shifted one ahead (a mask sits at the sampled token's position
+  and label ``j`` is token ``j + 1``, so reading one ahead replaces shift-then-shard; position
+  ``S``, one past the micro batch, reads as the fill);
 - ``sequence``: the whole micro batch (consumed by the loss after a CP gather).
 
 Kept sets (``label``): the sampled token of a position is always a member of that position's kept

@@ -12,11 +12,15 @@ cut back to its last complete write, no record is returned, the error
 (:class:`~rollfeed.payload.errors.PayloadIOError`) names the file, and the next ``write`` starts
 again from there, file header included when nothing was written yet.
 
-The file is created beneath the root without following any symlink (``O_NOFOLLOW`` relative to
-each parent directory's descriptor, ``O_EXCL`` on the file), with a random file id that its
-header, every region header and every record carry (:mod:`rollfeed.payload.layout`). Each region
-body is followed by its checksum table (CRC-32C per block, :mod:`rollfeed.payload.checksum`),
-computed here from the bytes about to be written.
+The file is created beneath the root without following any symlink, with a random file id that
+its header, every region header and every record carry (:mod:`rollfeed.payload.layout`). A
+record never names bytes nobody can read: when the writer's file was unlinked (its group pruned)
+or replaced at its path, the write goes to a fresh file ``<name>-<k>.rfp`` instead
+(:mod:`rollfeed.payload.file_sink`; counted in :attr:`PayloadWriter.restarts`, logged as a
+warning). On an object store each write is an object of its own
+(:mod:`rollfeed.payload.object_writer`). Each region body is followed by its checksum table
+(CRC-32C per block, :mod:`rollfeed.payload.checksum`), computed here from the bytes about to be
+written.
 
 Kept-set fields (``PayloadField.label``) are written in their canonical order, the sampled token
 first then the other ids ascending (:mod:`rollfeed.payload.label_rows`); the writer is given the
@@ -36,9 +40,8 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
+import logging
 import math
 import os
 import threading
@@ -50,31 +53,25 @@ import numpy as np
 
 from rollfeed.payload.checks import stored_kinds
 from rollfeed.payload.checksum import fixed_block_rows, fixed_table, ragged_table
-from rollfeed.payload.errors import (
-    PayloadDtypeError,
-    PayloadInputError,
-    PayloadIOError,
-    PayloadPathError,
-)
+from rollfeed.payload.errors import PayloadDtypeError, PayloadInputError, PayloadIOError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
+from rollfeed.payload.file_sink import FileSink
 from rollfeed.payload.label_rows import canonical_arrays
 from rollfeed.payload.layout import (
     BLOCK_ROWS,
     DTYPE_SIZES,
-    FILE_HEADER,
     KIND_FIXED,
     KIND_RAGGED,
     LABEL_OMITTED,
     MAX_NDIM,
     RegionHeader,
     file_header,
-    new_file_id,
     ragged_bytes,
     values_start,
 )
 from rollfeed.payload.object_writer import object_sink
 from rollfeed.payload.root import PayloadRoot, as_root
-from rollfeed.payload.safe_open import handle_parts, open_parent_beneath
+from rollfeed.payload.safe_open import handle_parts
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
 from rollfeed.payload.values import value_dtype
 
@@ -82,7 +79,10 @@ FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
 TableFn = Callable[[bytes, memoryview], bytes]  # checksum table from header+name and body
 _INT_STORAGE = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64")
 _MAX_ROW = 1 << 24  # elements in one fixed-width row (what a reader accepts)
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+# Fresh files one write may start because its file went while it wrote (a prune running
+# on a live group) before it gives up.
+_FRESH_FILES = 3
+log = logging.getLogger(__name__)
 
 
 def compact_int_dtype(lo: int, hi: int) -> np.dtype:
@@ -122,48 +122,11 @@ def _stored_dtypes(dtypes: Mapping[str, str], fields: Mapping[str, PayloadField]
     return out
 
 
-def _create_beneath(root: str, rel: str) -> int:
-    """A new file ``rel`` under ``root`` (parents made as needed), reached through no symlink."""
-    try:
-        os.makedirs(root, exist_ok=True)
-        dfd, name = open_parent_beneath(root, rel, make=True)
-    except OSError as err:  # makedirs, or a mkdir of the group (disk full, permissions)
-        raise PayloadIOError(f"cannot create {rel!r} under {root}: {err}", file=rel) from None
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        return os.open(name, flags, 0o644, dir_fd=dfd)
-    except FileExistsError:
-        # O_EXCL: a second writer (or a forked child) never appends to someone else's file.
-        raise PayloadPathError(
-            "payload file already exists: each writer (and process) needs its own name", file=rel
-        ) from None
-    except OSError as err:
-        raise PayloadIOError(
-            f"cannot create the payload file under {root}: {err}", file=rel
-        ) from None
-    finally:
-        os.close(dfd)
-
-
 def _byte_view(body: np.ndarray | bytes) -> memoryview:
     """The bytes of a region body, without a copy (an empty array included)."""
     if isinstance(body, np.ndarray):
         return memoryview(body.reshape(-1).view(np.uint8))
     return memoryview(body)
-
-
-def _write_all(fd: int, bufs: list[memoryview], offset: int) -> None:
-    """Write ``bufs`` back to back at ``offset``, resuming after partial writes."""
-    while bufs:
-        n = os.pwritev(fd, bufs[:_IOV_MAX], offset)
-        if n == 0:
-            raise OSError(errno.EIO, "pwritev wrote nothing")
-        offset += n
-        while bufs and n >= len(bufs[0]):
-            n -= len(bufs[0])
-            bufs = bufs[1:]
-        if n:
-            bufs = [bufs[0][n:], *bufs[1:]]
 
 
 class PayloadWriter:
@@ -196,15 +159,23 @@ class PayloadWriter:
             else f"{name or uuid.uuid4().hex}.rfp"
         )
         handle_parts(self.root.path, self.file)  # refuse a group or name that escapes the root
-        self._sink = object_sink(self.root, self.file)  # an object store: one object per write
         self.fsync, self.fields = fsync, fields
         self.dtypes = _stored_dtypes(dtypes or {}, fields)
-        self.file_id = new_file_id()
-        self._fd: int | None = None
-        self._pid: int | None = None
-        self._size = 0  # bytes of complete writes: the next write starts here
+        self._objects = object_sink(self.root, self.file)  # an object store: one object per write
+        self._local = (
+            FileSink(self.root.path, self.file, fsync=fsync == "always")
+            if self._objects is None
+            else None
+        )
+        self.file_id = self._local.file_id if self._local is not None else 0
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def restarts(self) -> int:
+        """Fresh files this writer started because its file was unlinked or replaced (a local
+        root; 0 on an object store, where every write is an object of its own)."""
+        return self._local.restarts if self._local is not None else 0
 
     def __enter__(self) -> PayloadWriter:
         return self
@@ -214,47 +185,44 @@ class PayloadWriter:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None and self._pid == os.getpid():
-                os.close(self._fd)
-            self._fd = None
+            if self._local is not None:
+                self._local.close()
             self._closed = True
 
-    def _append(self, bufs: list[memoryview]) -> int:
-        """Write ``bufs`` after the last complete write; return the offset of ``bufs[0]``.
+    def _put(self, packed: Callable[[int], tuple[list[memoryview], list[int]]]) -> list[int]:
+        """Write the regions ``packed(file_id)`` lays out; the offset of each region body.
 
-        All or nothing: on failure the file is cut back and nothing counts as written. Caller
-        holds the lock.
+        Sets ``file`` and ``file_id`` to where they went. Caller holds the lock.
         """
         if self._closed:
             raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
-        if self._sink is not None:
-            return self._sink.put(self.file, [memoryview(file_header(self.file_id)), *bufs])
-        if self._fd is None or self._pid != os.getpid():
-            self._fd, self._pid, self._size = (
-                _create_beneath(self.root.path, self.file),
-                os.getpid(),
-                0,
+        if self._objects is not None:
+            self.file, self.file_id = self._objects.next_object()
+            bufs, offsets = packed(self.file_id)
+            base = self._objects.put(self.file, [memoryview(file_header(self.file_id)), *bufs])
+            return [base + o for o in offsets]
+        local = self._local
+        for _ in range(_FRESH_FILES):
+            bufs, offsets = packed(local.file_id)
+            base = local.append(bufs)
+            if local.still_named():
+                self.file, self.file_id = local.file, local.file_id
+                return [base + o for o in offsets]
+            gone = local.file
+            local.start_fresh_file()
+            log.warning(
+                "payload file %s under %s was unlinked or replaced (its group pruned?); writing "
+                "to a fresh file %s",
+                gone,
+                self.root.path,
+                local.file,
             )
-        at = self._size
-        if at == 0:
-            bufs = [memoryview(file_header(self.file_id)), *bufs]
-        total = sum(len(b) for b in bufs)
-        try:
-            _write_all(self._fd, bufs, at)
-            if self.fsync == "always":
-                os.fsync(self._fd)
-        except OSError as err:
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, at)  # no half-written region stays behind
-            raise PayloadIOError(
-                f"writing {total} bytes failed ({errno.errorcode.get(err.errno, err.errno)}: "
-                f"{err.strerror}); no record was returned for them, and the next write starts "
-                f"again at byte {at}",
-                file=self.file,
-                offset=at,
-            ) from err
-        self._size = at + total
-        return at if at else FILE_HEADER.size
+        self.file, self.file_id = local.file, local.file_id
+        raise PayloadIOError(
+            f"the payload file was removed while it was written, {_FRESH_FILES} times in a row; "
+            "no record was returned (prune a group only after its last write)",
+            file=gone,
+        )
 
     def write(
         self,
@@ -285,17 +253,19 @@ class PayloadWriter:
         segments: list[PayloadSegment] = []
         if not regions:
             return segments
-        with self._lock:
-            if self._sink is not None:
-                self.file, self.file_id = self._sink.next_object()
+
+        def packed(file_id: int) -> tuple[list[memoryview], list[int]]:
             bufs, offsets, at = [], [], 0
             for _, _, header, body, _, table in regions:
-                head = dataclasses.replace(header, file_id=self.file_id).pack()
+                head = dataclasses.replace(header, file_id=file_id).pack()
                 view = _byte_view(body)
                 bufs += [memoryview(head), view, memoryview(table(head, view))]
                 offsets.append(at + len(head))
                 at += sum(len(b) for b in bufs[-3:])
-            base = self._append(bufs)
+            return bufs, offsets
+
+        with self._lock:
+            offsets = self._put(packed)
             for (name, first, header, _, shape, _), offset in zip(regions, offsets, strict=True):
                 layout = None
                 if header.kind == KIND_RAGGED:
@@ -309,7 +279,7 @@ class PayloadWriter:
                     PayloadSegment(
                         field=name,
                         file=self.file,
-                        offset=base + offset,
+                        offset=offset,
                         pos=first,
                         rows=header.rows,
                         dtype=header.dtype,

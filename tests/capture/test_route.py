@@ -187,7 +187,7 @@ def test_a_group_outside_the_payload_root_is_refused_before_the_engine_runs(tmp_
     body = {"token_ids": [1, 2], "group": "../outside", "sampling": dict(SAMPLING, max_tokens=2)}
     answer = http.post(ROUTE, json=body)
     assert answer.status_code == 400, answer.text
-    assert answer.json()["error"]["type"] == "PayloadPathError"
+    assert "a group is 1 to 255 bytes" in answer.json()["error"]["message"]
     assert engine.seen == [] and not any(tmp_path.iterdir())
 
 

@@ -65,6 +65,25 @@ def test_an_explicit_work_directory_is_free_again_when_its_run_ends(tmp_path):
         assert again.workdir == work
 
 
+def test_a_fresh_run_deletes_run_directories_beyond_the_newest_five_but_no_running_one(tmp_path):
+    from rollfeed.demo.workdir import claim_workdir
+
+    base = tmp_path / "demo"
+    old = [base / f"run-2024010{d}-120000-{100 + d}-abcdef" for d in range(1, 8)]  # 7 finished
+    for run in old:
+        (run / "payload").mkdir(parents=True)
+        (run / "payload" / "w.rfp").write_bytes(b"x" * 100)
+    (base / "notes").mkdir()  # not a run directory
+    (tmp_path / "elsewhere").mkdir()
+    (base / "run-20231231-120000-1-abcdef").symlink_to(tmp_path / "elsewhere")
+    with claim_workdir(old[0], base=tmp_path) as running, claim_workdir(None, base=base) as new:
+        # Newest five: the new run and old[3:]; old[1:3] go, old[0] stays while its run holds it.
+        assert [p.exists() for p in old] == [True, False, False, True, True, True, True]
+        assert new.pruned == (old[1], old[2]) and new.workdir.is_dir() and running.workdir.is_dir()
+    assert (base / "notes").is_dir() and (tmp_path / "elsewhere").is_dir()
+    assert (base / "run-20231231-120000-1-abcdef").is_symlink()
+
+
 def test_demo_writers_of_two_runs_never_share_a_file(tmp_path):
     from rollfeed.demo.rollouts import writer_name
     from rollfeed.demo.workdir import new_run_id

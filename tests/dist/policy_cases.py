@@ -7,6 +7,9 @@ the scorer except the router replay hooks (tested on their own) when routing is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
 import numpy as np
 import torch
 
@@ -14,7 +17,7 @@ from rollfeed.collate import MicroBatch, Sample
 from rollfeed.models.router_replay import RouterReplay, Routing
 from tests.models.tiny import VOCAB
 
-LAYERS, TOPK, EXPERTS = 2, 2, 8
+EXPERTS = 8
 
 
 def make_samples(
@@ -26,7 +29,7 @@ def make_samples(
 ) -> list[Sample]:
     """Samples with a prompt (no loss, no mask), a sampled completion whose kept set holds the
     sampled token plus 0-3 others (some completion tokens without a mask), temperatures 0.7/1.0 and,
-    when ``own_routing`` is given, routing ``[T, LAYERS, TOPK]`` shifted by 3 experts from the
+    when ``own_routing`` is given, routing ``[T, layers, top_k]`` shifted by 3 of 8 experts from the
     model's own choice on the forwarded rows (the last token has none), with random recorded
     weights if ``routing_weights``."""
     rng = np.random.default_rng(seed)
@@ -50,7 +53,7 @@ def make_samples(
             # Rows for the forwarded positions [0, T - 1): the final token has no routing row.
             fields["routed_experts"] = ((own_routing[i][:-1] + 3) % EXPERTS).astype(np.uint8)
             if routing_weights:
-                shape = (T - 1, LAYERS, TOPK)
+                shape = own_routing[i][:-1].shape  # [T - 1, layers, top_k]
                 fields["routed_expert_weights"] = rng.random(shape, dtype=np.float32)
         samples.append(
             Sample(
@@ -67,7 +70,7 @@ def make_samples(
 
 
 def own_routing(model, token_lists: list[np.ndarray]) -> list[np.ndarray]:
-    """The model's own routing of each sample alone, ``[T, LAYERS, TOPK]``."""
+    """The model's own routing of each sample alone, ``[T, layers, top_k]``."""
     replay = RouterReplay(model)
     out = []
     for ids in token_lists:
@@ -78,21 +81,37 @@ def own_routing(model, token_lists: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+def stock_forward(model, ids: torch.Tensor) -> torch.Tensor:
+    """One sample ``ids [T]`` alone through the model's stock forward -> logits ``[T, V]``."""
+    return model(input_ids=ids[None]).logits[0]
+
+
 def reference(
-    model, mb: MicroBatch, *, replay_weights: bool = False
+    model,
+    mb: MicroBatch,
+    *,
+    replay_weights: bool = False,
+    forward: Callable[[object, torch.Tensor], torch.Tensor] = stock_forward,
+    route: Callable[[object, Routing], AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(logprobs, entropy, valid) [S]`` in row coordinates; ``model`` uses sdpa attention.
-    ``replay_weights``: replay the samples' recorded routing weights too."""
+    ``replay_weights``: replay the samples' recorded routing weights too. ``forward``: how one
+    sample runs alone; ``route(model, routing)``: a context in which the model routes as recorded
+    (default: the router replay hooks)."""
     S = mb.length
     logp = torch.zeros(S, dtype=torch.float64)
     ent = torch.zeros(S, dtype=torch.float64)
     valid = torch.zeros(S, dtype=torch.bool)
     routed = "routed_experts" in (mb.samples[0].fields or {})
-    replay = RouterReplay(model, replay_weights=replay_weights) if routed else None
+    replay = None
+    if routed and route is None:
+        replay = RouterReplay(model, replay_weights=replay_weights)
+        route = lambda _, routing: replay.replaying(routing)  # noqa: E731
     for sample, start in zip(mb.samples, mb.starts, strict=True):
         ids = torch.as_tensor(sample.token_ids)
         T = ids.numel()
-        if replay is not None:
+        context: AbstractContextManager = nullcontext()
+        if route is not None and routed:
             recorded = torch.as_tensor(sample.fields["routed_experts"])
             experts = torch.zeros((T, *recorded.shape[1:]), dtype=recorded.dtype)
             experts[: len(recorded)] = recorded
@@ -101,10 +120,9 @@ def reference(
                 weights = torch.zeros(experts.shape, dtype=torch.float32)
                 weights[: len(recorded)] = torch.as_tensor(sample.fields["routed_expert_weights"])
             covered = torch.arange(T) < len(recorded)
-            replay.set(Routing(experts=experts, covered=covered, weights=weights))
-        logits = model(input_ids=ids[None]).logits[0].double()
-        if replay is not None:
-            replay.clear()
+            context = route(model, Routing(experts=experts, covered=covered, weights=weights))
+        with context:
+            logits = forward(model, ids).double()
         counts, values = sample.fields["sampling_mask"]
         offsets = np.concatenate([[0], np.cumsum(counts)])
         temps = torch.as_tensor(sample.temperatures).double()

@@ -8,6 +8,11 @@ except where DeepSeek-V3's and GLM-4.5's float32 routers compute the mixing weig
 agreement: ``tests.models.family_cases.tolerance``); DeepSeek-V3 with recorded weights shows MLA
 under cp to 1e-10. The single-rank run itself equals each sample alone through the stock model
 (tests/models/test_packing_families.py).
+
+The hybrid families too (:mod:`tests.models.hybrid_cases`): Qwen3-Next and Qwen3.5-MoE (Gated
+DeltaNet under cp: one key head per rank), Llama-4 (chunked attention, NoPE query scaling from
+each rank's position ids), both layouts each, recorded router weights and float64 norms, to 1e-10
+(the single-rank run equals each sample alone: tests/models/test_packing_hybrid.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from rollfeed.models import CPGroup, PolicyScorer
 from tests.dist.launch import run_rank
 from tests.dist.policy_cases import loss_weights
 from tests.models.family_cases import SCORED, routed_samples, scoring_model, tolerance
+from tests.models.hybrid_cases import HYBRIDS, float64_norms, hybrid_model, hybrid_samples
+from tests.models.hybrid_cases import LENGTHS as HYBRID_LENGTHS
 
 LENGTHS = [7, 10, 3, 9]
 
@@ -33,26 +40,34 @@ def whole_row(mb: MicroBatch):
 
 
 def run(family: str, layout: str, cp: CPGroup, *, recorded: bool = False) -> None:
+    hybrid = family in HYBRIDS
     name = f"{family}/{layout}/recorded={recorded}"
-    samples = routed_samples(family, 5, LENGTHS, weights=recorded)
-    config = PlanConfig(seq_len=48, cp_size=cp.size, cp_layout=layout)
+    if hybrid:
+        samples = hybrid_samples(family, 5, HYBRID_LENGTHS, weights=recorded)
+        build = lambda: float64_norms(hybrid_model(family, 21))  # noqa: E731
+        lengths, seq_len = HYBRID_LENGTHS, 112
+    else:
+        samples = routed_samples(family, 5, LENGTHS, weights=recorded)
+        build = lambda: scoring_model(family, 21)  # noqa: E731
+        lengths, seq_len = LENGTHS, 48
+    config = PlanConfig(seq_len=seq_len, cp_size=cp.size, cp_layout=layout)
     (mb,) = prepare_batch(samples, config, dp_size=1)[0]
     w = loss_weights(mb.length, seed=3)
     options = dict(compute_entropy=True, entropy_requires_grad=True, replay_weights=recorded)
-    single = PolicyScorer(scoring_model(family, 21), **options)
+    single = PolicyScorer(build(), **options)
     one = single.score(whole_row(mb))
     ((one.logprobs * w[0]).sum() + (one.entropy * w[1]).sum()).backward()
 
-    scorer = PolicyScorer(scoring_model(family, 21), cp=cp, **options)
+    scorer = PolicyScorer(build(), cp=cp, **options)
     out = scorer.score(to_tensor_micro_batch(mb, cp_rank=cp.rank))
     ((out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()).backward()
-    tol = tolerance(family, recorded_weights=recorded)
+    tol = tolerance(family, recorded_weights=recorded or hybrid)
     assert torch.equal(out.valid_mask, one.valid_mask), name
     assert torch.allclose(out.logprobs, one.logprobs, **tol), name
     assert torch.allclose(out.entropy, one.entropy, **tol), name
     replayed = out.metrics["rows_replayed"].clone()
     dist.all_reduce(replayed, group=cp.group)
-    assert int(replayed) == sum(LENGTHS) - len(LENGTHS), (name, int(replayed))
+    assert int(replayed) == sum(lengths) - len(lengths), (name, int(replayed))
     single_params = dict(single.model.named_parameters())
     for pname, p in scorer.model.named_parameters():
         q = single_params[pname]
@@ -60,7 +75,7 @@ def run(family: str, layout: str, cp: CPGroup, *, recorded: bool = False) -> Non
         if p.grad is None:
             continue
         dist.all_reduce(p.grad, group=cp.group)
-        tol = tolerance(family, pname, recorded_weights=recorded)
+        tol = tolerance(family, pname, recorded_weights=recorded or hybrid)
         assert torch.allclose(p.grad, q.grad, **tol), (name, pname)
 
 
@@ -74,6 +89,9 @@ def main() -> None:
     ):
         run(family, layout, cp)
     run("deepseek_v3", "zigzag", cp, recorded=True)  # MLA under cp, to 1e-10
+    for family in HYBRIDS:
+        for layout in ("contiguous", "zigzag"):
+            run(family, layout, cp, recorded=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ trainer shards it, from one ``DeviceMesh`` (plans: :mod:`tests.dist.sharding_pla
     dp2_tp2    FSDP2 over dp 2 x TP 2 (dense and MoE)
     dp2_cp2    FSDP2 over the flattened dp 2 x cp 2, Ulysses over cp, zigzag rows (dense and MoE)
     cp2_tp2    FSDP2 over cp 2 x TP 2, Ulysses over cp, contiguous rows
+    fsdp2_<hybrid>  fully_shard over 2 ranks of Qwen3-Next, Qwen3.5-MoE and Llama-4 (routing
+               replayed; rollfeed's layers, their zero-centred norms in float64: the reference
+               runs each sample alone through the same layers, :mod:`tests.models.hybrid_cases`;
+               Llama-4 after its first update to FLOAT32_AFTER_UPDATE)
 
 The 2-rank configurations run on each half of a ``(half, axis)`` mesh (both halves the same case).
 Micro batches come from the planner (``prepare_batch`` for the mesh's dp size and cp layout, then
@@ -64,9 +68,15 @@ from tests.dist.sharded_reference import (
 from rollfeed.demo.train import shard_model
 from tests.dist.sharding_plans import apply_tp, full
 from tests.dist.topology_meshes import check_topology_from_mesh
+from tests.models.hybrid_cases import alone_forward, float64_norms, hybrid_model, rollfeed_model
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
 TOL = 1e-10
+# Llama-4's router takes the sigmoid in float32 (and its rope rotates in float32), also in a float64
+# model: after the first update the sharded and unsharded parameters differ by float64 rounding
+# (gradients summed in another order), which can move a float32 rounding (measured: 5e-9 on the
+# step-1 scores). Before any update it agrees to TOL; after, to the suite's float32 tolerance.
+FLOAT32_AFTER_UPDATE = 1e-7
 # Above the samples' ids (< 128) and odd: TP shards of 81 and 80 rows; no other width of the model.
 VOCAB = 161
 LENGTHS = [11, 6, 14, 9, 5, 13, 8, 10]
@@ -82,6 +92,7 @@ class Case:
     name: str
     dims: tuple[str, ...]
     moe: bool = False
+    hybrid: str | None = None
     fsdp: tuple[str, ...] = ()
     sequence_parallel: bool = False
     head: str = "vocab"
@@ -104,6 +115,10 @@ CASES = (
         layout="zigzag",
     ),
     Case(name="cp2_tp2", dims=("cp", "tp"), fsdp=("cp",)),
+    *(
+        Case(name=f"fsdp2_{family}", dims=("dp_shard",), fsdp=("dp_shard",), hybrid=family)
+        for family in ("qwen3_next", "qwen3_5_moe", "llama4")
+    ),
 )
 
 
@@ -127,12 +142,20 @@ class Meshes:
         self.roots.clear()
 
 
-def build(moe: bool) -> torch.nn.Module:
+def build(moe: bool | str) -> torch.nn.Module:
+    """A tiny Qwen3 (``False``), Qwen3-MoE (``True``) or hybrid family (its name)."""
+    if isinstance(moe, str):
+        return float64_norms(hybrid_model(moe, SEED, vocab_size=VOCAB))
     return (tiny_qwen3_moe if moe else tiny_qwen3)(seed=SEED, vocab_size=VOCAB)
 
 
-def samples_and_reference(moe: bool) -> tuple[list, Reference]:
+def samples_and_reference(moe: bool | str) -> tuple[list, Reference]:
     samples = make_samples(5, LENGTHS)
+    if isinstance(moe, str):
+        routing = own_routing(hybrid_model(moe, SEED, vocab_size=VOCAB), [s.token_ids for s in samples])
+        samples = make_samples(5, LENGTHS, own_routing=routing)
+        ours = float64_norms(rollfeed_model(moe, SEED, vocab_size=VOCAB))
+        return samples, train_reference(ours, samples, forward=alone_forward)
     sdpa = build(moe)
     sdpa.set_attn_implementation("sdpa")
     if moe:
@@ -206,11 +229,17 @@ def check_replicas(case: Case, model: torch.nn.Module, mesh: DeviceMesh, step: i
         assert torch.equal(parts[0], parts[1]), f"{case.name} step {step}: {name} drifted"
 
 
-def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]]) -> str:
+def tolerance(case: Case, updates: int) -> float:
+    """The tolerance of ``case`` after ``updates`` AdamW steps (see FLOAT32_AFTER_UPDATE)."""
+    return FLOAT32_AFTER_UPDATE if case.hybrid == "llama4" and updates > 0 else TOL
+
+
+def run_case(case: Case, meshes: Meshes, data: dict[bool | str, tuple[list, Reference]]) -> str:
     began = time.perf_counter()
-    samples, ref = data[case.moe]
+    kind = case.hybrid or case.moe
+    samples, ref = data[kind]
     mesh = meshes.get(case.dims)
-    model = build(case.moe)
+    model = build(kind)
     shard(case, model, mesh)
     topo = Topology.from_mesh(mesh)
     scorer = PolicyScorer.from_mesh(
@@ -240,10 +269,10 @@ def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]
             rows = {mb.length, mb.length // topo.cp_size, mb.length // 2}
             big = rec.matching(vocab={VOCAB, VOCAB // 2, -(-VOCAB // 2)}, rows=rows)
             assert not big, f"{case.name}: [S, V]-like tensors {big} (S in {rows})"
-            if case.moe and not mb.is_dummy:
+            if (case.moe or case.hybrid) and not mb.is_dummy:
                 assert int(out.metrics["rows_replayed"]) > 0, case.name
             worst_scores = max(worst_scores, compare_scores(case, step, mb, out, ref))
-        assert worst_scores < TOL, (case.name, step, "scores", worst_scores)
+        assert worst_scores < tolerance(case, step), (case.name, step, "scores", worst_scores)
         if step == 0:
             for name, p in model.named_parameters():
                 assert p.grad is not None, f"{case.name}: {name} got no gradient"
@@ -254,7 +283,7 @@ def run_case(case: Case, meshes: Meshes, data: dict[bool, tuple[list, Reference]
     worst_param = max(
         (full(p.detach()) - ref.params[n]).abs().max().item() for n, p in model.named_parameters()
     )
-    assert worst_param < TOL, (case.name, "parameters", worst_param)
+    assert worst_param < tolerance(case, STEPS), (case.name, "parameters", worst_param)
     return (
         f"case {case.name} rank {dist.get_rank()} ok: scores {worst_scores:.1e} gradients "
         f"{worst_grad:.1e} parameters {worst_param:.1e} ({time.perf_counter() - began:.1f} s)"
@@ -265,13 +294,14 @@ def main() -> None:
     only = set(sys.argv[1:])
     began = time.perf_counter()
     check_shape_record_sees_logits()
-    data = {moe: samples_and_reference(moe) for moe in (False, True)}
+    wanted = [c for c in CASES if not only or c.name in only]
+    kinds = dict.fromkeys([False, True, *(c.hybrid for c in wanted if c.hybrid)])
+    data = {kind: samples_and_reference(kind) for kind in kinds}
     print(f"reference rank {dist.get_rank()} {time.perf_counter() - began:.1f} s", flush=True)
     meshes = Meshes()
     try:
-        for case in CASES:
-            if not only or case.name in only:
-                print(run_case(case, meshes, data), flush=True)
+        for case in wanted:
+            print(run_case(case, meshes, data), flush=True)
         check_refused_head(meshes, data[False][0])
         print(f"refused head rank {dist.get_rank()} ok", flush=True)
         began = time.perf_counter()

@@ -8,12 +8,14 @@ The test compares what the two runs wrote.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 
 # The demo trainer imports the model classes before the process group exists (see launch.py).
-from rollfeed.demo import train, trainer
+from rollfeed.demo import trainer
 from tests.dist.launch import run_rank
 
 
@@ -23,6 +25,16 @@ def run(work: str, *options: str) -> None:
     trainer.train(trainer.parser().parse_args(argv))
 
 
+def release_meshes() -> None:
+    """Let every device mesh still alive drop its process groups, so that run_rank's teardown
+    finds no gloo thread: torch's DTensor keeps meshes in process-wide caches and torch has no
+    public way to clear them (the demo trainer ends its process without interpreter teardown
+    instead; a test may reach the private registry)."""
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh):
+            obj._pg_registry.clear()
+
+
 def main(mode: str, work: str) -> None:
     torch.set_num_threads(1)
     if mode == "first":
@@ -30,7 +42,7 @@ def main(mode: str, work: str) -> None:
         run(work, "--workdir", f"{work}/cut", "--steps", "1", "--checkpoint-every", "1")
     else:
         run(work, "--workdir", f"{work}/cut", "--steps", "3", "--checkpoint-every", "1", "--resume")
-    train.release_meshes()  # before run_rank destroys the groups (see the function)
+    release_meshes()  # before run_rank destroys the groups (see the function)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rollfeed.collate import MicroBatch, PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
-from tests.dist.policy_cases import reference
+from tests.dist.policy_cases import reference, stock_forward
 
 ENTROPY_COEF = 0.1
 ADAMW = {"lr": 1e-3, "eps": 1e-6, "weight_decay": 0.1}
@@ -70,9 +70,12 @@ class Reference:
     count: int
 
 
-def train_reference(model: torch.nn.Module, samples: list[Sample]) -> Reference:
+def train_reference(
+    model: torch.nn.Module, samples: list[Sample], *, forward=stock_forward
+) -> Reference:
     """Train ``model`` (sdpa attention, float64, unsharded) for :data:`STEPS` AdamW steps on all
-    ``samples`` at once; see the module doc."""
+    ``samples`` at once; see the module doc. ``forward``: how one sample runs alone (a hybrid
+    model: through rollfeed's layers, :func:`tests.models.hybrid_cases.alone_forward`)."""
     total = sum(len(s.token_ids) for s in samples)
     (mb,) = prepare_batch(samples, PlanConfig(seq_len=-(-total // 8) * 8), dp_size=1)[0]
     whole = whole_row(mb)
@@ -81,7 +84,7 @@ def train_reference(model: torch.nn.Module, samples: list[Sample]) -> Reference:
     scores, grads = [], {}
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
-        logp, ent, valid = reference(model, mb)
+        logp, ent, valid = reference(model, mb, forward=forward)
         loss = loss_sum(logp, ent, valid, whole.loss_mask, whole.advantages) / count
         loss.backward()
         per_sample = {}

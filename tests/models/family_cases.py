@@ -11,6 +11,8 @@ GQA attention with sigmoid routers. The reference runs each sample alone through
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from tests.dist.policy_cases import make_samples, own_routing
 from tests.models.tiny_moe import tiny_moe
@@ -61,3 +63,40 @@ def routed_samples(family: str, seed: int, lengths: list[int], *, weights: bool 
     tokens = [s.token_ids for s in make_samples(seed, lengths)]
     routing = own_routing(reference_model(family, seed), tokens)
     return make_samples(seed, lengths, own_routing=routing, routing_weights=weights)
+
+
+def hand_routed_forward(router: nn.Module, family: str, ids: torch.Tensor):
+    """The family's router forward, written from its formula (independently of
+    :mod:`rollfeed.models.router_families`), returning ``ids [N, K]`` instead of its own choice
+    (and the weights the family gives them)."""
+
+    def forward(hidden: torch.Tensor, *bias: torch.Tensor):
+        hidden = hidden.reshape(-1, router.weight.shape[1])
+        if family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "olmoe"):
+            logits = F.linear(hidden, router.weight)
+            top = torch.softmax(logits, dim=-1, dtype=torch.float).gather(1, ids)
+            if family == "qwen3_5_moe" or router.norm_topk_prob:  # Qwen3.5 always normalises
+                top = top / top.sum(dim=-1, keepdim=True)
+            return logits, top.to(logits.dtype), ids
+        if family == "mixtral":
+            logits = F.linear(hidden, router.weight)
+            top = torch.softmax(logits.float(), dim=-1).gather(1, ids)
+            return logits, top / top.sum(dim=-1, keepdim=True), ids
+        if family == "gpt_oss":
+            logits = F.linear(hidden, router.weight, router.bias)
+            return logits, torch.softmax(logits.gather(1, ids), dim=1, dtype=logits.dtype), ids
+        if family in ("deepseek_v3", "glm4_moe"):
+            logits = F.linear(hidden.float(), router.weight.float())
+            top = logits.sigmoid().gather(1, ids)
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+            return logits, top * router.routed_scaling_factor, ids
+        if family == "minimax_m2":
+            logits = F.linear(hidden, router.weight)
+            top = torch.sigmoid(logits.float()).gather(1, ids)
+            return logits, top / top.sum(dim=-1, keepdim=True), ids
+        assert family == "llama4"
+        logits = F.linear(hidden, router.weight)
+        dense = torch.full_like(logits, float("-inf")).scatter(1, ids, logits.gather(1, ids))
+        return torch.sigmoid(dense.float()).to(logits.dtype), logits
+
+    return forward

@@ -2,7 +2,8 @@
 
 Under ``with torch.device("meta")`` a factory call without ``device=`` makes a meta tensor, and the
 first op that mixes it with the CPU inputs fails: running the batch path, scoring and router
-replay there on CPU inputs is a CPU check that nothing would land on the wrong device on a GPU.
+replay there on CPU inputs is a CPU check that nothing would land on the wrong device on a GPU
+(the hybrid families' layers and their kernels included).
 On every available device (``tests/devices.py``) replay with recorded weights then runs for real,
 the model and the micro batch moved there, against the same scoring on the CPU.
 """
@@ -18,6 +19,7 @@ from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.models import PolicyScorer, fused_support_logprobs, support_logprobs
 from tests.devices import DEVICES
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing
+from tests.models.hybrid_cases import HYBRIDS, hybrid_model
 from tests.models.reference import random_batch
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
@@ -43,6 +45,17 @@ def test_batch_path_scoring_and_backward_create_nothing_off_the_inputs_device():
         (scores.logprobs.sum() + scores.entropy.sum()).backward()
     _check_on("cpu", scores, model)
     assert all(t.device.type == "cpu" for t in built)  # the batch path builds host tensors
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_hybrid_layers_create_nothing_off_the_inputs_device(family: str) -> None:
+    scorer = PolicyScorer(hybrid_model(family, 2), compute_entropy=True)
+    samples = make_samples(5, [3, 70, 11])
+    with torch.device("meta"):
+        plan = prepare_batch(samples, PlanConfig(seq_len=96, pad_to_multiple_of=8), dp_size=1)
+        scores = scorer.score(to_tensor_micro_batch(plan[0][0], cp_rank=0))
+        scores.logprobs.sum().backward()
+    _check_on("cpu", scores, scorer.model)
 
 
 def test_plain_and_fused_support_scoring_create_nothing_off_the_inputs_device():

@@ -1,10 +1,15 @@
 """Packed attention alone: parity with a float64 explicit-mask reference (values and gradients),
-the layout's contents, and no ``[S, S]`` tensor anywhere in a forward + backward."""
+chunked layers included, the layout's contents, no ``[S, S]`` tensor anywhere in a forward +
+backward, and on every available device the kernel that device runs (one varlen call on CUDA)
+against a float32 reference."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rollfeed.models.packing_attention import (
@@ -12,6 +17,8 @@ from rollfeed.models.packing_attention import (
     packed_attention_forward,
     packed_layout,
 )
+from rollfeed.models.segment_attention import segment_kernel, varlen_kernel
+from tests.devices import DEVICES
 from tests.models.tiny import VOCAB, tiny_qwen3
 
 HEADS, KV_HEADS, DIM = 4, 2, 5
@@ -246,3 +253,101 @@ def test_model_forward_and_backward_never_allocate_s_by_s() -> None:
         logits.logsumexp(-1).sum().backward()
     assert spy.square == []
     assert spy.largest < n * n // 2
+
+
+class _ChunkedLayer(torch.nn.Module):
+    """A module as a chunked-attention layer presents itself to packed attention."""
+
+    def __init__(self, chunk: int) -> None:
+        super().__init__()
+        self.layer_idx = 0
+        self.config = SimpleNamespace(layer_types=["chunked_attention"], attention_chunk_size=chunk)
+
+
+def _reference_chunked(q, k, v, lengths: list[int], chunk: int) -> torch.Tensor:
+    """Explicit mask: same sample, causal, and the same chunk of ``chunk`` tokens counted from
+    the sample's first token (as transformers' chunked mask over one sample)."""
+    seg = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    i = torch.arange(sum(lengths))
+    allowed = (seg[:, None] == seg[None, :]) & (i[:, None] >= i[None, :])
+    allowed &= (pos[:, None] // chunk) == (pos[None, :] // chunk)
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return (scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("arrival", ["canonical", "zigzag"])
+def test_chunked_layer_attends_within_chunks_counted_from_each_sample(arrival: str) -> None:
+    order = torch.arange(S) if arrival == "canonical" else _zigzag(S, 4)
+    pos = torch.cat([torch.arange(n) for n in LENGTHS])
+    layout = packed_layout(pos[order], canonical_index=order, cu_seqlens=_cu(LENGTHS), chunk_size=3)
+    q, k, v = _qkv(9)
+    up = torch.randn(1, S, HEADS, DIM, generator=torch.Generator().manual_seed(10), dtype=q.dtype)
+    got, _ = packed_attention_forward(
+        _ChunkedLayer(3).eval(),
+        q[:, :, order],
+        k[:, :, order],
+        v[:, :, order],
+        None,
+        packing=layout,
+    )
+    ref = _reference_chunked(q, k, v, LENGTHS, 3)
+    torch.testing.assert_close(got, ref[:, order], atol=1e-12, rtol=0)
+    for a, e, name in zip(
+        torch.autograd.grad((got * up[:, order]).sum(), (q, k, v)),
+        torch.autograd.grad((ref * up).sum(), (q, k, v)),
+        "qkv",
+        strict=True,
+    ):
+        torch.testing.assert_close(a, e, atol=1e-12, rtol=0, msg=name)
+    # The chunks matter here (samples of 7 and 13 span several), and a layout without them or
+    # with another chunk size is refused, not attended over whole samples.
+    assert (ref - _reference(q, k, v, LENGTHS)).abs().max() > 1e-3
+    for wrong in (packed_layout(pos), packed_layout(pos, chunk_size=4)):
+        with pytest.raises(PackingError, match="attends in chunks of 3 tokens"):
+            packed_attention_forward(_ChunkedLayer(3), q, k, v, None, packing=wrong)
+
+
+# bf16 on the device against float32 on the CPU: bf16 keeps 8 bits of mantissa, and these outputs
+# and gradients are O(1), so 3e-2 bounds the rounding of inputs and of the kernel's accumulations.
+BF16_TOL = dict(atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_attention_on_each_device_matches_the_float32_reference(device, monkeypatch):
+    """On CUDA a plain causal, a sliding-window and a chunked layer each run as one varlen call
+    (no SDPA call) where this torch or flash-attn has one; elsewhere the per-sample SDPA path."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
+    lengths = [5, 17, 1, 17, 24]
+    n, pos = sum(lengths), torch.cat([torch.arange(m) for m in lengths])
+    q, k, v = _qkv(11, n=n, heads=4, kv=2, dim=16)
+    up = torch.randn(1, n, 4, 16, generator=torch.Generator().manual_seed(12), dtype=q.dtype)
+    varlen = device == "cuda" and varlen_kernel() is not None
+    cases = [
+        (torch.nn.Module(), {}, _reference(q, k, v, lengths)),
+        (torch.nn.Module(), {"sliding_window": 6}, None),
+        (_ChunkedLayer(8), {}, _reference_chunked(q, k, v, lengths, 8)),
+    ]
+    for module, extra, ref in cases:
+        if ref is None:  # the window: the features reference without sinks (a -inf sink)
+            sinks = torch.full((4,), float("-inf"), dtype=q.dtype)
+            ref = _reference_features(q, k, v, lengths, extra["sliding_window"], sinks)
+        layout = packed_layout(pos.to(device), cu_seqlens=_cu(lengths).to(device), chunk_size=8)
+        inputs = [x.detach().to(device, torch.bfloat16).requires_grad_() for x in (q, k, v)]
+        calls.clear()
+        got, _ = packed_attention_forward(module.eval(), *inputs, None, packing=layout, **extra)
+        assert segment_kernel(inputs[0], inputs[2], sinks=None, dropout=0.0) == (
+            "varlen" if varlen else "sdpa"
+        )
+        assert (calls == []) == varlen
+        got_g = torch.autograd.grad((got * up.to(device, torch.bfloat16)).sum(), inputs)
+        torch.testing.assert_close(got.float().cpu(), ref.float(), **BF16_TOL)
+        ref_g = torch.autograd.grad((ref * up).sum(), (q, k, v))
+        for a, e, name in zip(got_g, ref_g, "qkv", strict=True):
+            torch.testing.assert_close(a.float().cpu(), e.float(), **BF16_TOL, msg=name)

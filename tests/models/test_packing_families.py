@@ -1,6 +1,7 @@
 """PolicyScorer end to end on the MoE families with their attention features (MLA, sliding
 windows, sinks) and replayed routing: packed scores and gradients equal each sample alone through
-the stock model; the families packed attention cannot run exactly are refused by name."""
+the stock model. The hybrid families (Gated DeltaNet, chunked attention) are in
+tests/models/test_packing_hybrid.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
-from rollfeed.models import PolicyScorer, UnpackableAttentionError
+from rollfeed.models import PolicyScorer
 from tests.dist.policy_cases import loss_weights, reference
 from tests.models.family_cases import (
     FP32_ROUTERS,
@@ -18,7 +19,6 @@ from tests.models.family_cases import (
     scoring_model,
     tolerance,
 )
-from tests.models.tiny_moe import tiny_moe
 
 LENGTHS = [9, 4, 12, 6]  # gpt-oss's window of 4 is shorter than three of them
 
@@ -83,19 +83,3 @@ def test_gpt_oss_sinks_and_window_change_the_scores() -> None:
             scores.append(PolicyScorer(model).score(tmb).logprobs)
     assert (scores[0] - scores[1]).abs().max() > 1e-4
     assert (scores[0] - scores[2]).abs().max() > 1e-4
-
-
-@pytest.mark.parametrize(
-    ("family", "feature"),
-    [
-        ("qwen3_next", "linear attention"),
-        ("qwen3_5_moe", "linear attention"),
-        ("llama4", "chunked attention"),
-    ],
-)
-def test_families_packed_attention_cannot_run_exactly_are_refused(family, feature) -> None:
-    model = tiny_moe(family, seed=0)
-    with pytest.raises(UnpackableAttentionError, match=feature) as caught:
-        PolicyScorer(model)
-    assert caught.value.findings[0][0] == "layer 0 (model.layers.0)"
-    assert model.config._attn_implementation != "rollfeed_packed"

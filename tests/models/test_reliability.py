@@ -1,4 +1,5 @@
-"""Scoring refuses what it cannot score exactly: ids outside the vocabulary, invalid temperatures,
+"""Scoring refuses what it cannot score exactly: ids outside the vocabulary (negative ones but the
+-1 padding included), invalid or too small temperatures, non-finite scores (NaN logits),
 and models whose attention packing cannot reproduce (typed errors naming the place)."""
 
 from __future__ import annotations
@@ -184,6 +185,76 @@ def test_support_logprobs_refuses_nan_temperature_naming_rows(fused: bool) -> No
     assert torch.isfinite(out.logprobs).all() and torch.isfinite(weight.grad).all()
 
 
+def _score_rows(fused: bool, hidden, weight, labels, support, **options):
+    if fused:
+        return fused_support_logprobs(hidden, weight, labels, support, **options)
+    return support_logprobs(hidden @ weight.T, labels, support, **options)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_temperature_below_the_compute_dtypes_smallest_normal_is_refused_naming_the_row(
+    fused: bool,
+) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 8, generator=gen)
+    weight = torch.randn(11, 8, generator=gen)
+    labels = torch.tensor([1, 2, 3])
+    support = torch.tensor([[1, 5], [2, -1], [3, 7]])
+    # 1e-45 is finite and > 0, but in float32 it is a subnormal whose reciprocal overflows.
+    with refused("TemperatureError", match=r"finite and >= 1\.175e-38"):
+        _score_rows(fused, hidden, weight, labels, support, temperature=1e-45)
+    t = torch.tensor([1.0, 1e-45, 1.0])
+    with refused("TemperatureError", match=r"first rows \[1\]") as err:
+        _score_rows(fused, hidden, weight, labels, support, temperature=t)
+    assert err.value.place["pos"] == 1
+    # The bound is the compute dtype's: float64 scores the same temperature, finitely.
+    out = _score_rows(
+        fused, hidden.double(), weight.double(), labels, support, temperature=t.double()
+    )
+    assert torch.isfinite(out.logprobs).all() and out.valid_mask.all()
+
+
+@pytest.mark.parametrize(
+    ("fused", "nan_in"), [(False, "logits"), (True, "hidden"), (True, "weight")]
+)
+def test_nan_logit_on_a_scored_singleton_row_raises_naming_the_row(fused: bool, nan_in: str):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(4, 8, generator=gen, dtype=torch.float64)
+    weight = torch.randn(11, 8, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([1, 2, 3, -100])
+    support = torch.tensor([[1, 5], [2, -1], [3, 7], [-1, -1]])  # row 1: the singleton {2}
+    if nan_in == "weight":
+        weight[2] = float("nan")  # only token 2's logit, only row 1 asks for it
+    else:
+        hidden[1, 0] = float("nan")
+    hidden[3] = float("nan")  # an unscored row (a prompt token) may hold anything
+    with refused("NonFiniteLogitError", match=r"1 scored row\(s\) .* first rows \[1\]") as err:
+        _score_rows(fused, hidden, weight, labels, support, compute_entropy=True)
+    assert err.value.place == {"tensor": "logits", "pos": 1, "sample": None, "layer": None}
+
+
+def test_nan_logit_raises_on_every_tp_rank_after_the_reductions(tp_group) -> None:
+    logits = torch.randn(3, VOCAB, dtype=torch.float64)
+    logits[2, 7] = float("nan")
+    support = torch.tensor([[1, 2], [4, -1], [7, -1]])
+    with refused("NonFiniteLogitError", match=r"first rows \[2\]"):
+        support_logprobs(logits, support[:, 0].clone(), support, tp_group=tp_group)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("negative", [-2, -100])
+def test_negative_support_id_other_than_padding_is_refused(fused: bool, negative: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 8, generator=gen, dtype=torch.float64)
+    weight = torch.randn(11, 8, generator=gen, dtype=torch.float64)
+    labels = torch.tensor([1, 2, 3])
+    support = torch.tensor([[1, 5, -1], [2, negative, -1], [3, -1, -1]])
+    with refused("VocabularyRangeError", match=rf"support\[1, 1\] = {negative} .* pad with -1"):
+        _score_rows(fused, hidden, weight, labels, support)
+    ok = _score_rows(fused, hidden, weight, labels, support.clamp(min=-1))  # -1 pads
+    assert ok.valid_mask.all()
+
+
 def test_support_logprobs_refuses_id_outside_the_vocabulary_under_tp(tp_group, monkeypatch):
     logits = torch.randn(3, VOCAB, dtype=torch.float64)
     labels = torch.tensor([1, VOCAB + 5, 2])
@@ -232,34 +303,45 @@ _GATED_DELTANET = dict(
         ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
     ],
 )
-def test_scorer_refuses_gated_deltanet_layers(names) -> None:
+def test_scorer_refuses_linear_attention_it_cannot_pack(names) -> None:
+    from rollfeed.models.packing_support import check_packable
+
+    # Key heads the cp group cannot split: refused by name before any forward.
     model = _tiny(*names, **_GATED_DELTANET)
+    with refused("UnpackableAttentionError", match=r"2 key heads, which cp=4 ranks cannot split"):
+        check_packable(model, cp_size=4)
+    check_packable(model, cp_size=2)
+    # A conv activation the packed kernels do not implement: not a Gated DeltaNet they run.
+    model = _tiny(*names, **_GATED_DELTANET, hidden_act="gelu")
     with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
     err = caught.value
     assert [layer for layer, _ in err.findings] == ["layer 0 (model.layers.0)"] * 2
-    assert "linear attention" in str(err) and "GatedDeltaNet" in str(err)
+    assert "other than a Gated DeltaNet" in str(err) and "GatedDeltaNet" in str(err)
     assert pickle.loads(pickle.dumps(err)).findings == err.findings
     assert model.config._attn_implementation != "rollfeed_packed"  # a refused model is untouched
+    assert "forward" not in vars(model.model.layers[0].linear_attn)
 
 
-def test_scorer_refuses_chunked_attention_and_cache_position_scaling() -> None:
-    # Layer 0 uses rope and chunked attention; layer 1 is a NoPE layer with temperature tuning.
-    model = _tiny(
-        "Llama4TextConfig",
-        "Llama4ForCausalLM",
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        intermediate_size_mlp=96,
-        attention_chunk_size=4,
-        no_rope_layers=[1, 0],
-    )
+def test_scorer_refuses_chunked_attention_and_query_scaling_it_cannot_pack() -> None:
+    # Chunks from attention_chunk_size without layer types, and index scaling on a layer that is
+    # not Llama-4's NoPE attention.
+    model = tiny_qwen3()
+    model.config.attention_chunk_size = 4
+    model.config.layer_types = None
+    attention = model.model.layers[1].self_attn
+    attention.attn_temperature_tuning, attention.use_rope, attention.floor_scale = True, False, 4
     with refused("UnpackableAttentionError") as caught:
         PolicyScorer(model)
-    (layer0, chunked), (layer1, scaling) = caught.value.findings
-    assert layer0 == "layer 0 (model.layers.0)" and "chunked attention" in chunked
-    assert "chunks of 4 tokens" in chunked
-    assert layer1 == "layer 1 (model.layers.1)" and "attn_temperature_tuning" in scaling
+    findings = caught.value.findings
+    assert findings[0] == (
+        "layer 0 (model.layers.0)",
+        "chunked attention (attention_chunk_size=4, over the row)",
+    )
+    assert (
+        findings[-1][0] == "layer 1 (model.layers.1)"
+        and "attn_temperature_tuning" in findings[-1][1]
+    )
 
 
 @pytest.mark.parametrize("build", [tiny_qwen3, tiny_qwen3_moe, tiny_mixtral])

@@ -1,18 +1,19 @@
 """Router replay over every router family of the table, on tiny float64 models of each family.
 
-The references here are written from each family's formula independently of
-:mod:`rollfeed.models.router_families`: every router's forward is patched by hand to return the
-replayed ids and the weights its family computes for them, in the router's own dtypes.
+The references here (:func:`tests.models.family_cases.hand_routed_forward`) are written from each
+family's formula independently of :mod:`rollfeed.models.router_families`: every router's forward
+is patched by hand to return the replayed ids and the weights its family computes for them, in
+the router's own dtypes.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rollfeed.models.router_replay import RouterReplay, Routing, RoutingReplayError, find_routers
+from tests.models.family_cases import hand_routed_forward
 from tests.models.tiny import VOCAB
 from tests.models.tiny_moe import FAMILIES, tiny_moe
 
@@ -43,42 +44,6 @@ def _own(model: nn.Module, ids: torch.Tensor) -> Routing:
 def _other(own: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Ids other than the model's own that keep each row distinct: a shift by one expert."""
     return (own + 1) % num_experts
-
-
-def _reference_forward(router: nn.Module, family: str, ids: torch.Tensor):
-    """The family's router forward, written from its formula, returning ``ids`` instead of its
-    own choice (and the weights the family gives them)."""
-
-    def forward(hidden: torch.Tensor, *bias: torch.Tensor):
-        hidden = hidden.reshape(-1, router.weight.shape[1])
-        if family in ("qwen3_moe", "qwen3_next", "qwen3_5_moe", "olmoe"):
-            logits = F.linear(hidden, router.weight)
-            top = torch.softmax(logits, dim=-1, dtype=torch.float).gather(1, ids)
-            if family == "qwen3_5_moe" or router.norm_topk_prob:  # Qwen3.5 always normalises
-                top = top / top.sum(dim=-1, keepdim=True)
-            return logits, top.to(logits.dtype), ids
-        if family == "mixtral":
-            logits = F.linear(hidden, router.weight)
-            top = torch.softmax(logits.float(), dim=-1).gather(1, ids)
-            return logits, top / top.sum(dim=-1, keepdim=True), ids
-        if family == "gpt_oss":
-            logits = F.linear(hidden, router.weight, router.bias)
-            return logits, torch.softmax(logits.gather(1, ids), dim=1, dtype=logits.dtype), ids
-        if family in ("deepseek_v3", "glm4_moe"):
-            logits = F.linear(hidden.float(), router.weight.float())
-            top = logits.sigmoid().gather(1, ids)
-            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
-            return logits, top * router.routed_scaling_factor, ids
-        if family == "minimax_m2":
-            logits = F.linear(hidden, router.weight)
-            top = torch.sigmoid(logits.float()).gather(1, ids)
-            return logits, top / top.sum(dim=-1, keepdim=True), ids
-        assert family == "llama4"
-        logits = F.linear(hidden, router.weight)
-        dense = torch.full_like(logits, float("-inf")).scatter(1, ids, logits.gather(1, ids))
-        return torch.sigmoid(dense.float()).to(logits.dtype), logits
-
-    return forward
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -119,7 +84,7 @@ def test_replaying_other_ids_equals_the_family_formula_and_reaches_the_router(fa
     with replay.replaying(Routing(experts=other, covered=own.covered)):
         out = model(input_ids=ids).logits
     for layer, router in enumerate(_routers(ref)):
-        router.forward = _reference_forward(router, family, other[:, layer])
+        router.forward = hand_routed_forward(router, family, other[:, layer])
     want = ref(input_ids=ids).logits
     torch.testing.assert_close(out, want, atol=TOL, rtol=0)
     plain = model(input_ids=ids).logits

@@ -113,9 +113,6 @@ def test_repeated_ids_count_once_and_padding_position_does_not_matter() -> None:
         got = support_logprobs(logits, labels, torch.tensor([row]), compute_entropy=True)
         torch.testing.assert_close(got.logprobs, base.logprobs, rtol=1e-15, atol=1e-15)
         torch.testing.assert_close(got.entropy, base.entropy, rtol=1e-15, atol=1e-15)
-    for row in ([3, 7, 7, 1, 3], [3, 7, 1, -5, -1]):  # every negative id is padding
-        got = support_logprobs(logits, labels, torch.tensor([row]))
-        torch.testing.assert_close(got.logprobs, base.logprobs, rtol=1e-15, atol=1e-15)
     dup = support_logprobs(logits, labels, torch.tensor([[3, 7, 7, 1, 3]]))
     assert int(dup.metrics["duplicate_ids"]) == 2
 
@@ -165,7 +162,7 @@ def test_entropy_is_a_detached_metric_unless_asked() -> None:
         ({"support": torch.tensor([0, 1])}, "must be \\[N, W\\]"),
         ({"support": torch.tensor([[0.0], [1.0]])}, "int32/int64"),
         ({"labels": torch.tensor([0])}, "labels must be"),
-        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"temperature": 0.0}, "temperature must be finite and >= 1.175e-38"),
         ({"entropy_requires_grad": True}, "needs compute_entropy"),
         ({"fallback_mask": torch.tensor([1, 0])}, "fallback_mask must be bool"),
     ],
