@@ -73,7 +73,7 @@ def load_local(
 
 def load_stored(store: StepStore, step: int, *, missing_index: MissingIndex) -> LoadedStep:
     """Step ``step`` from an object store (see :mod:`rollfeed.loaders.step_store`)."""
-    got = store.read_index(step)
+    got = store.read_versioned_index(step)
     if got is not None:
         return LoadedStep(version=got[1], entry=got[0])
     store.step_version(step)  # a missing step is named as such

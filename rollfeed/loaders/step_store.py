@@ -32,6 +32,7 @@ from rollfeed.collate import Sample
 from rollfeed.loaders.errors import StepMissingError
 from rollfeed.loaders.step_files import parse_step_name, poll_for_step, step_file_name
 from rollfeed.loaders.step_index import (
+    Pread,
     StepIndex,
     index_path,
     parse_sample,
@@ -108,7 +109,7 @@ class StepStore:
             return None
         return self._get(name, 0, size) if size else b""
 
-    def _pinned(self, step: int, version: StepVersion):
+    def _pinned(self, step: int, version: StepVersion) -> Pread:
         """``pread(n, offset)`` of step ``step``'s object, refused unless it is ``version``."""
         name = step_file_name(step)
 
@@ -168,7 +169,13 @@ class StepStore:
             )
         return version
 
-    def read_index(self, step: int) -> tuple[StepIndex, StepVersion] | None:
+    def read_index(self, step: int) -> StepIndex | None:
+        """Step ``step``'s checked index, or ``None`` when it has none (:meth:`read_versioned_index`
+        without the version)."""
+        got = self.read_versioned_index(step)
+        return None if got is None else got[0]
+
+    def read_versioned_index(self, step: int) -> tuple[StepIndex, StepVersion] | None:
         """Step ``step``'s checked index (one GET, plus one for the step file's size and ETag)
         and the version it was checked against, or ``None`` when it has no index."""
         name = step_file_name(step)
