@@ -133,7 +133,7 @@ def main(argv: list[str]) -> None:
     args.add_argument("--samples", type=int, default=48)
     args.add_argument("--workers", type=int, default=2)
     args.add_argument("--busy-ms", type=float, default=20.0)
-    args.add_argument("--repeats", type=int, default=3)
+    args.add_argument("--repeats", type=int, default=5)
     args.add_argument("--seed", type=int, default=0)
     opts = args.parse_args(argv)
     busy = opts.busy_ms / 1e3
