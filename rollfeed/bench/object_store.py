@@ -56,11 +56,11 @@ def _write(root, seed: int) -> list:
 
 
 class _Counting:
-    """Counts the GETs of one process's signed HTTP client."""
+    """Counts the GETs of one process's object-store client."""
 
-    def __init__(self, http) -> None:
-        self.http, self.calls, self.get = http, 0, http.get
-        http.get = self._get
+    def __init__(self, client) -> None:
+        self.client, self.calls, self.get = client, 0, client.get
+        client.get = self._get
 
     def _get(self, *args, **kwargs):
         self.calls += 1
@@ -69,7 +69,7 @@ class _Counting:
 
 def _per_segment(root, segs) -> None:
     """The baseline: one GET per segment (its region header and body), concurrently."""
-    http = root._proc().http
+    client = root._proc().client
     by_file: dict[str, list[int]] = {}
     for s in segs:
         by_file.setdefault(s.file, []).append(s.offset)
@@ -82,7 +82,7 @@ def _per_segment(root, segs) -> None:
     def one(file: str, start: int, end: int | None) -> None:
         key = root.url.key(file)
         stop = end if end is not None else start + (8 << 20)
-        http.get(key, start, stop, None, where=file, rel=file)
+        client.get(key, start, stop, None, where=file, rel=file)
 
     root._proc().map(one, *zip(*spans, strict=True))
 
@@ -155,7 +155,7 @@ def main(argv: list[str]) -> None:
             s3 = PayloadRoot(f"{url}/mb", **options)
             segs = _write(s3, 0)
             cold = PayloadRoot(f"{url}/mb", **options)
-            counter = _Counting(cold._proc().http)
+            counter = _Counting(cold._proc().client)
             read_fields(segs, WINDOWS, root=cold)
             first = counter.calls
             read_fields(segs, WINDOWS, root=cold)

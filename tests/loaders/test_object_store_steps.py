@@ -135,6 +135,12 @@ def test_step_store_lists_and_refuses_a_missing_step_within_its_bound(object_sto
 
 def test_a_store_out_of_reach_is_a_typed_error_naming_the_store():
     # nothing listens on port 1: the listing fails at once, as an error a loader can name
-    steps = StepStore("s3://bucket/steps", endpoint="http://127.0.0.1:1", region="us-east-1")
+    steps = StepStore(
+        "s3://bucket/steps",
+        endpoint="http://127.0.0.1:1",
+        region="us-east-1",
+        access_key_id="AK",
+        secret_access_key="SK",
+    )
     with pytest.raises(PayloadIOError, match=r"s3://bucket/steps.*out of reach"):
         steps.list_steps()
