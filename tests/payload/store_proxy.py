@@ -28,7 +28,8 @@ way :attr:`StoreProxy.mode` says:
 
 :meth:`StoreProxy.misbehave` sets the mode (``after_first``: the next request still passes);
 :attr:`sent` counts the bytes of answers handed to the client's socket, :attr:`requests` the
-requests seen. Every handler ends when its client closes its end.
+requests seen and :attr:`agents` their ``User-Agent`` (``""`` when none: which client sent
+them). Every handler ends when its client closes its end.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class StoreProxy:
         self.claim, self.stream = 2 << 30, 128 << 20
         self.sent = 0
         self.requests: list[tuple[str, str]] = []
+        self.agents: list[str] = []
         self._skip = 0  # requests still to pass before the mode applies
         self._uploads: list[bytes] = []  # the listing being paged (its <Upload> elements)
         self._lock = threading.Lock()
@@ -130,6 +132,7 @@ class StoreProxy:
         method, target, headers, body = got
         with self._lock:
             self.requests.append((method, target))
+            self.agents.append(next((v for k, v in headers if k.lower() == "user-agent"), ""))
             mode = self.mode if not self._skip else "pass"
             self._skip = max(0, self._skip - 1)
         if mode == "stall":

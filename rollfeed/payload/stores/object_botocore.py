@@ -105,17 +105,23 @@ class SignedRequests:
         self.access, self.url = access, url
         self.base = access.bucket_url(url.bucket)
         self.region = access.resolved()["region"]
-        try:
-            self.credentials = session.get_credentials()
-        except Exception as err:  # a chain that failed: a refused token, no metadata
-            raise PayloadStoreAuthError(
-                f"no credential for {url}: {type(err).__name__}: {str(err)[:300]}"
-            ) from None
+        self.credentials = session.get_credentials()  # refreshed by botocore as needed
         if self.credentials is None:
             raise PayloadStoreAuthError(
                 f"no credential for {url}: none given as arguments, no profile, no AWS_* "
                 "variables, no web identity, container or instance metadata credential"
             )
+
+    def _frozen(self) -> Any:
+        """The credential to sign with now (a refresh may fetch one: a token exchanged at
+        STS, the instance metadata)."""
+        try:
+            return self.credentials.get_frozen_credentials()
+        except Exception as err:  # a refused token, no role, the service out of reach
+            raise PayloadStoreAuthError(
+                f"no credential for {self.url}: getting one failed ({type(err).__name__}: "
+                f"{str(err)[:300]})"
+            ) from None
 
     def request(
         self,
@@ -128,13 +134,13 @@ class SignedRequests:
     ) -> bytes:
         """One signed request for ``key`` (``""``: the bucket itself), with retries; its answer
         or the typed error its status maps to."""
-        a = self.access
+        a, frozen = self.access, self._frozen()
         last = time.monotonic() + a.retry_timeout_s  # no attempt runs past it
         tries, pause = 0, None
         while True:
             try:
                 deadline = min(time.monotonic() + a.timeout_s, last)
-                return self._once(deadline, method, key, query or {}, what, where)
+                return self._once(deadline, frozen, method, key, query or {}, what, where)
             except (OSError, http.client.HTTPException, _Retry) as err:
                 pause = a.backoff_s(pause)
                 if tries >= a.request_retries or time.monotonic() + pause >= last:
@@ -152,6 +158,7 @@ class SignedRequests:
     def _once(
         self,
         deadline: float,
+        frozen: Any,
         method: str,
         key: str,
         query: Mapping[str, str],
@@ -165,7 +172,6 @@ class SignedRequests:
         if query:
             url += "?" + urllib.parse.urlencode(sorted(query.items()), quote_via=urllib.parse.quote)
         request = AWSRequest(method=method, url=url, data=b"")
-        frozen = self.credentials.get_frozen_credentials()
         S3SigV4Auth(frozen, "s3", self.region).add_auth(request)
         prepared = request.prepare()
         parts = urllib.parse.urlsplit(prepared.url)
