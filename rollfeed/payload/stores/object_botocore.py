@@ -65,8 +65,8 @@ def botocore_session(access: StoreAccess) -> Any:  # -> botocore.session.Session
         import botocore.session
     except ImportError:
         raise PayloadInputError(
-            "reading an AWS profile, and aborting incomplete multipart uploads, need botocore: "
-            "pip install 'rollfeed[object-store]'"
+            "an object store's signed requests (a step store's listing, the incomplete uploads "
+            "a prune aborts) and AWS profiles need botocore: pip install 'rollfeed[object-store]'"
         ) from None
     session = botocore.session.Session(profile=access.profile_name())
     if access.keys_given():
