@@ -66,6 +66,15 @@ def test_index_round_trip_matches_the_file(run):
     assert index_path(path).read_bytes() == written  # built from the file == written with it
 
 
+def test_step_file_into_a_missing_directory_makes_it(run):
+    """A new run's first step makes its step directory, as a payload writer makes its group."""
+    tmp, samples, _ = run
+    path = write_step_file(tmp / "new" / "steps", 3, samples[:2])
+    assert path == tmp / "new" / "steps" / "step_000003.jsonl"
+    assert [s.to_json() for s in read_step_file(path)] == [s.to_json() for s in samples[:2]]
+    assert read_step_index(path).lengths.tolist() == [len(s) for s in samples[:2]]
+
+
 def test_build_index_skips_blank_lines_and_reads_back(run):
     tmp, samples, path = run
     lines = _lines(path)
