@@ -318,17 +318,24 @@ def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
         launch = None
     except AssertionError as err:
         launch = str(err)[-6000:]
-    outcome: dict[str, str | None] = {}
+    ranks = []
     for rank in range(2):
         path = out / f"rank{rank}.json"
-        for r in json.loads(path.read_text()) if path.is_file() else []:
-            if not r["ok"]:
-                outcome[r["label"]] = f"rank {rank}:\n{r['error']}"
-            else:
-                outcome.setdefault(r["label"], None)
+        ranks.append(
+            {r["label"]: r for r in json.loads(path.read_text())} if path.is_file() else {}
+        )
+    outcome: dict[str, str | None] = {}
     for label in labels:
-        if label not in outcome:
-            outcome[label] = f"not reached on every rank; the launch:\n{launch}"
+        failed = [
+            (k, got.get(label)) for k, got in enumerate(ranks) if not got.get(label, {}).get("ok")
+        ]
+        errors = [f"rank {k}:\n{r['error']}" for k, r in failed if r]
+        if errors:
+            outcome[label] = "\n".join(errors)
+        elif failed:
+            outcome[label] = f"not reached on rank {failed[0][0]}; the launch:\n{launch}"
+        else:
+            outcome[label] = None
     if launch is not None and all(v is None for v in outcome.values()):
         outcome[labels[-1]] = f"every block ran, but the launch failed:\n{launch}"
     return outcome
