@@ -4,7 +4,8 @@ Each block is one test, named ``L<line>-<heading>`` (:mod:`tests.readme_blocks`)
 signature fails as the block that calls it, with a traceback at the README's own line. The blocks
 build on each other as a reader's would: the ones run here share one namespace and one working
 directory (the quick start writes ``quickstart/``, later blocks read it) and run in README order,
-a block's test first running every earlier block it needs. :data:`RUNS` says how each heading's
+a block's test first running every earlier block; a block that fails after an earlier one did
+says so. :data:`RUNS` says how each heading's
 block runs; a Python block under a heading it does not name fails:
 
 - ``here``: in this process, in the shared namespace;
@@ -256,12 +257,15 @@ class _Chain:
             how = RUNS.get(block.heading, "")
             if how == "torchrun" or block.label in self.outcome:
                 continue
-            failed = next((k for k, v in self.outcome.items() if v is not None), None)
-            if failed is not None:
-                self.outcome[block.label] = f"not run: {failed} failed first"
-                continue
-            self.outcome[block.label] = self._run(block, how, request)
+            failed = self.failed()
+            outcome = self._run(block, how, request)
+            if outcome is not None and failed:
+                outcome += f"\n(it builds on blocks that failed first: {', '.join(failed)})"
+            self.outcome[block.label] = outcome
         return self.outcome.get(PYTHON[index].label)
+
+    def failed(self) -> list[str]:
+        return [label for label, why in self.outcome.items() if why is not None]
 
     def _run(self, block: Block, how: str, request) -> str | None:
         cwd = os.getcwd()
@@ -290,10 +294,9 @@ def chain(tmp_path_factory):
 def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
     """label -> None (ran on both ranks, checked) or why not, for every torchrun block."""
     mine = [i for i, b in enumerate(PYTHON) if RUNS.get(b.heading) == "torchrun"]
-    before = chain.run_through(mine[0] - 1, request) if mine[0] > 0 else None
+    if mine[0] > 0:
+        chain.run_through(mine[0] - 1, request)  # the quick start's files, as a reader has them
     labels = [PYTHON[i].label for i in mine]
-    if before is not None:
-        return dict.fromkeys(labels, f"not run: the blocks before it did not run ({before})")
     out = tmp_path_factory.mktemp("readme-ranks")
     spec = [
         {
@@ -338,6 +341,10 @@ def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
             outcome[label] = None
     if launch is not None and all(v is None for v in outcome.values()):
         outcome[labels[-1]] = f"every block ran, but the launch failed:\n{launch}"
+    before = chain.failed()
+    for label, why in outcome.items():
+        if why is not None and before:
+            outcome[label] = why + f"\n(it builds on blocks that failed first: {', '.join(before)})"
     return outcome
 
 
