@@ -376,14 +376,14 @@ def test_readme_block_runs_as_printed(index, request):
 
 
 class _Started(Exception):
-    def __init__(self, cmd):
+    def __init__(self, cmd, env):
         super().__init__(cmd)
-        self.cmd = cmd
+        self.cmd, self.env = cmd, env
 
 
 def _readme_serve_command() -> list[str]:
     text = README.read_text()
-    start = text.index("    python -m rollfeed serve --payload-root")
+    start = text.index("    HF_HUB_OFFLINE=1 python -m rollfeed serve")
     end = text.index("\n\n", start)
     return shlex.split(text[start:end].replace("\\\n", " "))
 
@@ -403,8 +403,8 @@ def test_serve_command_is_the_demos(tmp_path, monkeypatch):
     from rollfeed.demo.rollouts import rollout_server, writer_name
     from rollfeed.demo.tiny_model import VERSION
 
-    def popen(cmd, **kwargs):
-        raise _Started(cmd)
+    def popen(cmd, *, env, **kwargs):
+        raise _Started(cmd, env)
 
     monkeypatch.setattr(process.subprocess, "Popen", popen)
     with (
@@ -414,8 +414,9 @@ def test_serve_command_is_the_demos(tmp_path, monkeypatch):
         pass
     demo = started.value.cmd
     readme = _readme_serve_command()
-    assert readme[:4] == ["python", "-m", "rollfeed", "serve"] and demo[1:4] == readme[1:4]
-    got, want = _flags(readme[4:]), _flags(demo[4:])
+    assert readme[0] == "HF_HUB_OFFLINE=1" and started.value.env["HF_HUB_OFFLINE"] == "1"
+    assert readme[1:5] == ["python", "-m", "rollfeed", "serve"] and demo[1:4] == readme[2:5]
+    got, want = _flags(readme[5:]), _flags(demo[4:])
     assert sorted(got) == sorted(want)
     placed = {"--payload-root", "--model", "--port"}  # the demo's own directory, model, free port
     assert {k: v for k, v in got.items() if k not in placed} == {
