@@ -1,5 +1,6 @@
 """torch.utils.data shell around the batches planner: dataset, batch sampler, collate_fn, state."""
 
+from rollfeed.collate import Topology
 from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
@@ -23,7 +24,6 @@ from rollfeed.loaders.loader import RolloutIterator, RolloutLoader
 from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
-from rollfeed.loaders.topology import Topology
 
 __all__ = [
     "EmptyStepError",

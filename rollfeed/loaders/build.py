@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 
-from rollfeed.collate import PlanConfig
+from rollfeed.collate import PlanConfig, Topology
 from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.loader import RolloutLoader
 from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.state import Reshard
-from rollfeed.loaders.topology import Topology
 from rollfeed.payload import PayloadRoot
 
 

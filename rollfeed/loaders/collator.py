@@ -33,13 +33,12 @@ from rollfeed.collate import (
     PlanConfig,
     Sample,
     TensorMicroBatch,
+    Topology,
     place_micro_batch,
     to_tensor_micro_batch,
 )
 from rollfeed.loaders.errors import PlanMismatchError
 from rollfeed.loaders.plan import Planned
-from rollfeed.loaders.sampler import check_cp_size
-from rollfeed.loaders.topology import Topology
 from rollfeed.payload import PayloadRoot
 
 
@@ -48,7 +47,7 @@ class MicroBatchCollator:
 
     Args:
         topology: this rank's place; its ``cp_rank`` picks the rank's part of the row, and its
-            ``cp_size`` must be ``config.cp_size``.
+            ``cp_size`` is the plan's (``topology.bind(config)``).
         config: the planner's options, the sampler's too (checked per micro batch).
         root: payload root (a path or one shared :class:`PayloadRoot`; ``None`` when every
             field is inline).
@@ -65,8 +64,7 @@ class MicroBatchCollator:
         width: int | None = None,
         whole_fields: bool = False,
     ) -> None:
-        check_cp_size(topology, config)
-        self.topology, self.config = topology, config
+        self.topology, self.config = topology, topology.bind(config)
         self.root = root if root is None or isinstance(root, PayloadRoot) else PayloadRoot(root)
         self.width, self.whole_fields = width, whole_fields
 

@@ -43,14 +43,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from rollfeed.collate import BatchPlan, PlanConfig, plan_lengths
+from rollfeed.collate import BatchPlan, PlanConfig, Topology, plan_lengths
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError, StepTimeoutError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
 from rollfeed.loaders.step_files import step_file_name
 from rollfeed.loaders.step_version import StepVersion
-from rollfeed.loaders.topology import Topology
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
@@ -74,7 +73,7 @@ class MicroBatchSampler(Sampler[list[int]]):
     Args:
         dataset: the samples of each step.
         topology: this rank's place; ``(dp_rank, dp_size)`` selects its micro batches, and its
-            ``cp_size`` must be ``config.cp_size``.
+            ``cp_size`` is the plan's (``topology.bind(config)``).
         config: the planner's options, the collator's too.
         seed: seed of ``shuffle``.
         shuffle: present a step's samples to the planner in an order drawn from
@@ -108,8 +107,7 @@ class MicroBatchSampler(Sampler[list[int]]):
             raise LoaderConfigError(
                 f"step_timeout_s must be >= 0 seconds, got {step_timeout_s}; 600 is the default"
             )
-        check_cp_size(topology, config)
-        self.dataset, self.topology, self.config = dataset, topology, config
+        self.dataset, self.topology, self.config = dataset, topology, topology.bind(config)
         self.seed, self.shuffle, self.stream = seed, shuffle, stream
         self.step_timeout_s, self.on_reshard = step_timeout_s, on_reshard
         self._step = dataset.first_step() if start_step is None else start_step
@@ -269,12 +267,3 @@ class MicroBatchSampler(Sampler[list[int]]):
             on_reshard=self.on_reshard,
         )
         self._step_size = None
-
-
-def check_cp_size(topology: Topology, config: PlanConfig) -> None:
-    """The rank's ``cp`` axis must be the one the plan splits rows over."""
-    if topology.cp_size != config.cp_size:
-        raise LoaderConfigError(
-            f"topology.cp_size={topology.cp_size} but config.cp_size={config.cp_size}: rows "
-            "are planned for the cp axis the trainer runs; pass the same size to both"
-        )

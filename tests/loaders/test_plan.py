@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from rollfeed.collate import PlanConfig
+from rollfeed.collate import BatchConfigError, PlanConfig
 from rollfeed.loaders import (
-    LoaderConfigError,
     MicroBatchCollator,
     MicroBatchSampler,
     PlanMismatchError,
@@ -93,9 +92,9 @@ def test_a_topology_on_another_cp_axis_than_the_plan_is_refused():
     dataset = RolloutDataset(inline_batch(np.random.default_rng(0), 4, 8))
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=0, cp_size=2)
     config = PlanConfig(seq_len=16, cp_size=4)
-    with pytest.raises(LoaderConfigError, match=r"topology\.cp_size=2 but config\.cp_size=4"):
+    with pytest.raises(BatchConfigError, match=r"topology\.cp_size=2 but plan\.cp_size=4"):
         MicroBatchSampler(dataset, topo, config)
-    with pytest.raises(LoaderConfigError, match=r"topology\.cp_size=2 but config\.cp_size=4"):
+    with pytest.raises(BatchConfigError, match=r"topology\.cp_size=2 but plan\.cp_size=4"):
         MicroBatchCollator(topo, config, root=None)
 
 
