@@ -23,7 +23,7 @@ PUBLIC = {
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
         SampleDtypeError SampleLengthError SampleValueError SegmentRangeError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
-        build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file
+        build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
         EmptyStepError PlanMismatchError StepFileError StepTimeoutError StepMissingError
         StepReplacedError StepWriteError WorkerError WorkerDiedError WorkerStoppedError

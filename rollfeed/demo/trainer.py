@@ -63,6 +63,7 @@ from rollfeed.demo.train import (
     train_step,
 )
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     Topology,
@@ -130,8 +131,8 @@ def train(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     loader = build_dataloader(
         RolloutDataset(read_step_file(step_file(args.workdir))),  # the same samples every pass
-        topo,
-        PlanConfig(seq_len=args.seq_len, cp_size=args.cp, cp_layout="zigzag"),
+        topo,  # the plan's cp_size is the mesh's
+        LoaderConfig(plan=PlanConfig(seq_len=args.seq_len, cp_layout="zigzag")),
         root=args.workdir / "payload",
         options=LoaderOptions(num_workers=args.workers),
     )

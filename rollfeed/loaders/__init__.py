@@ -3,6 +3,7 @@
 from rollfeed.collate import Topology
 from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
+from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import (
     EmptyStepError,
@@ -27,6 +28,7 @@ from rollfeed.loaders.step_files import read_step_file, step_file_name, write_st
 
 __all__ = [
     "EmptyStepError",
+    "LoaderConfig",
     "LoaderConfigError",
     "LoaderError",
     "LoaderOptions",
