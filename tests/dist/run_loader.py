@@ -20,9 +20,10 @@ import pytest
 import torch.distributed as dist
 
 from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
+    LoaderStateError,
     RolloutDataset,
     Topology,
     build_dataloader,
