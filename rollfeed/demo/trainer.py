@@ -5,7 +5,7 @@ Run under torchrun (gloo), e.g. 2 DP x 2 CP ranks::
     torchrun --standalone --nproc_per_node=4 -m rollfeed.demo.trainer \\
         --model-dir M --workdir W --cp 2 --steps 3 --checkpoint-every 1
 
-Each rank builds a ``(dp, cp)`` device mesh, its :class:`~rollfeed.loaders.Topology`, a loader
+Each rank builds a ``(dp, cp)`` device mesh, its :class:`~rollfeed.collate.Topology`, a loader
 that reads only this rank's windows of ``W/payload`` for the samples of the step file in
 ``W/steps``, the model the sampler used sharded with FSDP2 (:mod:`rollfeed.demo.train`) and a
 :class:`~rollfeed.models.PolicyScorer` (Ulysses over the rank's ``cp`` group). The captured step

@@ -106,8 +106,8 @@ def resume_point(
         raise LoaderStateError(
             f"state was saved under another world shape or plan ({what}), so its count of "
             f"micro batches consumed is not one of this loader's plan of step {saved.step}; "
-            "build the loader with the saved options, or pass on_reshard='restart_step' "
-            "(repeat the interrupted step) or 'next_step' (skip its rest)",
+            "build the loader with the saved options, or pass LoaderConfig(on_reshard="
+            "'restart_step') (repeat the interrupted step) or 'next_step' (skip its rest)",
             step=saved.step,
         )
     if saved.micro_batches == 0 or on_reshard == "restart_step":
