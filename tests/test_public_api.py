@@ -21,7 +21,8 @@ PUBLIC = {
     "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
-        SampleDtypeError SampleLengthError SampleValueError SegmentRangeError""",
+        RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
+        SegmentRangeError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError

@@ -33,7 +33,7 @@ from rollfeed.collate import prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
-from rollfeed.payload.layout import REGION_HEADER
+from rollfeed.payload.format.layout import REGION_HEADER
 
 REQUESTS, PER = 64, 256  # 64 request objects of 256 tokens: one 16,384-token micro batch
 WINDOWS = {"routed_experts": (0, REQUESTS * PER), "sampling_mask": (0, REQUESTS * PER)}

@@ -9,6 +9,7 @@ from rollfeed.collate.errors import (
     KeptSetError,
     MeshAxisError,
     OverlongError,
+    RaggedRowsError,
     SampleDtypeError,
     SampleLengthError,
     SampleValueError,
@@ -16,6 +17,7 @@ from rollfeed.collate.errors import (
 )
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
+from rollfeed.collate.ragged_rows import RaggedRows
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
@@ -32,6 +34,8 @@ __all__ = [
     "MicroBatch",
     "OverlongError",
     "PlanConfig",
+    "RaggedRows",
+    "RaggedRowsError",
     "Sample",
     "SampleDtypeError",
     "SampleLengthError",

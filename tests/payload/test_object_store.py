@@ -26,9 +26,9 @@ from rollfeed.payload import (
 )
 from rollfeed.payload.errors import PayloadStoreAuthError, PayloadStoreTimeoutError
 from rollfeed.payload.fields import PAYLOAD_FIELDS
-from rollfeed.payload.object_lease import merge_spans
-from rollfeed.payload.object_prune import incomplete_uploads
-from rollfeed.payload.object_root import ObjectRoot
+from rollfeed.payload.stores.object_lease import merge_spans
+from rollfeed.payload.stores.object_prune import incomplete_uploads
+from rollfeed.payload.stores.object_root import ObjectRoot
 from tests.object_store_server import SECRET_KEY
 from tests.payload.test_read_fields import FIELDS, packed_micro_batch
 

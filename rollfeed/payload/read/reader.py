@@ -3,22 +3,22 @@
 ``read_fields(segments, {field: window, ...}, root=...)`` reads several fields of one micro batch
 in one go and returns, per field, its values over the window and which window rows came from data
 (:class:`FieldRead`). It checks every record before touching a byte
-(:mod:`rollfeed.payload.checks`) and every byte range a record claims against the real file size
-before allocating anything (:mod:`rollfeed.payload.regions`). Each field is planned as NumPy
-columns (:mod:`rollfeed.payload.fixed_read`, :mod:`rollfeed.payload.ragged_read`) and runs in
-steps; the ranges every field needs at a step (its bodies and, right before each body, its region
-header) are read together: grouped per file, one ``preadv`` per contiguous range, files issued
-concurrently (:class:`~rollfeed.payload.lease.Lease`). Every record read is held to its region
-header before any byte is handed out. A fixed-width field takes one step (two when checking); a
-ragged one two (index, then the values of clipped regions).
+(:mod:`rollfeed.payload.read.checks`) and every byte range a record claims against the real file
+size before allocating anything (:mod:`rollfeed.payload.read.regions`). Each field is planned as
+NumPy columns (:mod:`rollfeed.payload.read.fixed_read`, :mod:`rollfeed.payload.read.ragged_read`)
+and runs in steps; the ranges every field needs at a step (its bodies and, right before each body,
+its region header) are read together: grouped per file, one ``preadv`` per contiguous range, files
+issued concurrently (:class:`~rollfeed.payload.stores.lease.Lease`). Every record read is held to
+its region header before any byte is handed out. A fixed-width field takes one step (two when
+checking); a ragged one two (index, then the values of clipped regions).
 
 The common case (a local root, files of the current format, no checksum check) first goes to the
-compiled read (:mod:`rollfeed.payload.compiled_read`), which makes the same checks in one native
-pass and returns the same bytes, or declines; the planned read above is the fallback and the
+compiled read (:mod:`rollfeed.payload.read.compiled_read`), which makes the same checks in one
+native pass and returns the same bytes, or declines; the planned read above is the fallback and the
 authority: it reads what the compiled read declines and raises every typed error.
 
 With ``PayloadRoot(..., verify_checksums=True)`` a read also checks the CRC-32C of every block it
-reads (:mod:`rollfeed.payload.checksum`): the whole blocks around a window, nothing else; a
+reads (:mod:`rollfeed.payload.format.checksum`): the whole blocks around a window, nothing else; a
 mismatch is :class:`~rollfeed.payload.errors.PayloadChecksumError` naming the file, the field, the
 region and the block.
 
@@ -46,15 +46,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rollfeed.payload.checks import field_segments
-from rollfeed.payload.compiled_read import read_compiled
 from rollfeed.payload.errors import PayloadError, PayloadInputError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
-from rollfeed.payload.fixed_read import FixedJob
-from rollfeed.payload.lease import FieldFiles, Lease, Reads
-from rollfeed.payload.ragged_read import RaggedJob
+from rollfeed.payload.read.checks import field_segments
+from rollfeed.payload.read.compiled_read import read_compiled
+from rollfeed.payload.read.fixed_read import FixedJob
+from rollfeed.payload.read.ragged_read import RaggedJob
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.segment import PayloadSegment
+from rollfeed.payload.stores.lease import FieldFiles, Lease, Reads
 
 Window = tuple[int, int] | Sequence[tuple[int, int]]
 
@@ -183,7 +183,7 @@ def read_field(
 
 
 def _compiled(segments, windows, root: PayloadRoot, width, fields):
-    """The compiled read of the common case (:mod:`rollfeed.payload.compiled_read`), or
+    """The compiled read of the common case (:mod:`rollfeed.payload.read.compiled_read`), or
     ``None``: the planned read below then does it, and raises whatever is wrong."""
     try:
         ranges = {name: _ranges(window, name) for name, window in windows.items()}

@@ -13,18 +13,18 @@ cut back to its last complete write, no record is returned, the error
 again from there, file header included when nothing was written yet.
 
 The file is created beneath the root without following any symlink, with a random file id that
-its header, every region header and every record carry (:mod:`rollfeed.payload.layout`). A
+its header, every region header and every record carry (:mod:`rollfeed.payload.format.layout`). A
 record never names bytes nobody can read: when the writer's file was unlinked (its group pruned)
 or replaced at its path, the write goes to a fresh file ``<name>-<k>.rfp`` instead
-(:mod:`rollfeed.payload.file_sink`; counted in :attr:`PayloadWriter.restarts`, logged as a
+(:mod:`rollfeed.payload.write.file_sink`; counted in :attr:`PayloadWriter.restarts`, logged as a
 warning). On an object store each write is an object of its own
-(:mod:`rollfeed.payload.object_writer`). Each region body is followed by its checksum table
-(CRC-32C per block, :mod:`rollfeed.payload.checksum`), computed here from the bytes about to be
-written.
+(:mod:`rollfeed.payload.write.object_writer`). Each region body is followed by its checksum table
+(CRC-32C per block, :mod:`rollfeed.payload.format.checksum`), computed here from the bytes about to
+be written.
 
 Kept-set fields (``PayloadField.label``) are written in their canonical order, the sampled token
-first then the other ids ascending (:mod:`rollfeed.payload.label_rows`); the writer is given the
-sampled tokens (``sampled=``), checks that each row holds its own, and stores a
+first then the other ids ascending (:mod:`rollfeed.payload.format.label_rows`); the writer is given
+the sampled tokens (``sampled=``), checks that each row holds its own, and stores a
 ``label="omitted"`` field without it.
 
 Example::
@@ -51,13 +51,11 @@ from typing import Literal
 
 import numpy as np
 
-from rollfeed.payload.checks import stored_kinds
-from rollfeed.payload.checksum import fixed_block_rows, fixed_table, ragged_table
 from rollfeed.payload.errors import PayloadDtypeError, PayloadInputError, PayloadIOError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
-from rollfeed.payload.file_sink import FileSink
-from rollfeed.payload.label_rows import canonical_arrays
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.checksum import fixed_block_rows, fixed_table, ragged_table
+from rollfeed.payload.format.label_rows import canonical_arrays
+from rollfeed.payload.format.layout import (
     BLOCK_ROWS,
     DTYPE_SIZES,
     KIND_FIXED,
@@ -69,11 +67,13 @@ from rollfeed.payload.layout import (
     ragged_bytes,
     values_start,
 )
-from rollfeed.payload.object_writer import object_sink
+from rollfeed.payload.format.values import value_dtype
+from rollfeed.payload.read.checks import stored_kinds
 from rollfeed.payload.root import PayloadRoot, as_root
-from rollfeed.payload.safe_open import handle_parts
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
-from rollfeed.payload.values import value_dtype
+from rollfeed.payload.stores.safe_open import handle_parts
+from rollfeed.payload.write.file_sink import FileSink
+from rollfeed.payload.write.object_writer import object_sink
 
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
 TableFn = Callable[[bytes, memoryview], bytes]  # checksum table from header+name and body

@@ -7,7 +7,7 @@ A scan never hangs, never leaves the root and never allocates more than the file
 
 - the tree is walked with ``os.scandir`` without following symlinks; a symlink anywhere under the
   root is a finding (readers refuse every symlink, so nothing behind it is readable by handle);
-- files are opened with :func:`~rollfeed.payload.safe_open.open_beneath` (no symlink, no FIFO
+- files are opened with :func:`~rollfeed.payload.stores.safe_open.open_beneath` (no symlink, no FIFO
   blocking ``open``, type checked on the descriptor);
 - every size a header claims (name length, body bytes, rows, values, count bytes, block rows) is
   checked in Python ints against the bytes the file really has before anything is read or
@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rollfeed.payload.checksum import ENTRY, RegionSums, table_entries
 from rollfeed.payload.errors import (
     PayloadChecksumError,
     PayloadError,
@@ -44,7 +43,8 @@ from rollfeed.payload.errors import (
     PayloadRegionError,
     PayloadTruncatedError,
 )
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.checksum import ENTRY, RegionSums, table_entries
+from rollfeed.payload.format.layout import (
     DTYPE_SIZES,
     FILE_HEADER,
     FILE_HEADER_V1,
@@ -57,8 +57,8 @@ from rollfeed.payload.layout import (
     region_struct,
     values_start,
 )
-from rollfeed.payload.safe_open import open_beneath
-from rollfeed.payload.scan_claims import check_claims, malformed
+from rollfeed.payload.scan.scan_claims import check_claims, malformed
+from rollfeed.payload.stores.safe_open import open_beneath
 
 SUFFIX = ".rfp"
 
@@ -98,9 +98,9 @@ def scan_root(root: str, *, checksums: bool = True) -> RootScan:
     """Walk ``root`` (never following a symlink) and scan every ``*.rfp`` file under it;
     ``checksums``: also check every block of every region against its checksum (``verify``),
     which reads every byte (``inspect`` reads headers and CSR indexes only).
-    ``s3://bucket/prefix``: the objects under it (:mod:`rollfeed.payload.object_scan`)."""
+    ``s3://bucket/prefix``: the objects under it (:mod:`rollfeed.payload.scan.object_scan`)."""
     if root.startswith("s3://"):
-        from rollfeed.payload.object_scan import scan_store
+        from rollfeed.payload.scan.object_scan import scan_store
 
         return scan_store(root, checksums=checksums)
     names, refused = _walk(root)

@@ -1,7 +1,7 @@
 """Reading a fixed-width field: the rows of a window, one range per record piece.
 
 Planned once as NumPy columns (:class:`FixedJob`), then run as steps that hand their reads to
-the caller (:mod:`rollfeed.payload.reader` batches every field of one read together):
+the caller (:mod:`rollfeed.payload.read.reader` batches every field of one read together):
 
 1. the region header of every record read (right before its body, so in the same ``preadv``)
    and the window's rows straight into the output; every record is held to its header;
@@ -18,18 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollfeed.payload.checks import RecordTable, check_fill, common_dtype
-from rollfeed.payload.checksum import (
+from rollfeed.payload.fields import PayloadField
+from rollfeed.payload.format.checksum import (
     Entries,
     check_blocks,
     fixed_block_rows,
     no_checksums_error,
     unique_blocks,
 )
-from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import DTYPE_CODES, REGION_HEADER
-from rollfeed.payload.lease import FieldFiles, Reads
-from rollfeed.payload.read_plan import (
+from rollfeed.payload.format.layout import DTYPE_CODES, REGION_HEADER
+from rollfeed.payload.read.checks import RecordTable, check_fill, common_dtype
+from rollfeed.payload.read.read_plan import (
     check_output,
     coverage,
     fit,
@@ -37,8 +36,9 @@ from rollfeed.payload.read_plan import (
     overlaps,
     slots,
 )
-from rollfeed.payload.regions import check_file_ids, check_regions
+from rollfeed.payload.read.regions import check_file_ids, check_regions
 from rollfeed.payload.segment import ITEMSIZE
+from rollfeed.payload.stores.lease import FieldFiles, Reads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,7 +1,7 @@
 """What a region header claims, checked before ``verify`` and ``inspect`` read anything more.
 
-Used by :mod:`rollfeed.payload.scan`: which part of a header is not well formed, and every size a
-well-formed header claims (body bytes, rows, values, count bytes, block rows), bounded in Python
+Used by :mod:`rollfeed.payload.scan.scan`: which part of a header is not well formed, and every size
+a well-formed header claims (body bytes, rows, values, count bytes, block rows), bounded in Python
 ints by the file's real size, so nothing is allocated or read for a claim the file cannot hold.
 Every problem is a typed :class:`~rollfeed.payload.errors.PayloadError` naming the file, the
 region number, its byte offset, its field and the header field at fault.
@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-from rollfeed.payload.checksum import fixed_block_rows
 from rollfeed.payload.errors import PayloadError, PayloadRegionError, PayloadTruncatedError
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.checksum import fixed_block_rows
+from rollfeed.payload.format.layout import (
     BLOCK_ROWS,
     CHECKSUM_CRC32C,
     DTYPE_CODES,

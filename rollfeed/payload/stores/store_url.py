@@ -3,7 +3,7 @@
 A :class:`StoreURL` is the object-store counterpart of a root directory: a bucket and a key
 prefix. Handles (the ``file`` of a record, a group, a step file name) are confined to the prefix
 by the very rule that confines paths to a local root
-(:func:`~rollfeed.payload.safe_open.handle_parts`: no absolute key, ``..``, ``.``, empty
+(:func:`~rollfeed.payload.stores.safe_open.handle_parts`: no absolute key, ``..``, ``.``, empty
 component, backslash or NUL), so no handle names another prefix or another bucket.
 
 :class:`StoreAccess` holds the endpoint, region and credentials given as arguments; what is not
@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 
 from rollfeed.payload.errors import PayloadInputError
-from rollfeed.payload.safe_open import handle_parts
+from rollfeed.payload.stores.safe_open import handle_parts
 
 SCHEME = "s3://"
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
@@ -85,7 +85,8 @@ DEFAULT_REGION = "us-east-1"  # when neither an argument nor AWS_REGION names on
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Credentials:
-    """What signs one S3 request (:mod:`rollfeed.payload.object_sign`); keys never in repr."""
+    """What signs one S3 request (:mod:`rollfeed.payload.stores.object_sign`); keys never in
+    repr."""
 
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)

@@ -5,7 +5,8 @@ invisible to readers (no object exists until the upload completes) but stored, a
 ``prune(group)`` deletes every object whose key lies under ``<prefix>/<group>/`` and aborts every
 multipart upload started under it (``ListMultipartUploads``, every page of it, and
 ``AbortMultipartUpload``, several in flight: signed requests of
-:class:`~rollfeed.payload.object_http.SignedHttp`, since the object client does not offer them).
+:class:`~rollfeed.payload.stores.object_http.SignedHttp`, since the object client does not offer
+them).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError
-from rollfeed.payload.object_errors import store_error
-from rollfeed.payload.object_sign import xml_answer
+from rollfeed.payload.stores.object_errors import store_error
+from rollfeed.payload.stores.object_sign import xml_answer
 
 if TYPE_CHECKING:
-    from rollfeed.payload.object_root import ObjectRoot
+    from rollfeed.payload.stores.object_root import ObjectRoot
 
 log = logging.getLogger(__name__)
 UPLOADS_PAGE = 1000  # uploads asked for per page of the listing (S3's own page size)

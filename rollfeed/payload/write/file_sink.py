@@ -1,4 +1,4 @@
-"""Where a :class:`~rollfeed.payload.writer.PayloadWriter` puts its bytes on a local root.
+"""Where a :class:`~rollfeed.payload.write.writer.PayloadWriter` puts its bytes on a local root.
 
 A writer on a local root owns one file, ``<root>/<group>/<name>.rfp``, and appends each
 ``write()`` to it. The file is created lazily, beneath the root without following any symlink
@@ -32,8 +32,8 @@ import errno
 import os
 
 from rollfeed.payload.errors import PayloadIOError, PayloadPathError
-from rollfeed.payload.layout import FILE_HEADER, file_header, new_file_id
-from rollfeed.payload.safe_open import open_parent_beneath
+from rollfeed.payload.format.layout import FILE_HEADER, file_header, new_file_id
+from rollfeed.payload.stores.safe_open import open_parent_beneath
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 

@@ -3,7 +3,7 @@
 :class:`ObjectRoot` is the second implementation of the root's read seam: the reader, the
 fixed-width and ragged read plans, the record checks and the retry policy of
 :meth:`PayloadRoot.run` are the local root's, unchanged; only the lease differs
-(:class:`~rollfeed.payload.object_lease.ObjectLease`: ranged GETs instead of ``preadv``).
+(:class:`~rollfeed.payload.stores.object_lease.ObjectLease`: ranged GETs instead of ``preadv``).
 
 Opening an object is one ranged GET of its first ``open_bytes`` bytes (the file header, and for
 a small object the whole of it, which the read that opened it uses), which also returns the
@@ -17,8 +17,8 @@ reopens the key once, and the record's file id then names the mismatch
 The clients and the threads that issue requests are per process, created on first use and keyed
 by pid. obstore's runtime does not survive ``fork``: measured here, a DataLoader worker forked
 after its parent made one obstore request hangs on its first request, even on a client of its
-own. So reads (and a writer's single PUTs) go through :mod:`rollfeed.payload.object_http`, which
-a forked child can use whatever its parent did; obstore serves multipart uploads and listings.
+own. So reads (and a writer's single PUTs) go through :mod:`rollfeed.payload.stores.object_http`,
+which a forked child can use whatever its parent did; obstore serves multipart uploads and listings.
 The object is picklable and carries no client, and its ``repr`` names the URL only (never a
 credential).
 
@@ -40,11 +40,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from rollfeed.payload.errors import PayloadError, PayloadInputError, PayloadMissingFileError
-from rollfeed.payload.layout import FILE_HEADER, parse_file_header
-from rollfeed.payload.object_http import SignedHttp
-from rollfeed.payload.object_lease import ObjectEntry, ObjectLease
+from rollfeed.payload.format.layout import FILE_HEADER, parse_file_header
 from rollfeed.payload.root import MAX_OUTPUT_BYTES, PayloadRoot, output_bound
-from rollfeed.payload.store_url import StoreAccess, StoreURL
+from rollfeed.payload.stores.object_http import SignedHttp
+from rollfeed.payload.stores.object_lease import ObjectEntry, ObjectLease
+from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -252,7 +252,7 @@ class ObjectRoot(PayloadRoot):
     def prune(self, group: str) -> None:
         """Delete every object of ``group`` (e.g. one training step) and abort the incomplete
         multipart uploads under it; a group with neither is :class:`PayloadMissingFileError`."""
-        from rollfeed.payload.object_prune import prune_group
+        from rollfeed.payload.stores.object_prune import prune_group
 
         prune_group(self, group)
         self.close()

@@ -2,7 +2,7 @@
 
 Each ``*.rfp`` object under the prefix is fetched whole (``verify`` reads every byte anyway) into
 a private temporary directory under its handle, scanned there by
-:func:`~rollfeed.payload.scan.scan_file` (the same header, region chain, CSR index and checksum
+:func:`~rollfeed.payload.scan.scan.scan_file` (the same header, region chain, CSR index and checksum
 checks as a local root), and deleted before the next one, so the disk holds one object at a time.
 An object that cannot be fetched (deleted meanwhile, refused credential) is a refused entry named
 by its handle. Endpoint and credentials come from the ``AWS_*`` variables.
@@ -15,9 +15,9 @@ import tempfile
 from typing import Any
 
 from rollfeed.payload.errors import PayloadError
-from rollfeed.payload.object_errors import store_error
-from rollfeed.payload.object_root import ObjectRoot
-from rollfeed.payload.scan import SUFFIX, FileScan, RootScan, scan_file
+from rollfeed.payload.scan.scan import SUFFIX, FileScan, RootScan, scan_file
+from rollfeed.payload.stores.object_errors import store_error
+from rollfeed.payload.stores.object_root import ObjectRoot
 
 
 def scan_store(url: str, *, checksums: bool = True, **access: Any) -> RootScan:

@@ -1,11 +1,11 @@
 """Reading a ragged (CSR) field: the row index of every record, then the window's values.
 
 Planned once (:class:`RaggedJob`), then run as steps that hand their reads to the caller
-(:mod:`rollfeed.payload.reader` batches every field of one read together):
+(:mod:`rollfeed.payload.read.reader` batches every field of one read together):
 
 1. each record's index (all its rows: the width ``W`` depends on them, not only on the window)
    with its region header, and the values of the regions the window reads whole
-   (:mod:`rollfeed.payload.ragged_index`);
+   (:mod:`rollfeed.payload.read.ragged_index`);
 2. the window's values of clipped regions, placed into ``[n, W]``; a checking read reads the
    whole values blocks of the window's rows, checks them, then copies the window's values out.
 """
@@ -16,15 +16,15 @@ from collections.abc import Generator
 
 import numpy as np
 
-from rollfeed.payload.checks import RecordTable
-from rollfeed.payload.checksum import check_blocks, no_checksums_error, unique_blocks
 from rollfeed.payload.errors import PayloadWidthError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.lease import FieldFiles, Reads
-from rollfeed.payload.ragged_index import IndexStep
-from rollfeed.payload.read_plan import check_output, coverage, inside, overlaps, spread
-from rollfeed.payload.regions import check_file_ids
-from rollfeed.payload.values import decode_into, spare
+from rollfeed.payload.format.checksum import check_blocks, no_checksums_error, unique_blocks
+from rollfeed.payload.format.values import decode_into, spare
+from rollfeed.payload.read.checks import RecordTable
+from rollfeed.payload.read.ragged_index import IndexStep
+from rollfeed.payload.read.read_plan import check_output, coverage, inside, overlaps, spread
+from rollfeed.payload.read.regions import check_file_ids
+from rollfeed.payload.stores.lease import FieldFiles, Reads
 
 
 class RaggedJob:

@@ -15,8 +15,8 @@ Format version 3 (written; versions 1 and 2 stay readable):
   ndim (at most 4), checksum kind (1: CRC-32C), row flags (bit 0: each row omits its sampled
   token, see below; 0 for fixed-width regions), one zero byte, row dims (u32, unused ones 0);
   then the field name (UTF-8), then the body, then the checksum table
-  (:mod:`rollfeed.payload.checksum`): one little-endian u32 CRC-32C of the header and name, then
-  one per block of the body.
+  (:mod:`rollfeed.payload.format.checksum`): one little-endian u32 CRC-32C of the header and name,
+  then one per block of the body.
 
 Version 2: the same file header (version 2) and region header with magic ``b"RGN2"`` and a zero
 row-flags byte; its ragged values are always 4 bytes (int32 / float32) and its rows whole.
@@ -41,7 +41,7 @@ without its sampled token, which is the token at the row's own position: the oth
 ascending (a singleton is an empty row). A direct reader rebuilds row ``p`` as
 ``[token_ids[p], *stored_row]``. Rows of a ``label="first"`` field (the mask logprobs) are whole,
 the sampled token's value first, then the others' in ascending id order
-(:mod:`rollfeed.payload.label_rows`).
+(:mod:`rollfeed.payload.format.label_rows`).
 
 Its checksum blocks follow the index blocks: per block k of B rows, one CRC of index block k (the
 last one with the padding) and one of the values of its rows, so a window checks the index and
@@ -72,7 +72,7 @@ from typing import TypeVar
 import numpy as np
 
 from rollfeed.payload.errors import PayloadHeaderError, PayloadIndexError, PayloadInputError
-from rollfeed.payload.values import encode_values
+from rollfeed.payload.format.values import encode_values
 
 MAGIC = b"RFPAYLD\0"
 VERSION = 3
@@ -345,7 +345,7 @@ def ragged_bytes(
     """Encode a ragged region body. Returns ``(body, count_bytes)``.
 
     counts ``[rows]`` (>= 0), values ``[sum(counts)]`` stored as ``dtype`` (a ragged value dtype
-    name, :mod:`rollfeed.payload.values`).
+    name, :mod:`rollfeed.payload.format.values`).
     """
     counts, values = check_ragged(counts, values, dtype != "float32")
     widest = int(counts.max()) if counts.size else 0

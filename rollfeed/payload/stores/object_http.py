@@ -5,14 +5,14 @@ Reads run in trainer ranks and in the DataLoader workers that fork from them. ob
 run on a runtime of threads that a forked child does not have: measured here, a child forked
 after its parent made one obstore request hangs on its first request, even on a client of its
 own. Reads therefore use this small client: SigV4-signed requests
-(:mod:`rollfeed.payload.object_sign`) over ``http.client`` keep-alive connections, one per
+(:mod:`rollfeed.payload.stores.object_sign`) over ``http.client`` keep-alive connections, one per
 thread, created lazily in each process (keyed by pid), so a worker forked at any time reads; a
 writer's single PUTs, the step store's requests and the prune's upload listing go through it
 too. Multipart uploads (large writes), object listings and deletes use obstore.
 
 Bounds, whatever the server does. ``timeout_s`` bounds each attempt as a whole (connect,
 request, headers and body: a deadline every send and receive of the connection is held to,
-:mod:`rollfeed.payload.object_deadline`, not a per-receive timeout a server dripping one byte
+:mod:`rollfeed.payload.stores.object_deadline`, not a per-receive timeout a server dripping one byte
 at a time would never trip); a
 request that timed out, could not connect, was cut, throttled (429/503) or got a 5xx is retried
 with exponential backoff (from 50 ms), at most ``request_retries`` times, every attempt ending
@@ -20,7 +20,7 @@ within ``retry_timeout_s`` of the first; then :class:`PayloadStoreTimeoutError`.
 never read past what was asked: a ranged GET's answer must say it holds the bytes asked for
 (``Content-Range``, ``Content-Length``) before a byte of it is read, and a store that ignores
 ``Range`` (200 with the whole object) is named as such; other answers are read up to
-64 MiB (:mod:`rollfeed.payload.object_answer`). Statuses map to typed errors at once: 404
+64 MiB (:mod:`rollfeed.payload.stores.object_answer`). Statuses map to typed errors at once: 404
 :class:`PayloadMissingFileError`, 412 :class:`PayloadStaleFileError`, 401/403
 :class:`PayloadStoreAuthError`, 416 :class:`PayloadTruncatedError`.
 
@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from rollfeed.payload.errors import PayloadIOError, PayloadStoreTimeoutError
-from rollfeed.payload.object_answer import answer_body, ranged_length
-from rollfeed.payload.object_deadline import DeadlineHTTPConnection, DeadlineHTTPSConnection
-from rollfeed.payload.object_errors import status_error
-from rollfeed.payload.object_sign import sign
-from rollfeed.payload.store_url import StoreAccess, StoreURL
+from rollfeed.payload.stores.object_answer import answer_body, ranged_length
+from rollfeed.payload.stores.object_deadline import DeadlineHTTPConnection, DeadlineHTTPSConnection
+from rollfeed.payload.stores.object_errors import status_error
+from rollfeed.payload.stores.object_sign import sign
+from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 T = TypeVar("T")
@@ -120,8 +120,8 @@ class SignedHttp:
         body: bytes = b"",
     ) -> bytes:
         """One signed request for ``key`` (``""``: the bucket itself), with retries; its answer
-        (at most :data:`~rollfeed.payload.object_answer.ANSWER_BYTES`), or the typed error its
-        status maps to (:func:`~rollfeed.payload.object_errors.status_error`)."""
+        (at most :data:`~rollfeed.payload.stores.object_answer.ANSWER_BYTES`), or the typed error
+        its status maps to (:func:`~rollfeed.payload.stores.object_errors.status_error`)."""
         return self._retrying(
             lambda deadline, tries: self._request_once(
                 deadline, method, key, query, body, what, where

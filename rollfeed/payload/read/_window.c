@@ -1,6 +1,6 @@
 /* The compiled window read: the common case of rollfeed.payload.read_fields in one pass.
  *
- * Python side: rollfeed/payload/compiled_read.py (what it hands over, and when it is used).
+ * Python side: rollfeed/payload/read/compiled_read.py (what it hands over, and when it is used).
  *
  * plan(segments, specs) takes the records and, per field, its spec and window; it returns a Plan
  * naming the files to open, or None when the read is not the common case. Plan.read(entries,
@@ -1053,7 +1053,7 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject PlanType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rollfeed.payload._window.Plan",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rollfeed.payload.read._window.Plan",
     .tp_basicsize = sizeof(Plan),
     .tp_dealloc = (destructor)Plan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1064,8 +1064,8 @@ static PyTypeObject PlanType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "rollfeed.payload._window",
-    .m_doc = "The compiled window read (see rollfeed.payload.compiled_read).",
+    .m_name = "rollfeed.payload.read._window",
+    .m_doc = "The compiled window read (see rollfeed.payload.read.compiled_read).",
     .m_size = -1,
     .m_methods = module_methods,
 };

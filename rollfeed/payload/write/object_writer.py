@@ -1,4 +1,4 @@
-"""Where a :class:`~rollfeed.payload.writer.PayloadWriter` puts its bytes on an object store.
+"""Where a :class:`~rollfeed.payload.write.writer.PayloadWriter` puts its bytes on an object store.
 
 On a local root a writer appends each ``write()`` to its one file. An object cannot be appended
 to, and a PUT is atomic, so on an object store each ``write()`` (one request's arrays) is one new
@@ -29,9 +29,9 @@ from rollfeed.payload.errors import (
     PayloadPathError,
     PayloadTruncatedError,
 )
-from rollfeed.payload.layout import FILE_HEADER, new_file_id
-from rollfeed.payload.object_errors import store_error
-from rollfeed.payload.object_root import ObjectRoot
+from rollfeed.payload.format.layout import FILE_HEADER, new_file_id
+from rollfeed.payload.stores.object_errors import store_error
+from rollfeed.payload.stores.object_root import ObjectRoot
 
 log = logging.getLogger(__name__)
 MULTIPART_BYTES = 8 << 20  # bodies this large go up in parts

@@ -23,7 +23,7 @@ import numpy as np
 
 from rollfeed.payload.errors import PayloadInputError
 from rollfeed.payload.fields import PayloadField, lookup_field
-from rollfeed.payload.layout import check_ragged
+from rollfeed.payload.format.layout import check_ragged
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,10 +1,11 @@
 """The compiled window read: the common case of :func:`~rollfeed.payload.read_fields` in one
 native pass (``_window.c``), with the planned NumPy reader as its fallback and its authority.
 
-The planned reader (:mod:`rollfeed.payload.fixed_read`, :mod:`rollfeed.payload.ragged_read`)
-handles every case and names what is wrong; for a 64-file window most of its time is per-call
-NumPy planning, not I/O. The compiled read takes the records, the windows and the files as the
-lease opened them, and either returns every field, bitwise what the planned reader returns, or
+The planned reader (:mod:`rollfeed.payload.read.fixed_read`,
+:mod:`rollfeed.payload.read.ragged_read`) handles every case and names what is wrong; for a 64-file
+window most of its time is per-call NumPy planning, not I/O. The compiled read takes the records,
+the windows and the files as the lease opened them, and either returns every field, bitwise what the
+planned reader returns, or
 *declines*; then the planned reader runs from the start and raises the typed error, or handles
 the rare case. It declines, never guesses: a file of an earlier format version, a checking read
 (``verify_checksums``), an object-store root, a fixed field with integer ids of several widths or
@@ -34,12 +35,12 @@ import numpy as np
 
 from rollfeed.payload.errors import PayloadError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import DTYPE_CODES, RAGGED_INT_DTYPES
+from rollfeed.payload.format.layout import DTYPE_CODES, RAGGED_INT_DTYPES
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import FLOAT_DTYPES, INTEGER_DTYPES, PayloadSegment
 
 try:
-    from rollfeed.payload import _window
+    from rollfeed.payload.read import _window
 except ImportError:  # not built (no C compiler at install, or a big-endian host)
     _window = None
 

@@ -2,9 +2,9 @@
 
 Reads, a writer's single PUTs, the step store's requests and the prune's upload listing and
 aborts (``GET ?uploads&prefix=``, ``DELETE <key>?uploadId=``, which obstore does not offer) go
-through :class:`~rollfeed.payload.object_http.SignedHttp`, which signs each one here with the
+through :class:`~rollfeed.payload.stores.object_http.SignedHttp`, which signs each one here with the
 standard SigV4 scheme (as botocore does). The secret key is not logged and not part of any error
-text (:class:`~rollfeed.payload.store_url.Credentials` keeps it out of its repr).
+text (:class:`~rollfeed.payload.stores.store_url.Credentials` keeps it out of its repr).
 
 Worked example::
 
@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
 from rollfeed.payload.errors import PayloadIOError
-from rollfeed.payload.store_url import Credentials
+from rollfeed.payload.stores.store_url import Credentials
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 

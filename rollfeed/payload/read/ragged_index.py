@@ -5,7 +5,7 @@ window). A record that spans its whole region and whose every row the window rea
 case) reads header, index, padding and values in one ``preadv`` with no copy. A checking read
 adds the record's checksum table entries and checks the header and the index blocks before
 decoding the index, and the values of whole regions after. Step 2 is
-:mod:`rollfeed.payload.ragged_read`.
+:mod:`rollfeed.payload.read.ragged_read`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollfeed.payload.checks import RecordTable
-from rollfeed.payload.checksum import Entries, check_blocks, table_entries
 from rollfeed.payload.errors import PayloadIndexError
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.checksum import Entries, check_blocks, table_entries
+from rollfeed.payload.format.layout import (
     DTYPE_CODES,
     DTYPE_SIZES,
     REGION_HEADER,
@@ -27,10 +26,11 @@ from rollfeed.payload.layout import (
     index_table,
     values_start,
 )
-from rollfeed.payload.lease import Reads
-from rollfeed.payload.read_plan import fit, header_ranges, slots
-from rollfeed.payload.regions import check_regions
-from rollfeed.payload.values import decode_into, spare
+from rollfeed.payload.format.values import decode_into, spare
+from rollfeed.payload.read.checks import RecordTable
+from rollfeed.payload.read.read_plan import fit, header_ranges, slots
+from rollfeed.payload.read.regions import check_regions
+from rollfeed.payload.stores.lease import Reads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

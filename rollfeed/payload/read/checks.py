@@ -4,7 +4,7 @@ Every record passes one cheap predicate, vectorised over all records of a read
 (:class:`RecordTable` columns); only a record that fails it gets the detailed check, whose typed
 error names the file, field, offset and position. What a record claims about the bytes
 (that they fit the file, that they are the region it says) is checked per read, vectorised, in
-:mod:`rollfeed.payload.regions`.
+:mod:`rollfeed.payload.read.regions`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from rollfeed.payload.errors import PayloadDtypeError, PayloadError, PayloadSegmentError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.layout import BLOCK_ROWS, DTYPE_CODES, DTYPE_SIZES, RAGGED_INT_DTYPES
+from rollfeed.payload.format.layout import BLOCK_ROWS, DTYPE_CODES, DTYPE_SIZES, RAGGED_INT_DTYPES
 from rollfeed.payload.segment import (
     FLOAT_DTYPES,
     INTEGER_DTYPES,

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollfeed.payload.checks import RecordTable
-from rollfeed.payload.checksum import fixed_block_rows
 from rollfeed.payload.errors import (
     PayloadRegionError,
     PayloadSegmentError,
     PayloadStaleFileError,
 )
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.checksum import fixed_block_rows
+from rollfeed.payload.format.layout import (
     CHECKSUM_CRC32C,
     DTYPE_CODES,
     FLAGS_AT,
@@ -39,6 +38,7 @@ from rollfeed.payload.layout import (
     region_magic,
     values_start,
 )
+from rollfeed.payload.read.checks import RecordTable
 
 _MAX_EXTENT = 1 << 62
 

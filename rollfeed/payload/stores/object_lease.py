@@ -1,9 +1,9 @@
 """A lease over objects: the objects of one read, and the ranged GETs that read them.
 
-The object-store counterpart of :class:`~rollfeed.payload.lease.Lease`, with the same columns
+The object-store counterpart of :class:`~rollfeed.payload.stores.lease.Lease`, with the same columns
 (``size``, ``version``, ``file_id``, ``header_size`` ``[F]``) and the same
-:meth:`ObjectLease.read` of a :class:`~rollfeed.payload.lease.Reads` batch, so every read plan
-runs unchanged over it. The ranges of all the fields of a micro batch are grouped per object,
+:meth:`ObjectLease.read` of a :class:`~rollfeed.payload.stores.lease.Reads` batch, so every read
+plan runs unchanged over it. The ranges of all the fields of a micro batch are grouped per object,
 ranges of an object at most ``merge_gap`` bytes apart are merged into one ``[start, end)`` span
 (the regions one request wrote lie side by side in its object, so the common case is one GET per
 object), and the spans are fetched concurrently (at most ``concurrency`` in flight), each with
@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rollfeed.payload.errors import PayloadStaleFileError, PayloadTruncatedError
-from rollfeed.payload.lease import Reads
+from rollfeed.payload.stores.lease import Reads
 
 if TYPE_CHECKING:
-    from rollfeed.payload.object_root import ObjectRoot
+    from rollfeed.payload.stores.object_root import ObjectRoot
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,7 +2,7 @@
 
 Every version-2 region ends with a checksum table right after its body: little-endian u32
 CRC-32C values, entry 0 for the region header and field name, then one per block of the body
-(:mod:`rollfeed.payload.layout` has the byte layout and a worked example):
+(:mod:`rollfeed.payload.format.layout` has the byte layout and a worked example):
 
 - fixed width: block k = rows ``[k * B, (k + 1) * B)`` with ``B = max(1, 65536 // row_bytes)``
   (the header's ``block_rows``); entry ``1 + k``;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rollfeed.payload.errors import PayloadChecksumError
-from rollfeed.payload.layout import Rows, index_bytes, values_start
+from rollfeed.payload.format.layout import Rows, index_bytes, values_start
 
 BLOCK_BYTES = 1 << 16  # a fixed-width block's target size
 ENTRY = np.dtype("<u4")
@@ -75,7 +75,8 @@ def ragged_table(
     value_bytes: int,
 ) -> bytes:
     """The checksum table of a CSR region: ``counts [rows]`` its row lengths, ``body`` as
-    :func:`~rollfeed.payload.layout.ragged_bytes` made it, ``value_bytes`` per stored value."""
+    :func:`~rollfeed.payload.format.layout.ragged_bytes` made it, ``value_bytes`` per stored
+    value."""
     rows = len(counts)
     out = [crc(head)]
     if rows:
@@ -240,7 +241,7 @@ class Entries:
         return cls(at=at, count=count, base=base, buf=np.zeros(4 * int(base[-1]), np.uint8))
 
     def reads(self, files, file_idx: np.ndarray):
-        """The ranges that fill :attr:`buf` (``files``: a :class:`~rollfeed.payload.lease.
+        """The ranges that fill :attr:`buf` (``files``: a :class:`~rollfeed.payload.stores.lease.
         FieldFiles`; ``file_idx [S]``)."""
         return files.reads(file_idx, self.at, 4 * self.count, [self.buf], 0, 4 * self.base[:-1])
 

@@ -2,8 +2,8 @@
 rows hold data, where region headers lie, and whether every byte range a record claims fits its
 file.
 
-Shared by the fixed-width reader (:mod:`rollfeed.payload.fixed_read`) and the ragged one
-(:mod:`rollfeed.payload.ragged_read`); no function here reads a byte.
+Shared by the fixed-width reader (:mod:`rollfeed.payload.read.fixed_read`) and the ragged one
+(:mod:`rollfeed.payload.read.ragged_read`); no function here reads a byte.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from rollfeed.payload.checks import RecordTable
 from rollfeed.payload.errors import PayloadOutputBoundError, PayloadTruncatedError
-from rollfeed.payload.layout import REGION_HEADER, REGION_HEADER_V1
-from rollfeed.payload.lease import FieldFiles
-from rollfeed.payload.regions import check_room
+from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1
+from rollfeed.payload.read.checks import RecordTable
+from rollfeed.payload.read.regions import check_room
+from rollfeed.payload.stores.lease import FieldFiles
 
 
 def overlaps(t: RecordTable, ranges: list[tuple[int, int]]):
