@@ -32,6 +32,7 @@ import numpy as np
 
 from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     RolloutLoader,
@@ -168,7 +169,7 @@ def main(argv: list[str]) -> None:
                     build_dataloader,
                     RolloutDataset.from_step_dir(directory),
                     topo,
-                    CONFIG,
+                    LoaderConfig(plan=CONFIG),
                     root=root,
                     options=LoaderOptions(**options),
                 )

@@ -30,7 +30,7 @@ import numpy as np
 from rollfeed.bench._seaweed import BUCKET, start_server
 from rollfeed.bench.loader import CONFIG, _drain, _step
 from rollfeed.collate import prepare_batch, to_tensor_micro_batch
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.format.layout import REGION_HEADER
@@ -116,7 +116,7 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
         return build_dataloader(
             ds,
             Topology(dp_rank=0, dp_size=1),
-            CONFIG,
+            LoaderConfig(plan=CONFIG),
             root=root,
             options=LoaderOptions(num_workers=2),
         )

@@ -12,6 +12,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
@@ -101,7 +102,9 @@ def _rank_loader(tmp, dp_rank, **kw):
     ds = RolloutDataset.from_step_dir(tmp / "steps")
     topo = Topology(dp_rank=dp_rank, dp_size=2, cp_rank=1, cp_size=2)
     config = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
-    loader = build_dataloader(ds, topo, config, root=tmp / "payload", options=LoaderOptions(**kw))
+    loader = build_dataloader(
+        ds, topo, LoaderConfig(plan=config), root=tmp / "payload", options=LoaderOptions(**kw)
+    )
     return ds, loader
 
 
