@@ -34,9 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from rollfeed.bench._seaweed import BUCKET, start_server
-from rollfeed.bench.loader import CONFIG, _drain, _step
+from rollfeed.bench.loader import CONFIG, drain, make_step
 from rollfeed.collate import prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     Topology,
@@ -110,7 +111,7 @@ def _median(fn, reps: int) -> float:
 
 def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], reps: int) -> None:
     root = PayloadRoot(f"{url}/loader", **options)
-    samples = _step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
+    samples = make_step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
     access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
     StepStore(f"{url}/steps", **access).write_step_file(0, samples)
     plan = prepare_batch(samples, CONFIG, dp_size=1)
@@ -128,7 +129,7 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
         return build_dataloader(
             ds,
             Topology(dp_rank=0, dp_size=1),
-            CONFIG,
+            LoaderConfig(plan=CONFIG),
             root=root,
             options=LoaderOptions(num_workers=2),
         )
@@ -136,7 +137,7 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
     for busy in busy_ms:
         waits = []
         for _ in range(reps):
-            loader, _, w = _drain(make, busy / 1e3)
+            loader, _, w, _ = drain(make, busy / 1e3)
             loader.close()
             waits.append(statistics.mean(w) if w else 0.0)
         wait = statistics.median(waits)
@@ -153,11 +154,11 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
 def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
     access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
     root = PayloadRoot(f"{url}/start", **options)
-    samples = _step(root, np.random.default_rng(7), 24)  # type: ignore[arg-type]
+    samples = make_step(root, np.random.default_rng(7), 24)  # type: ignore[arg-type]
     steps = StepStore(f"{url}/start-steps", **access)
     local_root, local_steps = work / "start-payload", work / "start-steps"
     local_steps.mkdir()
-    local = _step(str(local_root), np.random.default_rng(7), 24)
+    local = make_step(str(local_root), np.random.default_rng(7), 24)
     for step in range(2):
         steps.write_step_file(step, samples)
         write_step_file(local_steps, step, local)
@@ -177,7 +178,7 @@ def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
             loader = build_dataloader(
                 dataset(),
                 Topology(dp_rank=0, dp_size=1),
-                CONFIG,
+                LoaderConfig(plan=CONFIG),
                 root=where,
                 options=LoaderOptions(num_workers=2, multiprocessing_context=method),
             )

@@ -7,6 +7,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
@@ -41,7 +42,7 @@ def test_forkserver_workers_read_what_forked_ones_read(tmp_path):
     loader = build_dataloader(
         RolloutDataset.from_step_dir(tmp_path / "steps"),
         Topology(dp_rank=0, dp_size=1),
-        PlanConfig(seq_len=SEQ_LEN),
+        LoaderConfig(plan=PlanConfig(seq_len=SEQ_LEN)),
         root=tmp_path / "payload",
         options=LoaderOptions(num_workers=2, multiprocessing_context="forkserver"),
     )
