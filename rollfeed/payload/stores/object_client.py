@@ -98,9 +98,6 @@ class ObjectClient:
             bounds=bounds,
         )
 
-    def where(self, key: str) -> str:
-        return f"s3://{self.url.bucket}/{key}"
-
     def get(self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str) -> Got:
         """Bytes ``[start, end)`` of ``key`` (fewer when the object is shorter), of the object
         whose ETag is ``etag`` when given (another is :class:`PayloadStaleFileError`)."""
