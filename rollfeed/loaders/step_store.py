@@ -12,7 +12,7 @@ Planning fetches the index only (one GET) and the step file's size and ETag (a H
 that ETag, so a step object replaced after planning is refused
 (:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one. The
 bounded wait for the next step polls the store. Every request goes through the payload's
-object-store client (:mod:`rollfeed.payload.stores.object_client`: obstore, and botocore's
+object-store client (:mod:`rollfeed.payload.stores.object_obstore`: obstore, and botocore's
 bounded listing; the same retry policy and credentials as a payload root's), created lazily per
 process (keyed by pid); a process forked
 after its parent used the store is refused (:class:`PayloadInputError`), never left to hang: a
@@ -46,7 +46,7 @@ from rollfeed.loaders.step_index import (
 from rollfeed.loaders.step_version import StepVersion, replaced_error
 from rollfeed.payload.errors import PayloadInputError, PayloadStaleFileError
 from rollfeed.payload.stores.object_answer import ANSWER_BYTES
-from rollfeed.payload.stores.object_client import ObjectClient
+from rollfeed.payload.stores.object_obstore import ObstoreClient
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -63,7 +63,7 @@ class StepStore:
     def __init__(self, url: str, **access: object) -> None:
         self.url = StoreURL.parse(url)
         self.access = StoreAccess(**access)  # type: ignore[arg-type]
-        self._client: ObjectClient | None = None
+        self._client: ObstoreClient | None = None
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "access": self.access}
@@ -77,7 +77,7 @@ class StepStore:
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"
 
-    def _reader(self) -> ObjectClient:
+    def _reader(self) -> ObstoreClient:
         client = self._client
         if client is not None and client.pid != os.getpid():
             raise PayloadInputError(
@@ -86,7 +86,7 @@ class StepStore:
                 "it from a fork server or spawn it (multiprocessing.get_context('forkserver'))"
             )
         if client is None:
-            client = self._client = ObjectClient(self.access, self.url)
+            client = self._client = ObstoreClient(self.access, self.url)
         return client
 
     def _get(self, name: str, start: int, end: int, etag: str | None = None) -> bytes:

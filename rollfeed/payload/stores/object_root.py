@@ -14,7 +14,7 @@ Every later read of the object carries ``If-Match: <ETag>``, so an object replac
 reopens the key once, and the record's file id then names the mismatch
 (:class:`PayloadStaleFileError`).
 
-The client (obstore: :mod:`~rollfeed.payload.stores.object_client`) and the threads that issue
+The client (obstore: :mod:`~rollfeed.payload.stores.object_obstore`) and the threads that issue
 requests are per process, created on first use and keyed by pid. obstore's runtime does not
 survive ``fork`` (a child forked after its parent made a request hangs on its own first), so a
 process that reads or writes an object store is started from a fork server or spawned (a
@@ -43,8 +43,8 @@ from typing import TypeVar
 from rollfeed.payload.errors import PayloadError, PayloadInputError, PayloadMissingFileError
 from rollfeed.payload.format.layout import FILE_HEADER, parse_file_header
 from rollfeed.payload.root import MAX_OUTPUT_BYTES, PayloadRoot, output_bound
-from rollfeed.payload.stores.object_client import ObjectClient
 from rollfeed.payload.stores.object_lease import ObjectEntry, ObjectLease
+from rollfeed.payload.stores.object_obstore import ObstoreClient
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class ObjectProcessState:
 
     def __init__(self, access: StoreAccess, url: StoreURL, threads: int) -> None:
         self.pid = os.getpid()
-        self.client = ObjectClient(access, url)
+        self.client = ObstoreClient(access, url)
         self.store = self.client.store
         self.lock = threading.Lock()
         self.files: OrderedDict[str, ObjectEntry] = OrderedDict()

@@ -20,7 +20,7 @@ ETag of a single PUT is the MD5 of its body) took the earlier attempt as landed.
 
 Example::
 
-    client = ObjectClient(access, StoreURL.parse("s3://rollouts/run7"))
+    client = ObstoreClient(access, StoreURL.parse("s3://rollouts/run7"))
     client.get("run7/g/w-000001.rfp", 0, 4096, None, where="s3://...", rel="g/w-000001.rfp")
     -> Got(size=..., etag='"9b2c..."', data=<memory>)   # 4096 bytes, or fewer at the end
 """
@@ -58,7 +58,7 @@ class Got:
     data: memoryview
 
 
-class ObjectClient:
+class ObstoreClient:
     """This process's obstore client for one bucket (see the module doc)."""
 
     def __init__(self, access: StoreAccess, url: StoreURL) -> None:
