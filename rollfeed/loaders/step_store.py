@@ -57,8 +57,7 @@ class StepStore:
     """Step files under ``s3://bucket/prefix`` (picklable; clients are made per process).
 
     ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: as
-    for :class:`~rollfeed.payload.stores.object_root.ObjectRoot` (``None``: the ``AWS_*``
-    variables).
+    for :class:`~rollfeed.payload.stores.s3.S3Store` (``None``: the ``AWS_*`` variables).
     """
 
     def __init__(self, url: str, **access: object) -> None:

@@ -241,8 +241,8 @@ class Entries:
         return cls(at=at, count=count, base=base, buf=np.zeros(4 * int(base[-1]), np.uint8))
 
     def reads(self, files, file_idx: np.ndarray):
-        """The ranges that fill :attr:`buf` (``files``: a :class:`~rollfeed.payload.stores.lease.
-        FieldFiles`; ``file_idx [S]``)."""
+        """The ranges that fill :attr:`buf` (``files``: a
+        :class:`~rollfeed.payload.read.read_plan.FieldFiles`; ``file_idx [S]``)."""
         return files.reads(file_idx, self.at, 4 * self.count, [self.buf], 0, 4 * self.base[:-1])
 
     def stored(self, rec: np.ndarray, entry: np.ndarray) -> np.ndarray:

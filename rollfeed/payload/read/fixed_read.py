@@ -29,6 +29,7 @@ from rollfeed.payload.format.checksum import (
 from rollfeed.payload.format.layout import DTYPE_CODES, REGION_HEADER
 from rollfeed.payload.read.checks import RecordTable, check_fill, common_dtype
 from rollfeed.payload.read.read_plan import (
+    FieldFiles,
     check_output,
     coverage,
     fit,
@@ -38,7 +39,7 @@ from rollfeed.payload.read.read_plan import (
 )
 from rollfeed.payload.read.regions import check_file_ids, check_regions
 from rollfeed.payload.segment import ITEMSIZE
-from rollfeed.payload.stores.lease import FieldFiles, Reads
+from rollfeed.payload.stores.store import Reads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -30,7 +30,7 @@ from rollfeed.payload.format.values import decode_into, spare
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.read_plan import fit, header_ranges, slots
 from rollfeed.payload.read.regions import check_regions
-from rollfeed.payload.stores.lease import Reads
+from rollfeed.payload.stores.store import Reads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -22,9 +22,16 @@ from rollfeed.payload.format.checksum import check_blocks, no_checksums_error, u
 from rollfeed.payload.format.values import decode_into, spare
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.ragged_index import IndexStep
-from rollfeed.payload.read.read_plan import check_output, coverage, inside, overlaps, spread
+from rollfeed.payload.read.read_plan import (
+    FieldFiles,
+    check_output,
+    coverage,
+    inside,
+    overlaps,
+    spread,
+)
 from rollfeed.payload.read.regions import check_file_ids
-from rollfeed.payload.stores.lease import FieldFiles, Reads
+from rollfeed.payload.stores.store import Reads
 
 
 class RaggedJob:

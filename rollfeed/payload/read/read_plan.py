@@ -16,7 +16,60 @@ from rollfeed.payload.errors import PayloadOutputBoundError, PayloadTruncatedErr
 from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.regions import check_room
-from rollfeed.payload.stores.lease import FieldFiles
+from rollfeed.payload.stores.store import Reads, StoreLease
+
+
+class FieldFiles:
+    """One field's files inside a lease that several fields share: the lease's columns, and
+    batches of ranges, indexed by the field's own file numbers (``fmap [F]``: lease index of
+    each; the field's records never point at an unmapped one)."""
+
+    def __init__(self, lease: StoreLease | None, fmap: np.ndarray) -> None:
+        self.lease, self.fmap = lease, fmap
+        same = lease is not None and len(fmap) == len(lease.files)
+        self._same = same and bool((fmap == np.arange(len(fmap))).all())  # no mapping needed
+
+    def _column(self, name: str) -> np.ndarray:
+        col = getattr(self.lease, name)
+        return col if self._same else col[self.fmap]
+
+    @property
+    def size(self) -> np.ndarray:
+        return self._column("size")
+
+    @property
+    def version(self) -> np.ndarray:
+        return self._column("version")
+
+    @property
+    def file_id(self) -> np.ndarray:
+        return self._column("file_id")
+
+    @property
+    def header_size(self) -> np.ndarray:
+        return self._column("header_size")
+
+    def refresh(self, idx: np.ndarray) -> None:
+        self.lease.refresh(self.fmap[idx])  # type: ignore[union-attr]
+
+    def reads(
+        self,
+        file_idx: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dests: list[np.ndarray],
+        dest_idx: np.ndarray | int,
+        dest_offsets: np.ndarray,
+    ) -> Reads:
+        """A batch of this field's ranges (``file_idx`` in its own numbering; ``[K]`` columns)."""
+        return Reads(
+            file_idx=file_idx if self._same else self.fmap[file_idx],
+            offsets=offsets,
+            lengths=lengths,
+            dests=dests,
+            dest_idx=np.full(offsets.shape, dest_idx, np.int64),
+            dest_offsets=dest_offsets,
+        )
 
 
 def overlaps(t: RecordTable, ranges: list[tuple[int, int]]):
