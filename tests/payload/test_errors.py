@@ -231,3 +231,58 @@ def test_errors_survive_pickling_with_their_place():
 
 def test_region_header_size_is_stable():
     assert REGION_HEADER.size == 64 and REGION_HEADER_V1.size == 40
+
+
+def test_a_failed_write_is_an_oserror_and_still_a_rollfeed_error(tmp_path):
+    """The root is a regular file: creating the writer's group fails in the OS, and the typed
+    error is caught by ``except OSError`` as much as by ``except PayloadError``."""
+    import pickle
+
+    from rollfeed.errors import RollfeedError
+    from rollfeed.payload import PayloadIOError
+
+    not_a_dir = tmp_path / "root"
+    not_a_dir.write_bytes(b"")
+    try:
+        with PayloadWriter(not_a_dir, group="step_000001", name="w0") as w:
+            w.write({"routed_experts": np.ones((1, 1), np.int64)}, pos=0)
+    except OSError as caught:
+        err = caught
+    assert type(err) is PayloadIOError and err.file == "step_000001/w0.rfp"
+    assert isinstance(err, RollfeedError) and isinstance(err, ValueError)
+    assert "cannot create" in str(err) and "file=step_000001/w0.rfp" in str(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, OSError) and back.file == err.file
+
+
+def test_a_store_out_of_reach_is_a_timeout_error_naming_the_object():
+    """Nothing listens at the endpoint: the read's requests fail, are retried within the bound,
+    and end as a ``TimeoutError`` (an ``OSError`` and a ``PayloadError`` too)."""
+    import socket
+
+    from rollfeed.payload import PayloadIOError, PayloadSegment, PayloadStoreTimeoutError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    root = PayloadRoot(
+        "s3://bucket/run",
+        endpoint=f"http://127.0.0.1:{port}",
+        region="us-east-1",
+        access_key_id="AKID",
+        secret_access_key="SECRET",
+        timeout_s=0.5,
+        request_retries=1,
+        retry_timeout_s=2.0,
+        retries=0,
+    )
+    seg = PayloadSegment(
+        field="routed_experts", file="g/w.rfp", offset=64, pos=0, rows=1, dtype="uint8", shape=(1,)
+    )
+    try:
+        read_field([seg], "routed_experts", (0, 1), root=root)
+    except TimeoutError as caught:
+        err = caught
+    assert type(err) is PayloadStoreTimeoutError and err.file == "g/w.rfp"
+    assert isinstance(err, PayloadIOError) and isinstance(err, OSError)
+    assert isinstance(err, PayloadError) and "did not answer" in err.message

@@ -41,7 +41,9 @@ def test_handles_outside_the_prefix_are_refused(handle):
 def test_credentials_stay_out_of_repr_and_the_root_pickles_without_a_client():
     root = PayloadRoot("s3://bucket/p", access_key_id="AKIDSECRET1", secret_access_key="SK-ZZZ")
     assert isinstance(root.store, S3Store)
-    shown = repr(root) + repr(root.store.client.access) + repr(StoreAccess(secret_access_key="SK-ZZZ"))
+    shown = (
+        repr(root) + repr(root.store.client.access) + repr(StoreAccess(secret_access_key="SK-ZZZ"))
+    )
     assert "SK-ZZZ" not in shown and "AKIDSECRET1" not in shown
     back = pickle.loads(pickle.dumps(root))
     assert (

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rollfeed.payload.errors import PayloadIOError, PayloadStoreTimeoutError
+from rollfeed.payload.errors import PayloadError, PayloadIOError, PayloadStoreTimeoutError
 from rollfeed.payload.stores.object_answer import answer_body, ranged_length
 from rollfeed.payload.stores.object_deadline import DeadlineHTTPConnection, DeadlineHTTPSConnection
 from rollfeed.payload.stores.object_errors import status_error
@@ -147,22 +147,27 @@ class SignedHttp:
         while True:
             try:
                 return attempt(min(time.monotonic() + a.timeout_s, last), tries)
-            except (OSError, http.client.HTTPException, _Retry) as err:
-                self._drop()
-                pause = min(2.0, 0.05 * 2**tries)
-                if tries >= a.request_retries or time.monotonic() + pause >= last:
-                    raise PayloadStoreTimeoutError(
-                        f"the store did not answer {what} of {where} after {tries} retries: "
-                        f"out of reach or too slow ({type(err).__name__}: {err}); each attempt "
-                        f"is bounded by timeout_s="
-                        f"{a.timeout_s}, all of them by retry_timeout_s={a.retry_timeout_s}: "
-                        "check the endpoint, or raise timeout_s / request_retries / "
-                        "retry_timeout_s",
-                        file=rel,
-                        offset=offset,
-                    ) from None
-                time.sleep(pause)
-                tries += 1
+            except PayloadError as err:  # an OSError too (PayloadIOError): only _Retry retries
+                if not isinstance(err, _Retry):
+                    raise
+                failed: Exception = err
+            except (OSError, http.client.HTTPException) as err:
+                failed = err
+            self._drop()
+            pause = min(2.0, 0.05 * 2**tries)
+            if tries >= a.request_retries or time.monotonic() + pause >= last:
+                raise PayloadStoreTimeoutError(
+                    f"the store did not answer {what} of {where} after {tries} retries: "
+                    f"out of reach or too slow ({type(failed).__name__}: {failed}); each attempt "
+                    f"is bounded by timeout_s="
+                    f"{a.timeout_s}, all of them by retry_timeout_s={a.retry_timeout_s}: "
+                    "check the endpoint, or raise timeout_s / request_retries / "
+                    "retry_timeout_s",
+                    file=rel,
+                    offset=offset,
+                ) from None
+            time.sleep(pause)
+            tries += 1
 
     @contextlib.contextmanager
     def _exchange(self, deadline: float) -> Iterator[http.client.HTTPConnection]:
