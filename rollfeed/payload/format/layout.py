@@ -106,6 +106,11 @@ DTYPE_CODES = (
 DTYPE_SIZES = {name: 3 if name == "uint24" else np.dtype(name).itemsize for name in DTYPE_CODES}
 RAGGED_INT_DTYPES = ("uint8", "uint16", "uint24", "int32")  # narrowest first
 BLOCK_ROWS = 128
+# Limits of the format, one home for the writer, every record check and the C kernel
+# (``read/_window.c`` mirrors them; tests/payload/test_layout.py holds its #defines to these):
+MAX_EXTENT = 1 << 62  # rows, values, offsets, positions and byte spans all stay below it
+MAX_ROW_ELEMS = 1 << 24  # elements in one fixed-width row
+MAX_FILE_ID = 1 << 63  # a file id lies in [1, MAX_FILE_ID)
 _OFFSET = np.dtype("<u8")
 Rows = TypeVar("Rows", int, np.ndarray)
 
@@ -191,7 +196,7 @@ def parse_file_header(raw: bytes) -> FileHeader:
             "damaged header, or a newer writer's flags this reader does not know)",
             offset=4,
         )
-    if not 0 < file_id < 1 << 63:
+    if not 0 < file_id < MAX_FILE_ID:
         raise PayloadHeaderError(f"file id {file_id} is outside [1, 2**63)", offset=0)
     return FileHeader(version=version, file_id=file_id, size=FILE_HEADER.size)
 

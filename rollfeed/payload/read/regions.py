@@ -29,6 +29,7 @@ from rollfeed.payload.format.layout import (
     KIND_FIXED,
     KIND_RAGGED,
     LABEL_OMITTED,
+    MAX_EXTENT,
     MAX_NDIM,
     REGION_HEADER,
     REGION_MAGIC,
@@ -39,8 +40,6 @@ from rollfeed.payload.format.layout import (
     values_start,
 )
 from rollfeed.payload.read.checks import RecordTable
-
-_MAX_EXTENT = 1 << 62
 
 
 def check_room(t: RecordTable, header_size: np.ndarray, hsize: np.ndarray) -> None:
@@ -108,7 +107,7 @@ class RegionColumns:
     flags: np.ndarray
 
 
-_CLAMP = np.uint64(_MAX_EXTENT)
+_CLAMP = np.uint64(MAX_EXTENT)
 
 
 def parse_regions(hbuf: np.ndarray, version: np.ndarray, name: bytes) -> RegionColumns:

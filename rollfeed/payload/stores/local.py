@@ -50,7 +50,7 @@ from rollfeed.payload.stores.store import Listed, Reads, Retry
 from rollfeed.payload.write.file_sink import FileSink
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
-_GAP = 4096  # ranges of a file at most this far apart are read in one call
+GAP = 4096  # ranges of a file at most this far apart are read in one call (as the kernel's)
 
 
 class _Entry:
@@ -379,7 +379,7 @@ class Lease:
         gap = np.zeros(len(off), np.int64)
         gap[1:] = off[1:] - off[:-1] - ln[:-1]
         cut = np.ones(len(off), bool)
-        cut[1:] = (fi[1:] != fi[:-1]) | (gap[1:] < 0) | (gap[1:] > _GAP)
+        cut[1:] = (fi[1:] != fi[:-1]) | (gap[1:] < 0) | (gap[1:] > GAP)
         cut[:: _IOV_MAX // 2] = True  # preadv takes at most IOV_MAX buffers (gaps add one each)
         gap[cut] = 0
         bounds = [*np.flatnonzero(cut).tolist(), len(off)]
@@ -389,7 +389,7 @@ class Lease:
             for d, a, b in zip(di.tolist(), do.tolist(), (do + ln).tolist(), strict=True)
         ]
         if gap.any():  # the bytes between two ranges of one call land in a scratch buffer
-            scratch = memoryview(bytearray(_GAP))
+            scratch = memoryview(bytearray(GAP))
             at = np.flatnonzero(gap)
             for j, g in zip(at[::-1].tolist(), gap[at[::-1]].tolist(), strict=True):
                 bufs.insert(j, scratch[:g])

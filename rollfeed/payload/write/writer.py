@@ -62,6 +62,7 @@ from rollfeed.payload.format.layout import (
     KIND_RAGGED,
     LABEL_OMITTED,
     MAX_NDIM,
+    MAX_ROW_ELEMS,
     RegionHeader,
     ragged_bytes,
     values_start,
@@ -75,7 +76,6 @@ from rollfeed.payload.stores.safe_open import handle_parts
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
 TableFn = Callable[[bytes, memoryview], bytes]  # checksum table from header+name and body
 _INT_STORAGE = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64")
-_MAX_ROW = 1 << 24  # elements in one fixed-width row (what a reader accepts)
 # Fresh files one write may start because its file went while it wrote (a prune running
 # on a live group) before it gives up.
 log = logging.getLogger(__name__)
@@ -271,10 +271,10 @@ class PayloadWriter:
                 f"field {name!r} holds {kind} values, got dtype {arr.dtype}", field=name
             )
         shape = tuple(int(d) for d in arr.shape[1:])
-        if len(shape) > MAX_NDIM or min(shape, default=1) < 1 or np.prod(shape) >= _MAX_ROW:
+        if len(shape) > MAX_NDIM or min(shape, default=1) < 1 or np.prod(shape) >= MAX_ROW_ELEMS:
             raise PayloadInputError(
                 f"field {name!r} rows of shape {shape}: a row needs at most {MAX_NDIM} dims, "
-                f"each >= 1, and fewer than {_MAX_ROW} elements",
+                f"each >= 1, and fewer than {MAX_ROW_ELEMS} elements",
                 field=name,
             )
         if name in self.dtypes:
