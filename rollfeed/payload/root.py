@@ -46,7 +46,7 @@ class PayloadRoot:
     blocks around its window, :mod:`rollfeed.payload.format.checksum`), raising
     :class:`~rollfeed.payload.errors.PayloadChecksumError` on a mismatch. It reads up to one block
     more at each end of a window and costs the checksum pass (``python -m rollfeed.bench payload``
-    prints it); files of format version 1, which keep no checksums, are refused.
+    prints it).
     ``max_output_bytes``: the most bytes one field's values may take in one read (default
     1 GiB): a fixed field's ``[n, *shape]``, a ragged field's padded ``[n, W]`` (``W`` the widest
     row of its records, or ``width``). A read past it raises

@@ -22,7 +22,7 @@ from rollfeed.payload import (
     UnknownFieldError,
     read_field,
 )
-from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1, file_header
+from rollfeed.payload.format.layout import REGION_HEADER, file_header
 
 
 def fast_root(path) -> PayloadRoot:
@@ -230,7 +230,7 @@ def test_errors_survive_pickling_with_their_place():
 
 
 def test_region_header_size_is_stable():
-    assert REGION_HEADER.size == 64 and REGION_HEADER_V1.size == 40
+    assert REGION_HEADER.size == 64
 
 
 def test_a_failed_write_is_an_oserror_and_still_a_rollfeed_error(tmp_path):

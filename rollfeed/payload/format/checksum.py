@@ -1,6 +1,6 @@
 """Checksums per block of each region: what they cover, where they lie, how they are checked.
 
-Every version-2 region ends with a checksum table right after its body: little-endian u32
+Every region ends with a checksum table right after its body: little-endian u32
 CRC-32C values, entry 0 for the region header and field name, then one per block of the body
 (:mod:`rollfeed.payload.format.layout` has the byte layout and a worked example):
 
@@ -138,17 +138,6 @@ def mismatch_error(
 def _block(label: str) -> str:
     kind, k = label.split()
     return f"{kind} block {k}"
-
-
-def no_checksums_error(*, file: str, field: str | None, region: int) -> PayloadChecksumError:
-    """A checking read of a version-1 region, which keeps no checksums."""
-    return PayloadChecksumError(
-        "format version 1 keeps no checksums, so this checking read cannot check the region; "
-        "read it with PayloadRoot(verify_checksums=False), or rewrite it with this writer",
-        file=file,
-        field=field,
-        region=region,
-    )
 
 
 # --------------------------------------------------------------------------- whole regions (verify)

@@ -64,7 +64,7 @@ class IndexStep:
         self.spec, self.dtype = spec, DTYPE_CODES[code]
         self.vsize = size = DTYPE_SIZES[self.dtype]
         self.key = name.encode()
-        self.version, self.hsize, self.hstart = header_ranges(t, files, self.key)
+        self.hsize, self.hstart = header_ranges(t, files, self.key)
         self.files = files
         lay_rows, lay_values = t.lay_rows, t.lay_values
 
@@ -137,7 +137,6 @@ class IndexStep:
         check_regions(
             t,
             self.hbuf,
-            self.version,
             name=self.key,
             size=self.size,
             file_id=file_id,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rollfeed.payload.errors import PayloadOutputBoundError, PayloadTruncatedError
-from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1
+from rollfeed.payload.format.layout import REGION_HEADER
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.regions import check_room
 from rollfeed.payload.stores.store import Reads, StoreLease
@@ -36,10 +36,6 @@ class FieldFiles:
     @property
     def size(self) -> np.ndarray:
         return self._column("size")
-
-    @property
-    def version(self) -> np.ndarray:
-        return self._column("version")
 
     @property
     def file_id(self) -> np.ndarray:
@@ -120,11 +116,10 @@ def inside(t: RecordTable, ranges: list[tuple[int, int]]) -> np.ndarray:
 
 
 def header_ranges(t: RecordTable, lease: FieldFiles, key: bytes):
-    """Version ``[S]``, region header size ``[S]`` and start ``[S]`` of each record's region."""
-    version = lease.version[t.file_idx]
-    hsize = np.where(version != 1, REGION_HEADER.size, REGION_HEADER_V1.size) + len(key)
+    """Region header size ``[S]`` and start ``[S]`` of each record's region."""
+    hsize = np.full(len(t.offset), REGION_HEADER.size + len(key), np.int64)
     check_room(t, lease.header_size[t.file_idx], hsize)
-    return version, hsize, t.offset - hsize
+    return hsize, t.offset - hsize
 
 
 def fit(

@@ -47,14 +47,13 @@ from rollfeed.payload.format.checksum import ENTRY, RegionSums, table_entries
 from rollfeed.payload.format.layout import (
     DTYPE_SIZES,
     FILE_HEADER,
-    FILE_HEADER_V1,
     KIND_FIXED,
     KIND_RAGGED,
+    REGION_HEADER,
     RegionHeader,
     decode_index,
     index_table,
     parse_file_header,
-    region_struct,
     values_start,
 )
 from rollfeed.payload.root import PayloadRoot, as_root
@@ -164,22 +163,22 @@ def _read(file: StoreFile, rel: str, size: int, at: int, n: int, what: str) -> b
 
 
 def _walk_regions(file: StoreFile, rel: str, size: int, regions: list, checksums: bool) -> None:
-    if size < FILE_HEADER_V1.size:
-        _read(file, rel, size, 0, FILE_HEADER_V1.size, "file header")  # raises: cut short
+    if size < FILE_HEADER.size:
+        _read(file, rel, size, 0, FILE_HEADER.size, "file header")  # raises: cut short
     try:
-        head = parse_file_header(file.read(0, min(size, FILE_HEADER.size)))
+        head = parse_file_header(file.read(0, FILE_HEADER.size))
     except PayloadError as err:
         raise err.with_place(file=rel) from None
-    fixed_size = region_struct(head.version).size
+    fixed_size = REGION_HEADER.size
     at = head.size
     while at < size:
         k = len(regions)
         fixed = _read(file, rel, size, at, fixed_size, f"header of region {k}")
         name_len = fixed[7]
         name = _read(file, rel, size, at + fixed_size, name_len, f"field name of region {k}")
-        header = RegionHeader.unpack(fixed, name, head.version)
+        header = RegionHeader.unpack(fixed, name)
         if header is None:
-            raise malformed(head, fixed, name, rel, at, k)
+            raise malformed(fixed, name, rel, at, k)
         if header.file_id != head.file_id:
             raise PayloadRegionError(
                 f"region {k}: header field file_id = {header.file_id} differs from the file "
@@ -220,19 +219,18 @@ def _check_bytes(
 
     end = body_at + h.body_bytes
     sums = None
-    if h.version != 1:
-        n = 4 * table_entries(h.kind == KIND_RAGGED, h.rows, h.block_rows)
-        if end + n > size:
-            raise bad(
-                f"its {n}-byte checksum table runs past the end of the file (only {size - end} "
-                "bytes follow the body; cut short)",
-                PayloadTruncatedError,
-            )
-        if checksums:
-            stored = np.frombuffer(read(end, n, f"checksum table of region {k}"), ENTRY)
-            sums = RegionSums(file=rel, field=h.field, region_at=at, body_at=body_at, stored=stored)
-            sums.header(head)
-        end += n
+    n = 4 * table_entries(h.kind == KIND_RAGGED, h.rows, h.block_rows)
+    if end + n > size:
+        raise bad(
+            f"its {n}-byte checksum table runs past the end of the file (only {size - end} "
+            "bytes follow the body; cut short)",
+            PayloadTruncatedError,
+        )
+    if checksums:
+        stored = np.frombuffer(read(end, n, f"checksum table of region {k}"), ENTRY)
+        sums = RegionSums(file=rel, field=h.field, region_at=at, body_at=body_at, stored=stored)
+        sums.header(head)
+    end += n
     if h.kind == KIND_FIXED:
         if sums is not None:
             row_bytes = DTYPE_SIZES[h.dtype] * math.prod(h.shape or ())

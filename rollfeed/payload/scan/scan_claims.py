@@ -25,43 +25,33 @@ from rollfeed.payload.format.layout import (
     LABEL_OMITTED,
     MAX_NDIM,
     RAGGED_INT_DTYPES,
+    REGION_MAGIC,
     REGION_RECORD,
-    REGION_RECORD_V1,
-    VERSION,
-    FileHeader,
     RegionHeader,
-    region_magic,
     values_start,
 )
 
 
-def malformed(
-    head: FileHeader, fixed: bytes, name: bytes, rel: str, at: int, k: int
-) -> PayloadRegionError:
+def malformed(fixed: bytes, name: bytes, rel: str, at: int, k: int) -> PayloadRegionError:
     """Which part of a region header ``RegionHeader.unpack`` refused."""
-    v2 = head.version != 1
-    rec = np.frombuffer(fixed, REGION_RECORD if v2 else REGION_RECORD_V1)[0]
-    magic = region_magic(head.version)
+    rec = np.frombuffer(fixed, REGION_RECORD)[0]
+    magic = REGION_MAGIC
     if rec["magic"] != magic:
         what = f"magic {bytes(rec['magic'])!r}, expected {magic!r}"
     elif rec["kind"] not in (KIND_FIXED, KIND_RAGGED):
         what = f"header field kind = {rec['kind']}, expected {KIND_FIXED} or {KIND_RAGGED}"
     elif rec["dtype"] >= len(DTYPE_CODES):
         what = f"header field dtype code = {rec['dtype']}, expected < {len(DTYPE_CODES)}"
-    elif v2 and (rec["ndim"] > MAX_NDIM or (rec["kind"] == KIND_RAGGED and rec["ndim"])):
+    elif rec["ndim"] > MAX_NDIM or (rec["kind"] == KIND_RAGGED and rec["ndim"]):
         what = f"header field ndim = {rec['ndim']} (a ragged region has 0, a fixed one <= 4)"
-    elif v2 and rec["dims"][rec["ndim"] :].any():
+    elif rec["dims"][rec["ndim"] :].any():
         what = f"header field dims = {rec['dims'].tolist()} has dims past ndim = {rec['ndim']}"
-    elif v2 and rec["checksum"] != CHECKSUM_CRC32C:
+    elif rec["checksum"] != CHECKSUM_CRC32C:
         what = f"header field checksum = {rec['checksum']}, expected {CHECKSUM_CRC32C} (CRC-32C)"
-    elif (
-        v2
-        and rec["flags"]
-        and (rec["flags"] != LABEL_OMITTED or head.version != VERSION or rec["kind"] != KIND_RAGGED)
-    ):
+    elif rec["flags"] and (rec["flags"] != LABEL_OMITTED or rec["kind"] != KIND_RAGGED):
         what = (
             f"header field flags = {rec['flags']}, expected 0 or {LABEL_OMITTED} (rows omit their "
-            f"sampled token) in a ragged region of version {VERSION}"
+            "sampled token) in a ragged region"
         )
     else:
         what = f"field name {name!r} is not UTF-8"
@@ -85,8 +75,7 @@ def check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k:
         )
     itemsize = DTYPE_SIZES[h.dtype]
     if h.kind == KIND_FIXED:
-        # version 2: blocks of the checksum table; version 1 has none
-        block = 0 if h.shape is None else fixed_block_rows(itemsize * math.prod(h.shape))
+        block = fixed_block_rows(itemsize * math.prod(h.shape))  # blocks of the checksum table
         if h.count_bytes or h.block_rows != block:
             raise bad(
                 f"header fields count_bytes = {h.count_bytes}, block_rows = {h.block_rows}: a "
@@ -97,19 +86,17 @@ def check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k:
                 f"header field values = {h.values} x {itemsize}-byte {h.dtype} disagrees with "
                 f"body_bytes = {h.body_bytes}"
             )
-        if h.shape is not None and h.rows * math.prod(h.shape) != h.values:
+        if h.rows * math.prod(h.shape) != h.values:
             raise bad(
                 f"header field rows = {h.rows} x row shape {list(h.shape)} disagrees with "
                 f"values = {h.values}"
             )
-        if h.shape is None and h.values and (h.rows == 0 or h.values % h.rows):  # version 1
-            raise bad(f"header field rows = {h.rows} does not divide values = {h.values}")
         return
-    kinds = ("int32", "float32") if h.version != VERSION else (*RAGGED_INT_DTYPES, "float32")
+    kinds = (*RAGGED_INT_DTYPES, "float32")
     if h.dtype not in kinds or h.count_bytes not in (1, 2, 4):
         raise bad(
-            f"header fields dtype = {h.dtype}, count_bytes = {h.count_bytes}: a ragged region of "
-            f"version {h.version} stores values as one of {kinds} and 1, 2 or 4-byte row lengths"
+            f"header fields dtype = {h.dtype}, count_bytes = {h.count_bytes}: a ragged region "
+            f"stores values as one of {kinds} and 1, 2 or 4-byte row lengths"
         )
     if not 1 <= h.block_rows <= max(h.rows, BLOCK_ROWS):
         # Bounds the index table below: ceil(rows / B) blocks of 8 + B * count_bytes bytes.

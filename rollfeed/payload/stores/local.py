@@ -172,7 +172,7 @@ class LocalStore:
         except OSError as err:
             os.close(fd)
             raise PayloadIOError(f"reading the file header: {err}", file=rel, offset=0) from None
-        return _Entry(rel, fd, size, head.version, head.file_id or 0, head.size)
+        return _Entry(rel, fd, size, head.version, head.file_id, head.size)
 
     def _acquire(self, files: Sequence[str], retry: Retry) -> list[_Entry]:
         """Entries for ``files`` (opened when not cached), each with one more reference."""
@@ -316,7 +316,7 @@ class LocalFile:
 
 class Lease:
     """Files held open for one read. Columns ``[F]`` over ``files``: ``size`` (bytes, as of open
-    or the last :meth:`refresh`), ``version``, ``file_id`` (0 in version 1) and ``header_size``;
+    or the last :meth:`refresh`), ``version``, ``file_id`` and ``header_size``;
     ``entries``: the cache entries (``fd`` and ``columns``), which the compiled pass reads."""
 
     def __init__(self, store: LocalStore, files: Sequence[str], retry: Retry) -> None:

@@ -126,7 +126,7 @@ class S3Store:
             rel=rel,
             key=key,
             etag=got.etag,
-            columns=(got.size, head.version, head.file_id or 0, head.size),
+            columns=(got.size, head.version, head.file_id, head.size),
         )
         return entry, got.data
 
