@@ -18,9 +18,8 @@ from rollfeed.payload import (
 )
 from rollfeed.payload.format.checksum import crc, fixed_block_rows, ragged_table, table_entries
 from rollfeed.payload.format.layout import BLOCK_ROWS, DTYPE_SIZES, ragged_bytes, values_start
-from tests.payload.reference import kept_sets, stored
+from tests.payload.common import GROUP, kept_sets, stored
 
-GROUP = "step_000001"
 ROWS = 600  # several checksum blocks per region: 170 routing rows, 128 mask rows each
 SHAPE = (48, 8)  # 384-byte routing rows -> blocks of 65536 // 384 = 170 rows
 

@@ -25,7 +25,8 @@ from rollfeed.payload import (
 from rollfeed.payload.format.layout import REGION_HEADER, file_header
 
 
-def fast_root(path) -> PayloadRoot:
+def retrying_root(path) -> PayloadRoot:
+    """A root that retries twice, without waiting long."""
     return PayloadRoot(path, retries=2, backoff_s=0.001)
 
 
@@ -47,7 +48,7 @@ def test_missing_file_after_retries(written):
     root, segs = written
     seg = segs["routed_experts"].model_copy(update={"file": "step_000001/gone.rfp"})
     with pytest.raises(PayloadMissingFileError) as info:
-        read_field([seg], "routed_experts", (0, 4), root=fast_root(root))
+        read_field([seg], "routed_experts", (0, 4), root=retrying_root(root))
     assert info.value.file == "step_000001/gone.rfp" and info.value.field == "routed_experts"
     assert "gone.rfp" in str(info.value)
 
@@ -59,7 +60,7 @@ def test_file_shorter_than_segment(written):
     )
     size = os.path.getsize(os.path.join(root, seg.file))
     with pytest.raises(PayloadTruncatedError, match=f"the file has {size} bytes") as info:
-        read_field([seg], "routed_experts", (0, 400), root=fast_root(root))
+        read_field([seg], "routed_experts", (0, 400), root=retrying_root(root))
     assert info.value.offset is not None and "routed_experts" in str(info.value)
 
 

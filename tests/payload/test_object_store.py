@@ -30,7 +30,7 @@ from rollfeed.payload.stores.object_lease import merge_spans
 from rollfeed.payload.stores.object_prune import incomplete_uploads
 from rollfeed.payload.stores.s3 import S3Store
 from tests.object_store_server import SECRET_KEY
-from tests.payload.test_read_fields import FIELDS, packed_micro_batch
+from tests.payload.common import FIELDS, packed_micro_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

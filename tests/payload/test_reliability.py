@@ -45,13 +45,9 @@ from rollfeed.payload.format.layout import (
     REGION_HEADER,
     index_table,
 )
+from tests.payload.common import GROUP, fast_root
 
-GROUP = "step_000001"
 ROWS, SHAPE = 6, (3, 4)
-
-
-def fast_root(path, **kw) -> PayloadRoot:
-    return PayloadRoot(path, retries=0, **kw)
 
 
 def routing(seed: int, rows: int = ROWS) -> np.ndarray:

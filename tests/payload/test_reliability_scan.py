@@ -15,9 +15,9 @@ import pytest
 
 from rollfeed.cli import main
 from rollfeed.payload import PayloadWriter
+from tests.payload.common import GROUP
 
 REPO = Path(__file__).resolve().parents[2]
-GROUP = "step_000001"
 
 
 def write_file(root, name="w0"):

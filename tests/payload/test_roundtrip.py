@@ -18,14 +18,8 @@ from rollfeed.payload import (
     register_field,
     shift_segments,
 )
-from tests.payload.reference import (
-    dense_fixed,
-    dense_ragged,
-    kept_sets,
-    read_fixed_ref,
-    read_ragged_ref,
-    stored,
-)
+from tests.payload.common import kept_sets, stored
+from tests.payload.reference import dense_fixed, dense_ragged, read_fixed_ref, read_ragged_ref
 
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
