@@ -86,10 +86,6 @@ class PayloadRoot:
         they finish; files reopen lazily on the next read)."""
         self.store.close()
 
-    def lease(self, files: Sequence[str]) -> StoreLease:
-        """Hold ``files`` open for one read (a context manager)."""
-        return self.store.lease(files, self.retry)
-
     def run(self, files: Sequence[str], attempt: Callable[[StoreLease], T]) -> T:
         """``attempt(lease)`` over ``files``, retried under this root's policy.
 
@@ -98,7 +94,7 @@ class PayloadRoot:
         :class:`PayloadStaleFileError` (the file under the name is not the record's file)
         reopens it once. Other errors, and these once the policy is spent, propagate.
         """
-        with self.lease(files) as lease:
+        with self.store.lease(files, self.retry) as lease:
             reopened_stale: set[int] = set()
             tries = 0
             while True:

@@ -67,7 +67,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadHeaderError, PayloadIndexError, PayloadInputError
+from rollfeed.payload.errors import (
+    PayloadHeaderError,
+    PayloadIndexError,
+    PayloadInputError,
+    PayloadRegionError,
+)
 from rollfeed.payload.format.values import encode_values
 
 MAGIC = b"RFPAYLD\0"
@@ -139,19 +144,11 @@ def file_header(file_id: int) -> bytes:
     return FILE_HEADER.pack(MAGIC, VERSION, 0, 0, file_id)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FileHeader:
-    """A parsed file header: ``size`` bytes long."""
-
-    version: int
-    file_id: int
-    size: int
-
-
-def parse_file_header(raw: bytes) -> FileHeader:
-    """Parse the first bytes of a file (pass up to ``FILE_HEADER.size`` of them; fewer when the
-    file is shorter). Raises :class:`PayloadHeaderError` (no place: the caller adds the file)
-    for a bad magic, a version other than :data:`VERSION` or a header cut short."""
+def parse_file_header(raw: bytes) -> int:
+    """The file id from the first bytes of a file (pass up to ``FILE_HEADER.size`` of them; fewer
+    when the file is shorter; the first region follows them). Raises :class:`PayloadHeaderError`
+    (no place: the caller adds the file) for a bad magic, a version other than :data:`VERSION` or
+    a header cut short."""
     if len(raw) < _PREFIX.size or raw[:8] != MAGIC:
         raise PayloadHeaderError("not a payload file (bad magic)", offset=0)
     version = _PREFIX.unpack_from(raw)[1]
@@ -168,13 +165,13 @@ def parse_file_header(raw: bytes) -> FileHeader:
     _, _, flags, reserved, file_id = FILE_HEADER.unpack_from(raw)
     if flags or reserved:
         raise PayloadHeaderError(
-            f"file header flags {flags} / reserved {reserved}: version {version} writes 0 (a "
+            f"file header flags {flags} / reserved {reserved}: version {VERSION} writes 0 (a "
             "damaged header, or a newer writer's flags this reader does not know)",
             offset=4,
         )
     if not 0 < file_id < MAX_FILE_ID:
         raise PayloadHeaderError(f"file id {file_id} is outside [1, 2**63)", offset=0)
-    return FileHeader(version=version, file_id=file_id, size=FILE_HEADER.size)
+    return file_id
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -225,29 +222,38 @@ class RegionHeader:
         )
 
     @classmethod
-    def unpack(cls, raw: bytes, name: bytes) -> RegionHeader | None:
-        """The header from its fixed part (``REGION_HEADER.size`` bytes) and its name, or
-        ``None`` when it is not well formed. The name length is byte 7 of the fixed part."""
-        if len(raw) != REGION_HEADER.size:
-            return None
-        magic, kind, cb, code, name_len, block, rows, values, body, *rest = REGION_HEADER.unpack(
-            raw
-        )
-        if magic != REGION_MAGIC or kind not in (0, 1) or code >= len(DTYPE_CODES):
-            return None
-        if len(name) != name_len:
-            return None
-        try:
-            field = name.decode()
-        except UnicodeDecodeError:
-            return None
-        file_id, ndim, checksum, flags, *dims = rest
-        if ndim > MAX_NDIM or any(dims[ndim:]) or (kind == KIND_RAGGED and ndim):
-            return None
-        if checksum != CHECKSUM_CRC32C or flags & ~LABEL_OMITTED:
-            return None
-        if flags and kind != KIND_RAGGED:
-            return None
+    def unpack(cls, raw: bytes, name: bytes) -> RegionHeader:
+        """The header from its fixed part (``REGION_HEADER.size`` bytes) and its name (as long
+        as byte 7 of the fixed part says). A part that is not well formed is
+        :class:`PayloadRegionError` naming it (no place: the caller adds it)."""
+        head = REGION_HEADER.unpack(raw)
+        magic, kind, cb, code, _, block, rows, values, body, file_id, ndim, checksum = head[:12]
+        flags, dims = head[12], list(head[13:])
+        what = None
+        if magic != REGION_MAGIC:
+            what = f"magic {magic.rstrip(bytes(1))!r}, expected {REGION_MAGIC!r}"
+        elif kind not in (KIND_FIXED, KIND_RAGGED):
+            what = f"header field kind = {kind}, expected {KIND_FIXED} or {KIND_RAGGED}"
+        elif code >= len(DTYPE_CODES):
+            what = f"header field dtype code = {code}, expected < {len(DTYPE_CODES)}"
+        elif ndim > MAX_NDIM or (kind == KIND_RAGGED and ndim):
+            what = f"header field ndim = {ndim} (a ragged region has 0, a fixed one <= 4)"
+        elif any(dims[ndim:]):
+            what = f"header field dims = {dims} has dims past ndim = {ndim}"
+        elif checksum != CHECKSUM_CRC32C:
+            what = f"header field checksum = {checksum}, expected {CHECKSUM_CRC32C} (CRC-32C)"
+        elif flags and (flags != LABEL_OMITTED or kind != KIND_RAGGED):
+            what = (
+                f"header field flags = {flags}, expected 0 or {LABEL_OMITTED} (rows omit their "
+                "sampled token) in a ragged region"
+            )
+        else:
+            try:
+                field = name.decode()
+            except UnicodeDecodeError:
+                what = f"field name {name!r} is not UTF-8"
+        if what is not None:
+            raise PayloadRegionError(f"not a well-formed region header: {what}")
         return cls(
             field=field,
             kind=kind,

@@ -30,17 +30,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rollfeed.payload.errors import PayloadError
 from rollfeed.payload.fields import PayloadField
 from rollfeed.payload.format.layout import DTYPE_CODES, RAGGED_INT_DTYPES
+from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import FLOAT_DTYPES, INTEGER_DTYPES, PayloadSegment
-
-if TYPE_CHECKING:
-    from rollfeed.payload.root import PayloadRoot
 
 try:
     from rollfeed.payload.read import _window
@@ -102,7 +99,7 @@ def read_compiled(
         return None
     parallel = store.threads >= 2 and len(plan.files) >= 2
     try:  # the kernel reads the lease's entries (fd and columns)
-        lease = root.lease(plan.files)
+        lease = store.lease(plan.files, root.retry)
     except PayloadError:  # the planned reader opens them again, under the root's policy
         return None
     with lease:

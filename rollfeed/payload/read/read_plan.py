@@ -33,17 +33,8 @@ class FieldFiles:
         col = getattr(self.lease, name)
         return col if self._same else col[self.fmap]
 
-    @property
-    def size(self) -> np.ndarray:
-        return self._column("size")
-
-    @property
-    def file_id(self) -> np.ndarray:
-        return self._column("file_id")
-
-    @property
-    def header_size(self) -> np.ndarray:
-        return self._column("header_size")
+    size = property(lambda self: self._column("size"))
+    file_id = property(lambda self: self._column("file_id"))
 
     def refresh(self, idx: np.ndarray) -> None:
         self.lease.refresh(self.fmap[idx])  # type: ignore[union-attr]
@@ -118,7 +109,7 @@ def inside(t: RecordTable, ranges: list[tuple[int, int]]) -> np.ndarray:
 def header_ranges(t: RecordTable, lease: FieldFiles, key: bytes):
     """Region header size ``[S]`` and start ``[S]`` of each record's region."""
     hsize = np.full(len(t.offset), REGION_HEADER.size + len(key), np.int64)
-    check_room(t, lease.header_size[t.file_idx], hsize)
+    check_room(t, hsize)
     return hsize, t.offset - hsize
 
 

@@ -25,6 +25,7 @@ from rollfeed.payload.format.checksum import fixed_block_rows
 from rollfeed.payload.format.layout import (
     CHECKSUM_CRC32C,
     DTYPE_CODES,
+    FILE_HEADER,
     FLAGS_AT,
     KIND_FIXED,
     KIND_RAGGED,
@@ -39,17 +40,17 @@ from rollfeed.payload.format.layout import (
 from rollfeed.payload.read.checks import RecordTable
 
 
-def check_room(t: RecordTable, header_size: np.ndarray, hsize: np.ndarray) -> None:
-    """Each record's region header fits between the file header and the body: ``[S]`` columns
-    ``header_size`` (the file header's, per record) and ``hsize`` (the region header's)."""
-    bad = t.offset - hsize < header_size
+def check_room(t: RecordTable, hsize: np.ndarray) -> None:
+    """Each record's region header (``hsize [S]`` bytes) fits between the file header and the
+    body."""
+    bad = t.offset - hsize < FILE_HEADER.size
     if bad.any():
         i = int(np.argmax(bad))
         raise t.fail(
             PayloadRegionError,
             i,
             f"body offset {int(t.offset[i])} leaves no room for its {int(hsize[i])}-byte region "
-            f"header after the {int(header_size[i])}-byte file header",
+            f"header after the {FILE_HEADER.size}-byte file header",
         )
 
 
@@ -69,7 +70,7 @@ def check_file_ids(t: RecordTable, file_id: np.ndarray) -> None:
             "was made by hand, and a rewritten file could not be told apart; use the records "
             "the writer returned",
         )
-    bad = (t.file_id != 0) & (t.file_id != file_id)
+    bad = t.file_id != file_id
     if bad.any():
         i = int(np.argmax(bad))
         raise t.fail(
@@ -192,7 +193,6 @@ def _mismatch(t, hbuf, name, size, file_id, shape, ragged, flags) -> bool:
         diff[:, 8:12] = hbuf[:, 8:12].view("<u4") != fixed_block_rows(row_bytes)[:, None]
     # the header's file id is the record's own (bytes of the very file read vouch for it)
     bad = diff.any(axis=1) | (got[:, 3] != file_id) | (t.first + t.rows > rows)
-    bad |= (t.file_id != 0) & (got[:, 3] != t.file_id)
     room = size - t.offset
     if ragged is None:
         q, r = np.divmod(body, row_bytes)
@@ -213,7 +213,7 @@ def _explain(t, h: RegionColumns, size, file_id, shape, ragged, flags) -> None:
         (~h.magic_ok, lambda i: "no region header (magic) before the body: wrong offset?"),
         (~h.name_ok, lambda i: "the region header is of another field (or not well formed)"),
         # a valid header of another file than the one opened, or than the record's
-        ((h.file_id != file_id) | ((t.file_id != 0) & (h.file_id != t.file_id)), None),
+        (h.file_id != file_id, None),  # records name that file (check_file_ids, first)
         (h.kind != (KIND_RAGGED if ragged else KIND_FIXED), lambda i: f"kind {h.kind[i]}"),
         (h.dtype != t.dtype, lambda i: f"dtype: {_dtype_name(h.dtype[i])}"),
     ]

@@ -57,7 +57,7 @@ from rollfeed.payload.format.layout import (
     values_start,
 )
 from rollfeed.payload.root import PayloadRoot, as_root
-from rollfeed.payload.scan.scan_claims import check_claims, malformed
+from rollfeed.payload.scan.scan_claims import check_claims
 from rollfeed.payload.stores.store import Listed, Store, StoreFile
 
 SUFFIX = ".rfp"
@@ -166,23 +166,24 @@ def _walk_regions(file: StoreFile, rel: str, size: int, regions: list, checksums
     if size < FILE_HEADER.size:
         _read(file, rel, size, 0, FILE_HEADER.size, "file header")  # raises: cut short
     try:
-        head = parse_file_header(file.read(0, FILE_HEADER.size))
+        file_id = parse_file_header(file.read(0, FILE_HEADER.size))
     except PayloadError as err:
         raise err.with_place(file=rel) from None
     fixed_size = REGION_HEADER.size
-    at = head.size
+    at = FILE_HEADER.size
     while at < size:
         k = len(regions)
         fixed = _read(file, rel, size, at, fixed_size, f"header of region {k}")
         name_len = fixed[7]
         name = _read(file, rel, size, at + fixed_size, name_len, f"field name of region {k}")
-        header = RegionHeader.unpack(fixed, name)
-        if header is None:
-            raise malformed(fixed, name, rel, at, k)
-        if header.file_id != head.file_id:
+        try:
+            header = RegionHeader.unpack(fixed, name)
+        except PayloadRegionError as err:
+            raise type(err)(f"region {k} is {err.message}", file=rel, offset=at) from None
+        if header.file_id != file_id:
             raise PayloadRegionError(
                 f"region {k}: header field file_id = {header.file_id} differs from the file "
-                f"header's {head.file_id} (a region of another file?)",
+                f"header's {file_id} (a region of another file?)",
                 file=rel,
                 field=header.field,
                 offset=at,

@@ -1,8 +1,9 @@
 """What a region header claims, checked before ``verify`` and ``inspect`` read anything more.
 
-Used by :mod:`rollfeed.payload.scan.scan`: which part of a header is not well formed, and every size
-a well-formed header claims (body bytes, rows, values, count bytes, block rows), bounded in Python
-ints by the file's real size, so nothing is allocated or read for a claim the file cannot hold.
+Used by :mod:`rollfeed.payload.scan.scan` (which part of a header is not well formed is
+:meth:`~rollfeed.payload.format.layout.RegionHeader.unpack`'s to say): every size a header claims
+(body bytes, rows, values, count bytes, block rows), bounded in Python ints by the file's real
+size, so nothing is allocated or read for a claim the file cannot hold.
 Every problem is a typed :class:`~rollfeed.payload.errors.PayloadError` naming the file, the
 region number, its byte offset, its field and the header field at fault.
 """
@@ -11,53 +12,16 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from rollfeed.payload.errors import PayloadError, PayloadRegionError, PayloadTruncatedError
 from rollfeed.payload.format.checksum import fixed_block_rows
 from rollfeed.payload.format.layout import (
     BLOCK_ROWS,
-    CHECKSUM_CRC32C,
-    DTYPE_CODES,
     DTYPE_SIZES,
     KIND_FIXED,
-    KIND_RAGGED,
-    LABEL_OMITTED,
-    MAX_NDIM,
     RAGGED_INT_DTYPES,
-    REGION_MAGIC,
-    REGION_RECORD,
     RegionHeader,
     values_start,
 )
-
-
-def malformed(fixed: bytes, name: bytes, rel: str, at: int, k: int) -> PayloadRegionError:
-    """Which part of a region header ``RegionHeader.unpack`` refused."""
-    rec = np.frombuffer(fixed, REGION_RECORD)[0]
-    magic = REGION_MAGIC
-    if rec["magic"] != magic:
-        what = f"magic {bytes(rec['magic'])!r}, expected {magic!r}"
-    elif rec["kind"] not in (KIND_FIXED, KIND_RAGGED):
-        what = f"header field kind = {rec['kind']}, expected {KIND_FIXED} or {KIND_RAGGED}"
-    elif rec["dtype"] >= len(DTYPE_CODES):
-        what = f"header field dtype code = {rec['dtype']}, expected < {len(DTYPE_CODES)}"
-    elif rec["ndim"] > MAX_NDIM or (rec["kind"] == KIND_RAGGED and rec["ndim"]):
-        what = f"header field ndim = {rec['ndim']} (a ragged region has 0, a fixed one <= 4)"
-    elif rec["dims"][rec["ndim"] :].any():
-        what = f"header field dims = {rec['dims'].tolist()} has dims past ndim = {rec['ndim']}"
-    elif rec["checksum"] != CHECKSUM_CRC32C:
-        what = f"header field checksum = {rec['checksum']}, expected {CHECKSUM_CRC32C} (CRC-32C)"
-    elif rec["flags"] and (rec["flags"] != LABEL_OMITTED or rec["kind"] != KIND_RAGGED):
-        what = (
-            f"header field flags = {rec['flags']}, expected 0 or {LABEL_OMITTED} (rows omit their "
-            "sampled token) in a ragged region"
-        )
-    else:
-        what = f"field name {name!r} is not UTF-8"
-    return PayloadRegionError(
-        f"region {k} is not a well-formed region header: {what}", file=rel, offset=at
-    )
 
 
 def check_claims(rel: str, size: int, h: RegionHeader, at: int, body_at: int, k: int) -> None:

@@ -44,9 +44,9 @@ from rollfeed.payload.errors import (
     PayloadPathError,
     PayloadTruncatedError,
 )
-from rollfeed.payload.format.layout import FILE_HEADER, parse_file_header
+from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_header
 from rollfeed.payload.stores.safe_open import open_beneath, open_parent_beneath
-from rollfeed.payload.stores.store import Listed, Reads, Retry
+from rollfeed.payload.stores.store import Listed, PerProcess, Reads, Retry, StoreLease
 from rollfeed.payload.write.file_sink import FileSink
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
@@ -108,7 +108,7 @@ class _ProcessState:
             pool.shutdown(wait=False)
 
 
-class LocalStore:
+class LocalStore(PerProcess):
     """Payload files under directory ``path``.
 
     ``max_open``: descriptors kept open between reads (least recently used ones close first).
@@ -133,46 +133,29 @@ class LocalStore:
             raise PayloadInputError(f"PayloadRoot needs max_open >= 1, got {max_open}")
         self.path = os.path.abspath(os.fspath(path))
         self.max_open, self.threads, self.parallel_min_bytes = max_open, threads, parallel_min_bytes
-        self._state: _ProcessState | None = None
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k != "_state"}
-
-    def __setstate__(self, state: dict) -> None:
-        vars(self).update(state, _state=None)
 
     def __del__(self) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close this process's cached files (reads in flight keep theirs until they finish;
-        files reopen lazily on the next read)."""
-        state = getattr(self, "_state", None)
-        if state is not None and state.pid == os.getpid():
-            state.close()
+        self.close()  # reads in flight keep their files until they finish
 
     def where(self, rel: str) -> str:
         return os.path.join(self.path, rel)
 
     def _proc(self) -> _ProcessState:
-        state = self._state
-        if state is None or state.pid != os.getpid():
-            state = self._state = _ProcessState()  # after fork: the parent's fds are not ours
-        return state
+        return self._here(_ProcessState)  # after fork: the parent's fds are not ours
 
     def _open(self, rel: str, retry: Retry) -> _Entry:
         """A fresh, uncached entry for ``rel``, after the bounded retry for a missing file."""
         fd = retry.opening(rel, lambda: open_beneath(self.path, rel))
         try:
             size = os.fstat(fd).st_size
-            head = parse_file_header(os.pread(fd, FILE_HEADER.size, 0))
+            file_id = parse_file_header(os.pread(fd, FILE_HEADER.size, 0))
         except PayloadError as err:
             os.close(fd)
             raise err.with_place(file=rel) from None
         except OSError as err:
             os.close(fd)
             raise PayloadIOError(f"reading the file header: {err}", file=rel, offset=0) from None
-        return _Entry(rel, fd, size, head.version, head.file_id, head.size)
+        return _Entry(rel, fd, size, VERSION, file_id, FILE_HEADER.size)
 
     def _acquire(self, files: Sequence[str], retry: Retry) -> list[_Entry]:
         """Entries for ``files`` (opened when not cached), each with one more reference."""
@@ -314,35 +297,23 @@ class LocalFile:
         os.close(self.fd)
 
 
-class Lease:
-    """Files held open for one read. Columns ``[F]`` over ``files``: ``size`` (bytes, as of open
-    or the last :meth:`refresh`), ``version``, ``file_id`` and ``header_size``;
-    ``entries``: the cache entries (``fd`` and ``columns``), which the compiled pass reads."""
+class Lease(StoreLease):
+    """Files held open for one read; ``entries``: the cache entries (``fd`` and ``columns``),
+    which the compiled pass reads."""
 
     def __init__(self, store: LocalStore, files: Sequence[str], retry: Retry) -> None:
         self.store, self.files, self.retry = store, files, retry
         self.entries = store._acquire(files, retry)
 
     def __getattr__(self, name: str) -> np.ndarray:
-        if name not in ("size", "version", "file_id", "header_size"):
+        if name not in ("size", "file_id"):
             raise AttributeError(name)
         self._columns()  # on first use only: the compiled pass reads the entries instead
         return getattr(self, name)
 
-    def _columns(self) -> None:
-        cols = np.array([e.columns for e in self.entries], np.int64).reshape(-1, 4).T.copy()
-        self.size, self.version, self.file_id, self.header_size = cols
-
-    def __enter__(self) -> Lease:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         entries, self.entries = self.entries, []
         self.store._proc().release(entries)
-
-    def index(self, rel: str | None) -> int | None:
-        """Position of ``rel`` in ``files`` (``None`` when this lease does not hold it)."""
-        return self.files.index(rel) if rel in self.files else None
 
     def refresh(self, idx: np.ndarray) -> None:
         """Re-read the sizes of files ``idx`` (one ``fstat`` each: a file may have grown)."""

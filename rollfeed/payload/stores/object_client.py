@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rollfeed.payload.stores.object_http import SignedHttp
+from rollfeed.payload.stores.store import PerProcess
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 T = TypeVar("T")
@@ -79,34 +80,19 @@ class ObjectProcessState:
             pool.shutdown(wait=False)
 
 
-class ObjectClient:
+class ObjectClient(PerProcess):
     """Objects under ``url`` reached with ``access``, ``threads`` requests in flight at most."""
 
     def __init__(self, url: StoreURL, access: StoreAccess, threads: int) -> None:
         self.url, self.access, self.threads = url, access, threads
         self.path = str(url)
-        self._state: ObjectProcessState | None = None
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in vars(self).items() if k != "_state"}
-
-    def __setstate__(self, state: dict) -> None:
-        vars(self).update(state, _state=None)
 
     def __repr__(self) -> str:
         return f"ObjectClient({self.path!r})"
 
     def process(self) -> ObjectProcessState:
         """This process's state (never the parent's in a forked child: it would hang)."""
-        state = self._state
-        if state is None or state.pid != os.getpid():
-            state = self._state = ObjectProcessState(self.access, self.url, self.threads)
-        return state
-
-    def close(self) -> None:
-        state = self._state
-        if state is not None and state.pid == os.getpid():
-            state.close()
+        return self._here(lambda: ObjectProcessState(self.access, self.url, self.threads))
 
     def where(self, rel: str) -> str:
         """``s3://bucket/key`` of handle ``rel`` (confined to the prefix)."""

@@ -1,7 +1,7 @@
 """A lease over objects: the objects of one read, and the ranged GETs that read them.
 
 The object-store counterpart of :class:`~rollfeed.payload.stores.local.Lease`, with the same columns
-(``size``, ``version``, ``file_id``, ``header_size`` ``[F]``) and the same
+(``size``, ``file_id`` ``[F]``) and the same
 :meth:`ObjectLease.read` of a :class:`~rollfeed.payload.stores.store.Reads` batch, so every read
 plan runs unchanged over it. The ranges of all the fields of a micro batch are grouped per object,
 ranges of an object at most ``merge_gap`` bytes apart are merged into one ``[start, end)`` span
@@ -23,7 +23,7 @@ import numpy as np
 
 from rollfeed.payload.errors import PayloadStaleFileError, PayloadTruncatedError
 from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
-from rollfeed.payload.stores.store import Reads, Retry
+from rollfeed.payload.stores.store import Reads, Retry, StoreLease
 
 
 class ObjectOpener(Protocol):
@@ -63,7 +63,7 @@ def merge_spans(
     return span_of, np.array(sfile, np.int64), np.array(sstart, np.int64), np.array(send, np.int64)
 
 
-class ObjectLease:
+class ObjectLease(StoreLease):
     """Objects held for one read (their cached size, ETag and header; no descriptors)."""
 
     def __init__(self, store: ObjectOpener, files: Sequence[str], retry: Retry) -> None:
@@ -72,18 +72,8 @@ class ObjectLease:
         self.requests = 0  # GETs issued by read(): what the benchmark counts
         self._columns()
 
-    def _columns(self) -> None:
-        cols = np.array([e.columns for e in self.entries], np.int64).reshape(-1, 4).T.copy()
-        self.size, self.version, self.file_id, self.header_size = cols
-
-    def __enter__(self) -> ObjectLease:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.entries, self.first = [], {}
-
-    def index(self, rel: str | None) -> int | None:
-        return self.files.index(rel) if rel in self.files else None
 
     def refresh(self, idx: np.ndarray) -> None:
         """Look objects ``idx`` up again. An object is immutable, so one that now looks

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rollfeed.payload.errors import PayloadError, PayloadInputError
-from rollfeed.payload.format.layout import FILE_HEADER, parse_file_header
+from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_header
 from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
 from rollfeed.payload.stores.object_errors import store_error
 from rollfeed.payload.stores.object_lease import ObjectLease
@@ -107,28 +107,22 @@ class S3Store:
     def where(self, rel: str) -> str:
         return self.client.where(rel)
 
-    def open_many(self, files: Sequence[str], retry: Retry) -> list[tuple[ObjectEntry, bytes]]:
-        """Size, ETag and file header of each object of ``files`` and its first ``open_bytes``
-        bytes (one ranged GET each, concurrently), after the bounded retry for a missing one."""
-        return self.client.process().map(
-            lambda rel: retry.opening(rel, lambda: self._open(rel)), files
+    def _open(self, rel: str, retry: Retry) -> tuple[ObjectEntry, bytes]:
+        """Size, ETag and file header of object ``rel`` and its first ``open_bytes`` bytes (one
+        ranged GET), after the bounded retry for a missing one."""
+        key, span, where = (
+            self.url.key(rel),
+            max(self.open_bytes, FILE_HEADER.size),
+            self.where(rel),
         )
-
-    def _open(self, rel: str) -> tuple[ObjectEntry, bytes]:
-        key = self.url.key(rel)
-        span = max(self.open_bytes, FILE_HEADER.size)
-        got = self.client.process().http.get(key, 0, span, None, where=self.where(rel), rel=rel)
+        http = self.client.process().http
+        got = retry.opening(rel, lambda: http.get(key, 0, span, None, where=where, rel=rel))
         try:
-            head = parse_file_header(got.data[: FILE_HEADER.size])
+            file_id = parse_file_header(got.data[: FILE_HEADER.size])
         except PayloadError as err:
             raise err.with_place(file=rel) from None
-        entry = ObjectEntry(
-            rel=rel,
-            key=key,
-            etag=got.etag,
-            columns=(got.size, head.version, head.file_id, head.size),
-        )
-        return entry, got.data
+        columns = (got.size, VERSION, file_id, FILE_HEADER.size)
+        return ObjectEntry(rel=rel, key=key, etag=got.etag, columns=columns), got.data
 
     def acquire(
         self, files: Sequence[str], retry: Retry
@@ -144,7 +138,7 @@ class S3Store:
         at = [i for i, e in enumerate(held) if e is None]
         first: dict[int, bytes] = {}
         if at:
-            opened = self.open_many([files[i] for i in at], retry)
+            opened = proc.map(lambda rel: self._open(rel, retry), [files[i] for i in at])
             with proc.lock:
                 for i, (entry, data) in zip(at, opened, strict=True):
                     proc.files[entry.rel] = held[i] = entry
@@ -155,7 +149,7 @@ class S3Store:
 
     def replace(self, old: ObjectEntry, retry: Retry) -> tuple[ObjectEntry, bytes]:
         """A newly opened entry for ``old.rel`` (and its first bytes) in place of ``old``."""
-        fresh, data = self.open_many([old.rel], retry)[0]
+        fresh, data = self._open(old.rel, retry)
         proc = self.client.process()
         with proc.lock:
             proc.files[old.rel] = fresh

@@ -27,10 +27,11 @@ file 1 at 64, into one destination at 0 and 100)::
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -67,6 +68,30 @@ class Retry:
             attempt += 1
 
 
+class PerProcess:
+    """A picklable value whose open files, clients or threads (``_state``: made by
+    :meth:`_here`, with a ``pid`` and a ``close()``) belong to one process: never pickled, and a
+    forked child makes its own instead of using its parent's."""
+
+    _state: Any = None
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in vars(self).items() if k != "_state"}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state, _state=None)
+
+    def _here(self, make: Callable[[], T]) -> T:
+        if self._state is None or self._state.pid != os.getpid():
+            self._state = make()
+        return self._state
+
+    def close(self) -> None:
+        """Let go of this process's state (it is made again on next use)."""
+        if self._state is not None and self._state.pid == os.getpid():
+            self._state.close()
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Reads:
     """A batch of byte ranges for a lease's ``read``: ``[K]`` columns ``file_idx`` (into the
@@ -101,28 +126,35 @@ class Reads:
 
 
 class StoreLease(Protocol):
-    """The files of one read, held (a context manager). Columns ``[F]`` over ``files``:
-    ``size`` (bytes, as of open or the last :meth:`refresh`), ``version``, ``file_id`` and
-    ``header_size``."""
+    """The files of one read, held (a context manager; a store's lease subclasses this):
+    ``entries``, one per file, each with ``columns`` ``(size, format version, file id, file
+    header size)``, and ``[F]`` columns over ``files`` (:meth:`_columns` makes them)."""
 
     files: Sequence[str]
-    size: np.ndarray
-    version: np.ndarray
+    entries: list
+    size: np.ndarray  # bytes, as of open or the last refresh
     file_id: np.ndarray
-    header_size: np.ndarray
 
-    def __enter__(self) -> StoreLease: ...
+    def _columns(self) -> None:
+        cols = np.array([e.columns for e in self.entries], np.int64).reshape(-1, 4).T.copy()
+        self.size, _, self.file_id, _ = cols  # (version and file header size: the kernel's)
+
+    def __enter__(self) -> StoreLease:
+        return self
+
+    def index(self, rel: str | None) -> int | None:
+        """Position of ``rel`` in ``files`` (``None`` when this lease does not hold it)."""
+        return self.files.index(rel) if rel in self.files else None
+
     def __exit__(self, *exc: object) -> None: ...
-    def index(self, rel: str | None) -> int | None: ...
     def refresh(self, idx: np.ndarray) -> None: ...
     def reopen(self, i: int) -> None: ...
     def read(self, reads: Reads) -> None: ...
 
 
 class Sink(Protocol):
-    """Where one writer's bytes go. ``put(packed)`` lays out the regions ``packed(file_id)``,
-    writes them to ``file`` (with id ``file_id``) and returns the offset of each region body;
-    ``restarts``: fresh files started because the previous one was gone."""
+    """Where one writer's bytes go: ``put(packed)`` writes the regions ``packed(file_id)`` lays
+    out to ``file`` and returns each region body's offset."""
 
     file: str
     file_id: int
@@ -133,8 +165,7 @@ class Sink(Protocol):
 
 
 class StoreFile(Protocol):
-    """One file opened for the scan: its ``size`` and its bytes by range (``read(at, n)``: at
-    most ``n``, fewer only when the file shrank)."""
+    """One file opened for the scan; ``read(at, n)`` gives fewer bytes only if it shrank."""
 
     size: int
 
@@ -151,13 +182,11 @@ class Listed:
 
 
 class Store(Protocol):
-    """Where a root's files live (see the module doc). ``path``: the directory, or the
-    ``s3://`` URL; ``descriptors``: its leases hold ``entries`` with an ``fd`` and
-    ``columns``, which the compiled pass reads; ``threads``: files read concurrently."""
+    """Where a root's files live (see the module doc)."""
 
-    path: str
-    descriptors: bool
-    threads: int
+    path: str  # the directory, or the s3:// URL
+    descriptors: bool  # its leases hold entries with an fd and columns: the compiled pass's
+    threads: int  # files read concurrently
     backoff_s: float  # the default wait of a root's retry policy on this store
 
     def where(self, rel: str) -> str: ...

@@ -185,13 +185,6 @@ class PayloadWriter:
             self._sink.close()
             self._closed = True
 
-    def _put(self, packed: Callable[[int], tuple[list[memoryview], list[int]]]) -> list[int]:
-        """Write the regions ``packed(file_id)`` lays out; the offset of each region body
-        (``file`` and ``file_id`` then say where they went). Caller holds the lock."""
-        if self._closed:
-            raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
-        return self._sink.put(packed)
-
     def write(
         self,
         arrays: Mapping[str, FieldArray],
@@ -233,7 +226,9 @@ class PayloadWriter:
             return bufs, offsets
 
         with self._lock:
-            offsets = self._put(packed)
+            if self._closed:
+                raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
+            offsets = self._sink.put(packed)  # file and file_id then say where they went
             for (name, first, header, _, shape, _), offset in zip(regions, offsets, strict=True):
                 layout = None
                 if header.kind == KIND_RAGGED:
