@@ -1,4 +1,5 @@
-"""Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch."""
+"""Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch;
+the rank's place in the parallel grid (:class:`Topology`)."""
 
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.errors import (
@@ -8,6 +9,7 @@ from rollfeed.collate.errors import (
     KeptSetError,
     MeshAxisError,
     OverlongError,
+    RaggedRowsError,
     SampleDtypeError,
     SampleLengthError,
     SampleValueError,
@@ -15,9 +17,11 @@ from rollfeed.collate.errors import (
 )
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
+from rollfeed.collate.ragged_rows import RaggedRows
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
+from rollfeed.collate.topology import Topology
 
 __all__ = [
     "IGNORE_INDEX",
@@ -30,12 +34,15 @@ __all__ = [
     "MicroBatch",
     "OverlongError",
     "PlanConfig",
+    "RaggedRows",
+    "RaggedRowsError",
     "Sample",
     "SampleDtypeError",
     "SampleLengthError",
     "SampleValueError",
     "SegmentRangeError",
     "TensorMicroBatch",
+    "Topology",
     "place_micro_batch",
     "plan_lengths",
     "prepare_batch",

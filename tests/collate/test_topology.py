@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from rollfeed.collate.errors import MeshAxisError
-from rollfeed.loaders import LoaderConfigError, Topology
+from rollfeed.collate import BatchConfigError, MeshAxisError, PlanConfig, Topology
+from rollfeed.loaders import Topology as LoaderTopology
 
 
 def test_from_rank_covers_grid_once_tp_innermost():
@@ -36,11 +36,11 @@ def test_from_rank_puts_pp_outermost():
 
 
 def test_rejects_bad_sizes_and_ranks():
-    with pytest.raises(LoaderConfigError, match="cp_rank"):
+    with pytest.raises(BatchConfigError, match="cp_rank"):
         Topology(dp_rank=0, dp_size=1, cp_rank=2, cp_size=2)
-    with pytest.raises(LoaderConfigError, match="multiple"):
+    with pytest.raises(BatchConfigError, match="multiple"):
         Topology.from_rank(0, 6, cp_size=4)
-    with pytest.raises(LoaderConfigError, match="tp_size must be an int >= 1, got 0"):
+    with pytest.raises(BatchConfigError, match="tp_size must be an int >= 1, got 0"):
         Topology.from_rank(0, 6, tp_size=0)
 
 
@@ -53,7 +53,7 @@ def test_the_sequence_axis_is_cp_only():
     with pytest.raises(MeshAxisError, match="'sp'") as err:
         Topology.from_mesh(_Mesh(("dp", "sp"), (2, 2), (0, 1)))
     assert err.value.axis == "sp"
-    with pytest.raises(LoaderConfigError, match="not initialised"):
+    with pytest.raises(BatchConfigError, match="not initialised"):
         Topology.from_process_group(cp_size=2)
 
 
@@ -78,3 +78,21 @@ def test_from_mesh_reads_the_axis_table():
     with pytest.raises(MeshAxisError, match="'ep' is a dimension") as err:
         Topology.from_mesh(_Mesh(("dp", "ep"), (2, 2), (0, 0)))
     assert err.value.axis == "ep"
+
+
+def test_the_loaders_topology_is_the_collate_one():
+    assert LoaderTopology is Topology
+    assert Topology() == Topology(dp_rank=0, dp_size=1)  # one process
+
+
+def test_a_plan_takes_the_cp_size_of_the_topology_it_is_bound_to():
+    topo = Topology(dp_rank=1, dp_size=2, cp_rank=1, cp_size=2)
+    bound = topo.bind(PlanConfig(seq_len=8, cp_layout="zigzag"))
+    assert bound == PlanConfig(seq_len=8, cp_size=2, cp_layout="zigzag") and bound.pad == 4
+    same = PlanConfig(seq_len=8, cp_size=2)
+    assert topo.bind(same) is same
+    with pytest.raises(BatchConfigError, match=r"topology\.cp_size=2 but plan\.cp_size=4"):
+        topo.bind(PlanConfig(seq_len=8, cp_size=4))
+    # bound, the plan is checked again for its new pad multiple (4 for zigzag over 2 ranks)
+    with pytest.raises(BatchConfigError, match=r"seq_len=6 is not a multiple .* 4"):
+        topo.bind(PlanConfig(seq_len=6, cp_layout="zigzag"))

@@ -1,0 +1,198 @@
+"""RaggedRows: rows of different lengths as one flat value tensor and row offsets (CSR).
+
+A kept set is ragged and heavy-tailed (most rows hold one or two ids, a few hold hundreds), so a
+micro batch carries it as ``offsets [n + 1]`` int64 and ``values [nnz]``: row ``i`` is
+``values[offsets[i]:offsets[i + 1]]``. Its cost is ``8·(n + 1) + itemsize·nnz`` bytes, not
+``itemsize·n·W`` for the widest row ``W``. Values aligned slot for slot with another ragged field
+(the sampler's logprob of every kept id) share its offsets.
+
+Worked example: rows ``[7]``, ``[3, 9, 4]``, ``[]``::
+
+    offsets [0, 1, 4, 4]   values [7, 3, 9, 4]   lengths() [1, 3, 0]   nnz 4
+    padded(fill=-1)           -> [[7, -1, -1], [3, 9, 4], [-1, -1, -1]]
+    from_padded(that, fill=-1) -> the same rows (trailing fill trimmed)
+    rows(1, 3)                -> offsets [0, 3, 3]   values [3, 9, 4]
+    take([2, 0])              -> offsets [0, 0, 1]   values [7]
+
+The value is frozen; :meth:`apply` maps both tensors (device moves, pinning, a shared buffer), so
+it travels wherever a tensor of a micro batch does. On CPU the offsets are checked when the value
+is made (``offsets[0] == 0``, non-decreasing, ``offsets[-1] == nnz``); on an accelerator that
+check would cost a host sync, so a value made there is trusted to come from a checked one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rollfeed.collate.errors import RaggedRowsError
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedRows:
+    """``n`` rows of one dtype: ``offsets [n + 1]`` int64, ``values [nnz]`` (see module doc)."""
+
+    offsets: torch.Tensor
+    values: torch.Tensor
+
+    def __post_init__(self) -> None:
+        off, val = self.offsets, self.values
+        if off.dtype != torch.int64 or off.dim() != 1 or off.numel() < 1:
+            raise RaggedRowsError(
+                f"offsets must be a 1-D int64 tensor of n + 1 >= 1 entries, got "
+                f"{off.dtype} of shape {tuple(off.shape)}"
+            )
+        if val.dim() != 1:
+            raise RaggedRowsError(f"values must be 1-D [nnz], got shape {tuple(val.shape)}")
+        if off.device != val.device:
+            raise RaggedRowsError(f"offsets on {off.device} but values on {val.device}")
+        if off.device.type != "cpu":
+            return
+        steps = off.diff()
+        if int(off[0]) != 0 or int(off[-1]) != val.numel() or bool((steps < 0).any()):
+            bad = int(torch.nonzero(steps < 0)[0]) if bool((steps < 0).any()) else None
+            raise RaggedRowsError(
+                f"offsets must start at 0, never decrease and end at nnz = {val.numel()}: "
+                f"got first {int(off[0])}, last {int(off[-1])}"
+                + (f", a decrease after row {bad}" if bad is not None else "")
+            )
+
+    @classmethod
+    def from_lengths(cls, lengths: torch.Tensor, values: torch.Tensor) -> RaggedRows:
+        """Rows of ``lengths [n]`` over ``values [sum(lengths)]``."""
+        return cls(_offsets(lengths.to(values.device)), values)
+
+    @classmethod
+    def from_padded(
+        cls, padded: torch.Tensor, *, fill: float | int = -1, like: RaggedRows | None = None
+    ) -> RaggedRows:
+        """Rows of ``padded [n, W]``: each row up to its last slot that is not ``fill`` (a fill
+        before that slot is kept: the read form's empty label place), or, with ``like``, the rows
+        of ``like``'s lengths (values aligned with another field's rows)."""
+        if padded.dim() != 2:
+            raise RaggedRowsError(f"padded rows must be [n, W], got shape {tuple(padded.shape)}")
+        n, width = padded.shape
+        if like is not None:
+            if like.n_rows != n:
+                raise RaggedRowsError(f"{n} padded rows cannot follow {like.n_rows} rows")
+            lengths = like.lengths()
+            if lengths.numel() and int(lengths.max()) > width:
+                raise RaggedRowsError(f"a row of {int(lengths.max())} does not fit width {width}")
+        else:
+            held = padded != fill
+            if padded.is_floating_point() and fill != fill:
+                held = ~padded.isnan()
+            cols = torch.arange(1, width + 1, device=padded.device)
+            lengths = (held * cols).amax(dim=1) if width else padded.new_zeros(n, dtype=torch.int64)
+        keep = torch.arange(width, device=padded.device) < lengths.to(padded.device)[:, None]
+        return cls.from_lengths(lengths, padded[keep])
+
+    @property
+    def n_rows(self) -> int:
+        return self.offsets.numel() - 1
+
+    @property
+    def nnz(self) -> int:
+        return self.values.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets.nbytes + self.values.nbytes
+
+    def lengths(self) -> torch.Tensor:
+        """``[n]`` int64, each row's length."""
+        return self.offsets.diff()
+
+    def row_index(self) -> torch.Tensor:
+        """``[nnz]`` int64, the row of every value (example: ``[0, 1, 1, 1]``)."""
+        rows = torch.arange(self.n_rows, device=self.device)
+        return torch.repeat_interleave(rows, self.lengths(), output_size=self.nnz)
+
+    def width(self) -> int:
+        """The longest row's length (a host sync on an accelerator); 0 for no rows."""
+        return int(self.lengths().max()) if self.n_rows else 0
+
+    def padded(self, width: int | None = None, *, fill: float | int = -1) -> torch.Tensor:
+        """``[n, width]`` with each row left-aligned and ``fill`` after it; ``width`` defaults to
+        the longest row. Raises :class:`RaggedRowsError` if a row is longer than ``width``."""
+        longest = self.width()
+        width = longest if width is None else width
+        if longest > width:
+            raise RaggedRowsError(f"a row of {longest} values does not fit width {width}")
+        out = torch.full((self.n_rows, width), fill, dtype=self.dtype, device=self.device)
+        rows = self.row_index()
+        cols = torch.arange(self.nnz, device=self.device) - self.offsets[rows]
+        out[rows, cols] = self.values
+        return out
+
+    def rows(self, start: int, stop: int) -> RaggedRows:
+        """Rows ``start .. stop - 1`` with re-based offsets; the values are a view."""
+        if not 0 <= start <= stop <= self.n_rows:
+            raise RaggedRowsError(f"rows {start}..{stop} outside 0..{self.n_rows}")
+        off = self.offsets[start : stop + 1]
+        first, last = (int(off[0]), int(off[-1]))
+        return RaggedRows(off - first, self.values[first:last])
+
+    def take(self, index: torch.Tensor) -> RaggedRows:
+        """The rows ``index [m]`` (int64, in that order, repeats allowed), re-based."""
+        index = index.to(device=self.device, dtype=torch.int64)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.n_rows):
+            raise RaggedRowsError(f"row index outside 0..{self.n_rows - 1}")
+        lengths = self.lengths()[index]
+        offsets = _offsets(lengths)
+        total = int(offsets[-1])
+        starts = self.offsets[index] - offsets[:-1]
+        source = torch.arange(total, device=self.device) + torch.repeat_interleave(
+            starts, lengths, output_size=total
+        )
+        return RaggedRows(offsets, self.values[source])
+
+    def with_values(self, values: torch.Tensor) -> RaggedRows:
+        """The same rows over other values aligned slot for slot (``[nnz]``)."""
+        if values.shape != self.values.shape:
+            raise RaggedRowsError(
+                f"aligned values must have shape {tuple(self.values.shape)}, got "
+                f"{tuple(values.shape)}"
+            )
+        return RaggedRows(self.offsets, values)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(offsets, values)``."""
+        return self.offsets, self.values
+
+    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> RaggedRows:
+        """A copy with ``fn`` applied to the offsets and the values."""
+        return RaggedRows(fn(self.offsets), fn(self.values))
+
+    def to(self, *args: Any, **kwargs: Any) -> RaggedRows:
+        """Device moves only (``dtype`` would change the offsets too): ``rows.to("cuda")``."""
+        return self.apply(lambda t: t.to(*args, **kwargs))
+
+    def pin_memory(self) -> RaggedRows:
+        return self.apply(torch.Tensor.pin_memory)
+
+    def equal(self, other: RaggedRows) -> bool:
+        """Bitwise equality of rows and values (dtype included)."""
+        return (
+            self.dtype == other.dtype
+            and torch.equal(self.offsets, other.offsets)
+            and torch.equal(self.values, other.values)
+        )
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """``[n + 1]`` int64 offsets of rows of ``lengths [n]``: ``[2, 0, 3]`` -> ``[0, 2, 2, 5]``."""
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.to(torch.int64), 0, out=offsets[1:])
+    return offsets
