@@ -82,7 +82,7 @@ class _Counting:
 
 def _per_segment(root, segs) -> None:
     """The baseline: one GET per segment (its region header and body), concurrently."""
-    client = root._proc().client
+    client = root.store.client.process().obstore
     by_file: dict[str, list[int]] = {}
     for s in segs:
         by_file.setdefault(s.file, []).append(s.offset)
@@ -93,11 +93,11 @@ def _per_segment(root, segs) -> None:
         spans.append((s.file, s.offset - REGION_HEADER.size, end))
 
     def one(file: str, start: int, end: int | None) -> None:
-        key = root.url.key(file)
+        key = root.store.url.key(file)
         stop = end if end is not None else start + (8 << 20)
         client.get(key, start, stop, None, where=file, rel=file)
 
-    root._proc().map(one, *zip(*spans, strict=True))
+    root.store.client.process().map(one, *zip(*spans, strict=True))
 
 
 def _median(fn, reps: int) -> float:
@@ -220,7 +220,7 @@ def main(argv: list[str]) -> None:
             s3 = PayloadRoot(f"{url}/mb", **options)
             segs = _write(s3, 0)
             cold = PayloadRoot(f"{url}/mb", **options)
-            counter = _Counting(cold._proc().client)
+            counter = _Counting(cold.store.client.process().obstore)
             read_fields(segs, WINDOWS, root=cold)
             first = counter.calls
             read_fields(segs, WINDOWS, root=cold)

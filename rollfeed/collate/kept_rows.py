@@ -13,9 +13,6 @@ Worked example (tokens ``[5, 40, 7]``; the mask row of position 1 read by handle
     with_labels([[-1, 3, 9]], coverage=[True], tokens=[40]) -> [[40, 3, 9]]
     inline row {9, 40, 3} at position 1, logprobs {9: -2.0, 40: -0.1, 3: -1.0}
       -> mask [40, 3, 9], logprobs [-0.1, -1.0, -2.0]
-
-Rows of version-1 and -2 files hold their sampled token among the others: :func:`with_labels`
-drops that copy (so the row reads canonically); their aligned logprobs keep the stored order.
 """
 
 from __future__ import annotations
@@ -79,20 +76,10 @@ def canonical_inline(
     return rows.counts, values[rows.order]
 
 
-def with_labels(
-    values: torch.Tensor, coverage: np.ndarray, tokens: np.ndarray, fill: int
-) -> torch.Tensor:
+def with_labels(values: torch.Tensor, coverage: np.ndarray, tokens: np.ndarray) -> torch.Tensor:
     """Rows ``values [n, W]`` of a ``label="omitted"`` field read by handle, with each covered
-    row's sampled token (``tokens [n]``: the token at the row's position) at column 0, and a
-    copy of it among the others (a version-1 or -2 row) dropped, the rest moved left and padded
-    with ``fill``."""
+    row's sampled token (``tokens [n]``: the token at the row's position) at column 0 (the
+    stored rows never hold it: the writer leaves it out)."""
     out = values.numpy().copy()
-    label = tokens.astype(out.dtype)
-    out[coverage, 0] = label[coverage]
-    rest = out[:, 1:]
-    dup = (rest == label[:, None]) & coverage[:, None]
-    if dup.any():
-        order = np.argsort(dup, axis=1, kind="stable")  # the copies move to the end
-        rest[...] = np.take_along_axis(rest, order, axis=1)
-        rest[np.take_along_axis(dup, order, axis=1)] = fill
+    out[coverage, 0] = tokens.astype(out.dtype)[coverage]
     return torch.from_numpy(out)

@@ -135,7 +135,7 @@ def _field(mb, reads, name, spec, ranges, *, whole, width) -> torch.Tensor:
             for sample, start in zip(mb.samples, mb.starts, strict=True):
                 tokens[start : start + len(sample)] = sample.token_ids
             cover = reads[name].coverage.numpy()
-            handle = with_labels(handle, cover, tokens[idx], spec.fill)
+            handle = with_labels(handle, cover, tokens[idx])
     if inline is None:
         return handle
     if handle is None:

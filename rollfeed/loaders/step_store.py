@@ -12,11 +12,11 @@ Planning fetches the index only (one GET) and the step file's size and ETag (a H
 that ETag, so a step object replaced after planning is refused
 (:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one. The
 bounded wait for the next step polls the store. Every request goes through the payload's
-object-store client (:mod:`rollfeed.payload.stores.object_obstore`: obstore, and botocore's
-bounded listing; the same retry policy and credentials as a payload root's), created lazily per
-process (keyed by pid); a process forked
-after its parent used the store is refused (:class:`PayloadInputError`), never left to hang: a
-loader over step files in a store starts its workers from a fork server.
+object-store client (:class:`~rollfeed.payload.stores.object_client.ObstoreClient`: obstore,
+and botocore's bounded listing; the same retry policy and credentials as a payload root's),
+created lazily per process (keyed by pid); a process forked after its parent used the store
+is refused (:class:`PayloadInputError`), never left to hang: a loader over step files in a
+store starts its workers from a fork server.
 
 Example::
 
@@ -46,7 +46,7 @@ from rollfeed.loaders.step_index import (
 from rollfeed.loaders.step_version import StepVersion, replaced_error
 from rollfeed.payload.errors import PayloadInputError, PayloadStaleFileError
 from rollfeed.payload.stores.object_answer import ANSWER_BYTES
-from rollfeed.payload.stores.object_obstore import ObstoreClient
+from rollfeed.payload.stores.object_client import ObstoreClient
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -55,9 +55,9 @@ _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 class StepStore:
     """Step files under ``s3://bucket/prefix`` (picklable; clients are made per process).
 
-    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: as
-    for :class:`~rollfeed.payload.stores.object_root.ObjectRoot` (``None``: the ``AWS_*``
-    variables).
+    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``,
+    ``profile``, ``metadata_endpoint``: as for :class:`~rollfeed.payload.stores.s3.S3Store`
+    (``None``: found where the AWS libraries look).
     """
 
     def __init__(self, url: str, **access: object) -> None:

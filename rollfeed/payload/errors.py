@@ -2,7 +2,13 @@
 
 Every error is a :class:`~rollfeed.errors.RollfeedError` (a ``ValueError``: bad data or bad
 input, never an internal bug) and names what it knows of the place: the file (relative to the
-payload root), the field, the byte offset and the token position.
+payload root), the field, the byte offset and the token position. A failed read or write
+(:class:`PayloadIOError`) is also an ``OSError``, and a store that does not answer in time
+(:class:`PayloadStoreTimeoutError`) also a ``TimeoutError``, so code that handles I/O failures
+the standard way handles these too::
+
+    except OSError       -> catches PayloadIOError, PayloadStoreTimeoutError
+    except TimeoutError  -> catches PayloadStoreTimeoutError
 """
 
 from __future__ import annotations
@@ -79,7 +85,7 @@ class PayloadStaleFileError(PayloadError):
     file was replaced (e.g. pruned and written again) after the record was made."""
 
 
-class PayloadIOError(PayloadError):
+class PayloadIOError(PayloadError, OSError):
     """The operating system failed a read or write of a payload file (disk full, I/O error); the
     message names the file, the offset and the OS error."""
 
@@ -99,6 +105,6 @@ class PayloadStoreAuthError(PayloadError):
     credential itself never appears."""
 
 
-class PayloadStoreTimeoutError(PayloadIOError):
+class PayloadStoreTimeoutError(PayloadIOError, TimeoutError):
     """An object store did not answer (timeout, connection refused, 5xx) within the retry bound;
     names the bucket, key and byte range."""

@@ -69,8 +69,8 @@ class PayloadSegment(_Record):
     """A handle to ``rows`` consecutive token rows of one field. Frozen; JSON round-trips.
 
     Integers are strict (JSON ``true`` or ``1.0`` is not an offset). ``file_id`` is the id of the
-    file the record was written into (format versions 2 and 3); ``None`` only in records of
-    version-1 files (a reader refuses a record without one for a file that has one).
+    file the record was written into; ``None`` only in a record made by hand or by an earlier
+    format, which a reader refuses (nothing could tell a rewritten file apart).
     """
 
     field: str

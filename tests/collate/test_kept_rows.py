@@ -1,5 +1,5 @@
-"""Kept sets in the micro batch: the label put back by handle, the canonical order inline, and the
-rows of a version-2 file (which kept the sampled token in the row) read the same way."""
+"""Kept sets in the micro batch: the label put back by handle, the canonical order inline, and a
+version-2 file (which kept the sampled token in the row) refused, naming its version."""
 
 import json
 import shutil
@@ -29,11 +29,11 @@ def _tensors(sample: Sample, root=None):
     return to_tensor_micro_batch(mb, cp_rank=0, root=root)
 
 
-def test_with_labels_follows_the_worked_example_and_drops_a_stored_copy():
-    rows = torch.tensor([[-1, 3, 9], [-1, -1, -1], [-1, 7, 40]], dtype=torch.int32)
+def test_with_labels_follows_the_worked_example():
+    rows = torch.tensor([[-1, 3, 9], [-1, -1, -1], [-1, 40, -1]], dtype=torch.int32)
     covered = np.array([True, False, True])
-    got = with_labels(rows, covered, np.array([40, 5, 7]), -1)
-    assert got.tolist() == [[40, 3, 9], [-1, -1, -1], [7, 40, -1]]  # row 2: a version-2 row
+    got = with_labels(rows, covered, np.array([40, 5, 7]))
+    assert got.tolist() == [[40, 3, 9], [-1, -1, -1], [7, 40, -1]]
     assert rows[0, 0] == -1  # the read's tensor is left as it was
 
 
@@ -77,20 +77,16 @@ def test_an_inline_kept_set_without_its_sampled_token_is_refused():
     assert (info.value.field, info.value.pos) == ("sampling_mask", 2)
 
 
-def test_version_2_rows_read_canonically_through_the_micro_batch(tmp_path):
+def test_a_version_2_file_is_refused_through_the_micro_batch_naming_its_version(tmp_path):
     """The checked-in version-2 file kept each sampled token in its (ascending) row: the micro
-    batch shows the same canonical rows as a version-3 file would."""
+    batch refuses it with the typed error of the read, naming the file and its version."""
+    from rollfeed.payload import PayloadHeaderError
+
     shutil.copytree(FIXTURE / "v2", tmp_path / "v2")
     saved = json.loads((FIXTURE / "v2" / "tiny.json").read_text())
     segs = [PayloadSegment.model_validate(s) for s in saved["segments"]]
     segs = [s for s in segs if s.field == "sampling_mask"]
     tokens = np.array(saved["tokens"])
-    got = _tensors(Sample(tokens, **_tokens(len(tokens)), payload=segs), tmp_path)
-    mask = got.fields["sampling_mask"]  # labels window: row j is position j + 1
-    assert mask[1:6].tolist() == [
-        [40, 3, -1, -1],
-        [7, -1, -1, -1],
-        [300, 7, 70000, -1],
-        [7, -1, -1, -1],
-        [65000, 9, -1, -1],
-    ]
+    with pytest.raises(PayloadHeaderError, match="format version 2 ") as info:
+        _tensors(Sample(tokens, **_tokens(len(tokens)), payload=segs), tmp_path)
+    assert info.value.file == segs[0].file

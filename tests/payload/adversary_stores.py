@@ -102,7 +102,7 @@ def family_stores(tally: Tally, workdir: Path, rng: np.random.Generator) -> None
         def uploads(_):
             from rollfeed.payload.stores.object_prune import incomplete_uploads
 
-            got = incomplete_uploads(root(), direct.url.key("none") + "/")
+            got = incomplete_uploads(root().store.client, direct.store.url.key("none") + "/")
             if got:
                 raise Wrong(f"listed uploads {got} under a prefix that has none")
 

@@ -171,12 +171,12 @@ def _objects(tally: Tally, rng: np.random.Generator) -> None:
         rng, PayloadRoot(f"{base}/ours"), PayloadRoot(f"{base}/theirs"), 150
     )
     probe = PayloadRoot(base, retries=0)
-    store = probe._proc().store
-    ours = bytes(obstore.get(store, probe.url.key(f"ours/{segs[0].file}")).bytes())
-    theirs = bytes(obstore.get(store, probe.url.key(f"theirs/{segs[0].file}")).bytes())
+    store = probe.store.client.process().store
+    ours = bytes(obstore.get(store, probe.store.url.key(f"ours/{segs[0].file}")).bytes())
+    theirs = bytes(obstore.get(store, probe.store.url.key(f"theirs/{segs[0].file}")).bytes())
 
     def place(j: int, data: bytes | None) -> None:
-        key = probe.url.key(f"seq{j}/{segs[0].file}")
+        key = probe.store.url.key(f"seq{j}/{segs[0].file}")
         if data is None:
             obstore.delete(store, key)
         else:

@@ -48,26 +48,3 @@ def read_ragged_ref(
         if p < len(rows) and p in covered and rows[p] is not None:
             out[i, lead : lead + len(rows[p])] = rows[p]
     return out
-
-
-def kept_sets(rng: np.random.Generator, counts, high: int = 50_000, sampled=None):
-    """Kept sets of ``counts [R]`` (>= 1) distinct ids below ``high``, in the canonical order
-    the writer stores: per row its sampled token (``sampled[r]`` when given), then the other ids
-    ascending. Returns ``(ids [sum(counts)], sampled [R])``."""
-    counts = np.asarray(counts, np.int64)
-    ids = np.zeros(int(counts.sum()), np.int64)
-    at = 0
-    for r, c in enumerate(counts.tolist()):
-        row = rng.choice(high, c + 1, replace=False)
-        if sampled is not None:
-            row = np.concatenate([[sampled[r]], row[row != sampled[r]]])
-        ids[at : at + c] = [row[0], *np.sort(row[1:c])]
-        at += c
-    return ids, ids[np.cumsum(counts) - counts]
-
-
-def stored(counts, ids):
-    """What a ``label="omitted"`` region stores of canonical kept sets: ``(counts - 1, ids
-    without each row's first)``; read back at columns 1.. (column 0: the fill)."""
-    counts = np.asarray(counts, np.int64)
-    return counts - 1, np.delete(np.asarray(ids), np.cumsum(counts) - counts)

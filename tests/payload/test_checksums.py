@@ -18,10 +18,8 @@ from rollfeed.payload import (
 )
 from rollfeed.payload.format.checksum import crc, fixed_block_rows, ragged_table, table_entries
 from rollfeed.payload.format.layout import BLOCK_ROWS, DTYPE_SIZES, ragged_bytes, values_start
-from tests.payload.reference import kept_sets, stored
-from tests.payload.test_reliability import _version_1_file
+from tests.payload.common import GROUP, kept_sets, stored
 
-GROUP = "step_000001"
 ROWS = 600  # several checksum blocks per region: 170 routing rows, 128 mask rows each
 SHAPE = (48, 8)  # 384-byte routing rows -> blocks of 65536 // 384 = 170 rows
 
@@ -169,26 +167,6 @@ def test_a_flipped_header_or_table_byte_is_a_checksum_error(tmp_path):
     with pytest.raises(PayloadChecksumError) as info:
         read_field([seg], "routed_experts", (0, 1), root=checking(tmp_path))
     assert info.value.block == "header"
-
-
-def test_a_checking_read_of_a_version_1_file_is_refused(tmp_path):
-    (tmp_path / GROUP).mkdir()
-    data, counts = np.zeros((6, 3, 4), np.uint8), np.array([1, 0, 2, 1, 1, 0])
-    offsets, _ = _version_1_file(tmp_path / GROUP / "old.rfp", data, counts, np.arange(5))
-    from rollfeed.payload import PayloadSegment
-
-    seg = PayloadSegment(
-        field="routed_experts",
-        file=f"{GROUP}/old.rfp",
-        offset=offsets["routed_experts"],
-        pos=0,
-        rows=6,
-        dtype="uint8",
-        shape=(3, 4),
-    )
-    assert read_field([seg], "routed_experts", (0, 6), root=PayloadRoot(tmp_path)).shape[0] == 6
-    with pytest.raises(PayloadChecksumError, match="version 1 keeps no checksums"):
-        read_field([seg], "routed_experts", (0, 6), root=checking(tmp_path))
 
 
 def test_the_root_setting_survives_pickling(tmp_path):

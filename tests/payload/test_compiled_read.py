@@ -19,7 +19,7 @@ from rollfeed.payload import (
 from rollfeed.payload.fields import PAYLOAD_FIELDS
 from rollfeed.payload.read import compiled_read
 from rollfeed.payload.read.compiled_read import read_compiled
-from tests.payload.reference import kept_sets
+from tests.payload.common import kept_sets
 
 FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")
 # Largest kept id per sample: the writer stores the ids as uint8, uint16, uint24 or int32.

@@ -22,10 +22,11 @@ from rollfeed.payload import (
     UnknownFieldError,
     read_field,
 )
-from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1, file_header
+from rollfeed.payload.format.layout import REGION_HEADER, file_header
 
 
-def fast_root(path) -> PayloadRoot:
+def retrying_root(path) -> PayloadRoot:
+    """A root that retries twice, without waiting long."""
     return PayloadRoot(path, retries=2, backoff_s=0.001)
 
 
@@ -47,7 +48,7 @@ def test_missing_file_after_retries(written):
     root, segs = written
     seg = segs["routed_experts"].model_copy(update={"file": "step_000001/gone.rfp"})
     with pytest.raises(PayloadMissingFileError) as info:
-        read_field([seg], "routed_experts", (0, 4), root=fast_root(root))
+        read_field([seg], "routed_experts", (0, 4), root=retrying_root(root))
     assert info.value.file == "step_000001/gone.rfp" and info.value.field == "routed_experts"
     assert "gone.rfp" in str(info.value)
 
@@ -59,7 +60,7 @@ def test_file_shorter_than_segment(written):
     )
     size = os.path.getsize(os.path.join(root, seg.file))
     with pytest.raises(PayloadTruncatedError, match=f"the file has {size} bytes") as info:
-        read_field([seg], "routed_experts", (0, 400), root=fast_root(root))
+        read_field([seg], "routed_experts", (0, 400), root=retrying_root(root))
     assert info.value.offset is not None and "routed_experts" in str(info.value)
 
 
@@ -230,4 +231,59 @@ def test_errors_survive_pickling_with_their_place():
 
 
 def test_region_header_size_is_stable():
-    assert REGION_HEADER.size == 64 and REGION_HEADER_V1.size == 40
+    assert REGION_HEADER.size == 64
+
+
+def test_a_failed_write_is_an_oserror_and_still_a_rollfeed_error(tmp_path):
+    """The root is a regular file: creating the writer's group fails in the OS, and the typed
+    error is caught by ``except OSError`` as much as by ``except PayloadError``."""
+    import pickle
+
+    from rollfeed.errors import RollfeedError
+    from rollfeed.payload import PayloadIOError
+
+    not_a_dir = tmp_path / "root"
+    not_a_dir.write_bytes(b"")
+    try:
+        with PayloadWriter(not_a_dir, group="step_000001", name="w0") as w:
+            w.write({"routed_experts": np.ones((1, 1), np.int64)}, pos=0)
+    except OSError as caught:
+        err = caught
+    assert type(err) is PayloadIOError and err.file == "step_000001/w0.rfp"
+    assert isinstance(err, RollfeedError) and isinstance(err, ValueError)
+    assert "cannot create" in str(err) and "file=step_000001/w0.rfp" in str(err)
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, OSError) and back.file == err.file
+
+
+def test_a_store_out_of_reach_is_a_timeout_error_naming_the_object():
+    """Nothing listens at the endpoint: the read's requests fail, are retried within the bound,
+    and end as a ``TimeoutError`` (an ``OSError`` and a ``PayloadError`` too)."""
+    import socket
+
+    from rollfeed.payload import PayloadIOError, PayloadSegment, PayloadStoreTimeoutError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    root = PayloadRoot(
+        "s3://bucket/run",
+        endpoint=f"http://127.0.0.1:{port}",
+        region="us-east-1",
+        access_key_id="AKID",
+        secret_access_key="SECRET",
+        timeout_s=0.5,
+        request_retries=1,
+        retry_timeout_s=2.0,
+        retries=0,
+    )
+    seg = PayloadSegment(
+        field="routed_experts", file="g/w.rfp", offset=64, pos=0, rows=1, dtype="uint8", shape=(1,)
+    )
+    try:
+        read_field([seg], "routed_experts", (0, 1), root=root)
+    except TimeoutError as caught:
+        err = caught
+    assert type(err) is PayloadStoreTimeoutError and err.file == "g/w.rfp"
+    assert isinstance(err, PayloadIOError) and isinstance(err, OSError)
+    assert isinstance(err, PayloadError) and "did not answer" in err.message

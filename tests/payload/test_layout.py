@@ -144,3 +144,50 @@ def test_index_decodes_any_window():
 def test_bad_ragged_input(counts, values, match):
     with pytest.raises(PayloadInputError, match=match):
         ragged_bytes(counts, values, dtype="int32")
+
+
+# The kernel's own #defines that have no Python counterpart: a per-call batch size and a macro.
+_KERNEL_ONLY = {"PY_SSIZE_T_CLEAN", "MAX_IOV"}
+
+
+def _kernel_defines() -> dict[str, int]:
+    """``{name: value}`` of every object-like ``#define`` of ``read/_window.c`` with a numeric
+    value (``1 << 62`` forms evaluated); function-like macros are left out."""
+    import re
+    from pathlib import Path
+
+    import rollfeed.payload.read
+
+    source = (Path(rollfeed.payload.read.__file__).parent / "_window.c").read_text()
+    found = {}
+    for name, value in re.findall(r"^#define ([A-Z_0-9]+)(?![(\w])(.*)$", source, re.M):
+        value = re.sub(r"/\*.*?\*/", "", value).strip()
+        value = re.sub(r"\((?:u?int64_t|size_t)\)", "", value)
+        if name in _KERNEL_ONLY:
+            continue
+        assert re.fullmatch(r"[0-9<>() ]+", value), f"#define {name} {value}: not a number"
+        found[name] = eval(value)  # digits, parentheses and shifts only (checked above)
+    return found
+
+
+def test_the_kernels_constants_are_the_formats():
+    """Every limit and code the C kernel defines is the one the Python format defines: a
+    change on either side without the other fails here."""
+    from rollfeed.payload.format import checksum, layout
+    from rollfeed.payload.stores import local
+
+    python = {
+        "MAX_EXTENT": layout.MAX_EXTENT,
+        "MAX_ROW_ELEMS": layout.MAX_ROW_ELEMS,
+        "BLOCK_ROWS": layout.BLOCK_ROWS,
+        "BLOCK_BYTES": checksum.BLOCK_BYTES,
+        "REGION_HEADER": layout.REGION_HEADER.size,
+        "MAX_NDIM": layout.MAX_NDIM,
+        "GAP": local.GAP,
+        "N_DTYPES": len(layout.DTYPE_CODES),
+        "CODE_INT32": layout.DTYPE_CODES.index("int32"),
+        "CODE_FLOAT32": layout.DTYPE_CODES.index("float32"),
+        "CODE_UINT24": layout.DTYPE_CODES.index("uint24"),
+        "FORMAT_VERSION": layout.VERSION,
+    }
+    assert _kernel_defines() == python

@@ -29,16 +29,16 @@ from rollfeed.payload.errors import PayloadStoreAuthError, PayloadStoreTimeoutEr
 from rollfeed.payload.fields import PAYLOAD_FIELDS
 from rollfeed.payload.stores.object_lease import merge_spans
 from rollfeed.payload.stores.object_prune import incomplete_uploads
-from rollfeed.payload.stores.object_root import ObjectRoot
+from rollfeed.payload.stores.s3 import S3Store
 from tests.object_store_server import SECRET_KEY
-from tests.payload.test_read_fields import FIELDS, packed_micro_batch
+from tests.payload.common import FIELDS, packed_micro_batch
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def s3_root(server, url, **kw) -> ObjectRoot:
+def s3_root(server, url, **kw) -> PayloadRoot:
     root = PayloadRoot(url, **server.options(**kw))
-    assert isinstance(root, ObjectRoot)
+    assert isinstance(root.store, S3Store)
     return root
 
 
@@ -101,10 +101,10 @@ def test_each_write_is_one_object_and_prune_deletes_the_group(object_store, s3_u
         again.write({"routed_experts": np.zeros((5, 2), np.int64)}, pos=0)
     keys = [
         m["path"]
-        for batch in obstore.list(root._proc().store, prefix=root.url.prefix)
+        for batch in obstore.list(root.store.client.process().store, prefix=root.store.url.prefix)
         for m in batch
     ]
-    assert sorted(keys) == [root.url.key(a[0].file), root.url.key(b[0].file)]
+    assert sorted(keys) == [root.store.url.key(a[0].file), root.store.url.key(b[0].file)]
     root.prune("step_000001")
     with pytest.raises(PayloadMissingFileError, match="s3://rollfeed-tests/"):
         read_fields(a, {"routed_experts": (0, 5)}, root=s3_root(object_store, s3_url, retries=0))
@@ -116,7 +116,7 @@ def test_keys_are_confined_to_the_prefix(object_store, s3_url):
     root = s3_root(object_store, s3_url)
     for bad in ("../other/x.rfp", "/abs.rfp", "a//b.rfp", "a/./b.rfp", "a\\b.rfp"):
         with pytest.raises(PayloadPathError):
-            root.url.key(bad)
+            root.store.url.key(bad)
     with pytest.raises(PayloadPathError):
         PayloadWriter(root, group="../escape", name="w")
     with PayloadWriter(root, group="g", name="w") as w:
@@ -148,8 +148,8 @@ def test_deleted_object_and_object_shorter_than_its_records(object_store, s3_url
     root = s3_root(object_store, s3_url, retries=1, backoff_s=0.01)
     with PayloadWriter(root, group="g", name="w") as w:
         segs = w.write({"routed_experts": np.arange(400).reshape(200, 2) % 7}, pos=3)
-    key = root.url.key(segs[0].file)
-    store = root._proc().store
+    key = root.store.url.key(segs[0].file)
+    store = root.store.client.process().store
     whole = bytes(obstore.get(store, key).bytes())
     obstore.put(store, key, whole[: len(whole) - 300])  # same header and file id, cut short
     with pytest.raises(PayloadTruncatedError) as err:
@@ -208,7 +208,9 @@ def test_after_the_parent_used_the_store_a_fork_server_child_reads_and_a_forked_
     said = _child(mp.get_context("fork"), root, segs)  # obstore would hang there: refused
     assert "forked from one that used the object store" in said and "forkserver" in said
     assert time.monotonic() - t0 < 10
-    assert pickle.loads(pickle.dumps(root))._state is None  # no client crosses a pickle
+    assert (
+        pickle.loads(pickle.dumps(root)).store.client._state is None
+    )  # no client crosses a pickle
 
 
 def test_store_down_then_back_retries_then_reads_and_down_for_good_is_typed(object_store, s3_url):
@@ -257,10 +259,10 @@ def test_writer_killed_mid_multipart_upload_leaves_no_object_and_prune_aborts_it
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, s3_url], env=env, stdout=subprocess.PIPE
     )
-    prefix = root.url.key("big") + "/"
+    prefix = root.store.url.key("big") + "/"
     deadline = time.monotonic() + 60
     try:
-        while not incomplete_uploads(root, prefix):  # parts are going up
+        while not incomplete_uploads(root.store.client, prefix):  # parts are going up
             assert proc.poll() is None, "the writer finished before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -268,10 +270,12 @@ def test_writer_killed_mid_multipart_upload_leaves_no_object_and_prune_aborts_it
         proc.kill()
         out = proc.communicate()[0]
     assert b"written" not in out
-    listed = [m for batch in obstore.list(root._proc().store, prefix=prefix) for m in batch]
+    listed = [
+        m for batch in obstore.list(root.store.client.process().store, prefix=prefix) for m in batch
+    ]
     assert listed == []  # nothing visible, and no record was handed out
     root.prune("big")
-    assert incomplete_uploads(root, prefix) == []
+    assert incomplete_uploads(root.store.client, prefix) == []
 
 
 def test_inspect_and_verify_over_the_store_find_a_flipped_byte(object_store, s3_url, monkeypatch):
@@ -286,8 +290,8 @@ def test_inspect_and_verify_over_the_store_find_a_flipped_byte(object_store, s3_
     for k, v in object_store.env().items():
         monkeypatch.setenv(k, v)
     assert cli.verify(s3_url) == 0 and cli.inspect(s3_url) == 0
-    key = root.url.key(segs[0].file)
-    store = root._proc().store
+    key = root.store.url.key(segs[0].file)
+    store = root.store.client.process().store
     raw = bytearray(obstore.get(store, key).bytes())
     raw[segs[0].offset + 17] ^= 0x01  # one routing byte
     obstore.put(store, key, bytes(raw))

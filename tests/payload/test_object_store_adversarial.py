@@ -20,7 +20,7 @@ def _put(server, url: str, data: bytes) -> None:
     import obstore
 
     root = PayloadRoot(url, **server.options())
-    obstore.put(root._proc().store, root.url.key("f.rfp"), data)
+    obstore.put(root.store.client.process().store, root.store.url.key("f.rfp"), data)
 
 
 def _holds(tally: Tally, least: int) -> None:

@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from rollfeed.payload import PayloadInputError, PayloadPathError, PayloadRoot
-from rollfeed.payload.stores.object_root import ObjectRoot
+from rollfeed.payload.stores.s3 import S3Store
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL, is_store_url
 
 
@@ -40,11 +40,17 @@ def test_handles_outside_the_prefix_are_refused(handle):
 
 def test_credentials_stay_out_of_repr_and_the_root_pickles_without_a_client():
     root = PayloadRoot("s3://bucket/p", access_key_id="AKIDSECRET1", secret_access_key="SK-ZZZ")
-    assert isinstance(root, ObjectRoot)
-    shown = repr(root) + repr(root.access) + repr(StoreAccess(secret_access_key="SK-ZZZ"))
+    assert isinstance(root.store, S3Store)
+    shown = (
+        repr(root) + repr(root.store.client.access) + repr(StoreAccess(secret_access_key="SK-ZZZ"))
+    )
     assert "SK-ZZZ" not in shown and "AKIDSECRET1" not in shown
     back = pickle.loads(pickle.dumps(root))
-    assert isinstance(back, ObjectRoot) and back._state is None and back.path == "s3://bucket/p"
+    assert (
+        isinstance(back.store, S3Store)
+        and back.store.client._state is None
+        and back.path == "s3://bucket/p"
+    )
 
 
 def test_endpoint_and_region_come_from_the_environment_when_not_given(monkeypatch):

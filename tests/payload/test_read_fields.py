@@ -19,37 +19,7 @@ from rollfeed.payload import (
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS
 from rollfeed.payload.read import compiled_read
-from tests.payload.reference import kept_sets
-
-FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")
-
-
-def packed_micro_batch(tmp_path, rng, *, files=3, samples=7, unit=4, clip=True):
-    """Samples written by ``files`` writers, packed one after another into one row (each slot a
-    multiple of ``unit``, so both CP layouts split it); some fields are missing or clipped."""
-    writers = [PayloadWriter(tmp_path, group="g", name=f"w{i}") for i in range(files)]
-    segs, cu = [], [0]
-    for k in range(samples):
-        rows = int(rng.integers(1, 300))
-        counts = rng.integers(1, 6, rows)
-        ids, sampled = kept_sets(rng, counts, 5000)
-        arrays = {
-            "routed_experts": rng.integers(0, 200, (rows, 2, 3)),
-            "routed_expert_weights": rng.random((rows, 2)).astype(np.float32),
-            "sampling_mask": (counts, ids),
-            "sampling_mask_logprobs": (counts, -rng.random(counts.sum()).astype(np.float32)),
-        }
-        if k % 3 == 1:
-            del arrays["routed_expert_weights"]  # a field some samples lack
-        mine = writers[k % files].write(arrays, pos=0, sampled=sampled)
-        if clip and k % 4 == 2:  # a record clipped at its tail (truncation)
-            mine = [s.model_copy(update={"rows": s.rows // 2}) for s in mine]
-        slot = -(-(rows + 1) // unit) * unit
-        segs += shift_segments(mine, cu[-1] + 1)
-        cu.append(cu[-1] + slot)
-    for w in writers:
-        w.close()
-    return segs, cu
+from tests.payload.common import FIELDS, kept_sets, packed_micro_batch
 
 
 def reference_coverage(segs, field, ranges) -> np.ndarray:

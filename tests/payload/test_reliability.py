@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from rollfeed.cli import main
 from rollfeed.payload import (
@@ -25,6 +24,7 @@ from rollfeed.payload import (
     PayloadDtypeError,
     PayloadError,
     PayloadField,
+    PayloadHeaderError,
     PayloadIndexError,
     PayloadIOError,
     PayloadMissingFileError,
@@ -36,28 +36,18 @@ from rollfeed.payload import (
     PayloadStaleFileError,
     PayloadTruncatedError,
     PayloadWriter,
-    RaggedLayout,
     read_field,
     read_fields,
     register_field,
 )
 from rollfeed.payload.format.layout import (
-    DTYPE_CODES,
-    FILE_HEADER_V1,
     MAGIC,
     REGION_HEADER,
-    REGION_HEADER_V1,
-    REGION_MAGIC_V1,
     index_table,
-    ragged_bytes,
 )
+from tests.payload.common import GROUP, fast_root
 
-GROUP = "step_000001"
 ROWS, SHAPE = 6, (3, 4)
-
-
-def fast_root(path, **kw) -> PayloadRoot:
-    return PayloadRoot(path, retries=0, **kw)
 
 
 def routing(seed: int, rows: int = ROWS) -> np.ndarray:
@@ -427,82 +417,28 @@ def test_writer_refuses_a_dtype_override_it_cannot_read_back(tmp_path):
 # -- format versions ----------------------------------------------------------------------------
 
 
-def _version_1_file(path, data: np.ndarray, counts: np.ndarray, values: np.ndarray):
-    """A version-1 file as the old writer laid it out: 16-byte file header, 40-byte region
-    headers (``RGN1``, no file id, no row shape), then the name and the body."""
-    regions, offsets = [], {}
-    at = FILE_HEADER_V1.size
-    body_m, cb = ragged_bytes(counts, values, dtype=np.dtype("int32"))
-    for name, kind, cb_, dtype, block, rows, nvalues, body in (
-        ("routed_experts", 0, 0, "uint8", 0, len(data), data.size, data.astype("u1").tobytes()),
-        ("sampling_mask", 1, cb, "int32", 128, len(counts), len(values), body_m),
-    ):
-        head = REGION_HEADER_V1.pack(
-            REGION_MAGIC_V1, kind, cb_, DTYPE_CODES.index(dtype), len(name), block, rows,
-            nvalues, len(body),
-        ) + name.encode()  # fmt: skip
-        offsets[name] = at + len(head)
-        regions.append(head + body)
-        at += len(head) + len(body)
-    path.write_bytes(FILE_HEADER_V1.pack(MAGIC, 1, 0, 0) + b"".join(regions))
-    return offsets, cb
-
-
-def test_version_1_files_stay_readable_beside_version_2_files(tmp_path):
-    old_data, counts, values = routing(9), np.array([2, 0, 1, 3, 1, 0]), np.arange(7) + 50
-    (tmp_path / GROUP).mkdir()
-    offsets, cb = _version_1_file(tmp_path / GROUP / "old.rfp", old_data, counts, values)
-    common = dict(file=f"{GROUP}/old.rfp", pos=0, rows=ROWS)
-    old = [
-        PayloadSegment(field="routed_experts", offset=offsets["routed_experts"], dtype="uint8",
-                       shape=SHAPE, **common),
-        PayloadSegment(field="sampling_mask", offset=offsets["sampling_mask"], dtype="int32",
-                       ragged=RaggedLayout(rows=ROWS, values=7, count_bytes=cb, block_rows=128),
-                       **common),
-    ]  # fmt: skip
-    new = [s.model_copy(update={"pos": ROWS}) for s in write(tmp_path, name="new", seed=3).values()]
-    root = fast_root(tmp_path)
-    got = read_field(old + new, "routed_experts", (0, 2 * ROWS), root=root)
-    np.testing.assert_array_equal(got.numpy(), np.concatenate([old_data, routing(3)]))
-    mask = read_field(old + new, "sampling_mask", (0, ROWS), root=root)
-    # rows as stored, after column 0 (the sampled token's place: version 1 kept it in the row)
-    assert mask[:, :4].tolist() == [[-1, 50, 51, -1], [-1] * 4, [-1, 52, -1, -1],
-                                    [-1, 53, 54, 55], [-1, 56, -1, -1], [-1] * 4]  # fmt: skip
-    assert torch.equal(mask, read_field(old, "sampling_mask", (0, ROWS), root=root))
-    bad = old[0].model_copy(update={"dtype": "int8"})
-    with pytest.raises(PayloadRegionError, match="dtype"):
-        read_field([bad], "routed_experts", (0, ROWS), root=root)
-
-
-def test_version_2_files_stay_readable_beside_version_3_files(tmp_path):
-    """A file the version-2 writer wrote (checked in): rows whole (the sampled token included,
-    ids ascending, 4-byte values), read after column 0 like version-3 rows; checksums hold."""
-    fixture = Path(__file__).parent / "fixtures"
-    shutil.copytree(fixture / "v2", tmp_path / "v2")
-    saved = json.loads((fixture / "v2" / "tiny.json").read_text())
+def test_files_of_versions_1_and_2_are_refused_naming_the_file_and_the_version(tmp_path):
+    """A file the version-2 writer wrote (checked in) and a version-1 file header: every read,
+    checking or not, refuses each with a typed error naming the file and its version, before
+    any byte of a region is read; ``verify`` names them the same way."""
+    shutil.copytree(Path(__file__).parent / "fixtures" / "v2", tmp_path / "v2")
+    saved = json.loads((tmp_path / "v2" / "tiny.json").read_text())
     old = [PayloadSegment.model_validate(s) for s in saved["segments"]]
-    assert {s.dtype for s in old if s.ragged} == {"int32", "float32"}
-    new = [write(tmp_path, name="new", rows=4)["sampling_mask"].model_copy(update={"pos": 10})]
-    windows = {"sampling_mask": (2, 14), "sampling_mask_logprobs": (2, 7)}
-    windows["routed_experts"] = (0, 6)
+    (tmp_path / GROUP).mkdir()
+    v1 = f"{GROUP}/old.rfp"  # the 16-byte version-1 file header, then a version-1 region
+    (tmp_path / v1).write_bytes(MAGIC + (1).to_bytes(2, "little") + bytes(6) + b"RGN1" + bytes(60))
+    one = old[0].model_copy(update={"file": v1, "file_id": None})
+    windows = {"sampling_mask": (2, 7)}
     for root in (fast_root(tmp_path), fast_root(tmp_path, verify_checksums=True)):
-        got = read_fields(old + new, windows, root=root)
-        mask = got["sampling_mask"].values
-        assert mask[:5].tolist() == [[-1, 3, 40, -1], [-1, 7, -1, -1], [-1, 7, 300, 70000],
-                                     [-1, 7, -1, -1], [-1, 9, 65000, -1]]  # fmt: skip
-        assert mask[5:8].tolist() == [[-1] * 4] * 3
-        assert mask[8:].tolist() == [[-1] * 4, [-1, 2, -1, -1], [-1, 4, 5, -1], [-1] * 4]
-        lp = got["sampling_mask_logprobs"].values.numpy()
-        want = np.float32([-1.5, -0.3, -2.5])  # version 2: ascending ids, as stored
-        np.testing.assert_array_equal(lp[2], want)
-        routing = got["routed_experts"].values
-        assert routing.reshape(-1).tolist() == (np.arange(36) % 8).tolist()
-    assert main(["verify", str(tmp_path)]) == 0
+        for segs, version, file in ((old, 2, old[0].file), ([one], 1, v1)):
+            with pytest.raises(PayloadHeaderError, match=f"format version {version} ") as info:
+                read_fields(segs, windows, root=root)
+            assert info.value.file == file and "reads version 3 only" in info.value.message
+    assert main(["verify", str(tmp_path)]) == 1
 
 
-def test_a_region_header_disagreeing_on_row_flags_or_value_width_is_refused(tmp_path):
-    """A version-3 mask region whose header does not say its rows omit the sampled token, and a
-    version-2 region claiming narrow values (which version 2 never wrote), are not read."""
+def test_a_region_header_disagreeing_on_row_flags_is_refused(tmp_path):
+    """A mask region whose header does not say its rows omit the sampled token is not read."""
     seg = write(tmp_path)["sampling_mask"]
     path = tmp_path / seg.file
     flags_at = seg.offset - len(seg.field) - REGION_HEADER.size + 46
@@ -513,12 +449,3 @@ def test_a_region_header_disagreeing_on_row_flags_or_value_width_is_refused(tmp_
     with pytest.raises(PayloadRegionError, match="row flags 0") as info:
         read_field([seg], "sampling_mask", (0, ROWS), root=fast_root(tmp_path))
     assert info.value.file == seg.file and info.value.offset == seg.offset
-    shutil.copytree(Path(__file__).parent / "fixtures" / "v2", tmp_path / "v2")
-    saved = json.loads((tmp_path / "v2" / "tiny.json").read_text())
-    old = PayloadSegment.model_validate(saved["segments"][0])  # the mask, int32 values
-    raw = bytearray((tmp_path / old.file).read_bytes())
-    raw[old.offset - len(old.field) - REGION_HEADER.size + 6] = DTYPE_CODES.index("uint8")
-    (tmp_path / old.file).write_bytes(bytes(raw))
-    narrow = old.model_copy(update={"dtype": "uint8"})
-    with pytest.raises(PayloadRegionError, match="values of uint8 in a version-2 region"):
-        read_field([narrow], "sampling_mask", (2, 7), root=fast_root(tmp_path))

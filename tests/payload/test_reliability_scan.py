@@ -15,9 +15,9 @@ import pytest
 
 from rollfeed.cli import main
 from rollfeed.payload import PayloadWriter
+from tests.payload.common import GROUP
 
 REPO = Path(__file__).resolve().parents[2]
-GROUP = "step_000001"
 
 
 def write_file(root, name="w0"):
@@ -175,27 +175,9 @@ def test_verify_survives_every_header_bit_flip_under_a_memory_limit(tmp_path):
     assert named > len(bits) // 2  # most header bits are claims that verify checks
 
 
-# The same three writes by the version-1 writer (16-byte file header, 40-byte region headers),
-# and the file's size after each of them: version-1 files stay readable.
-V1_FILE = bytes.fromhex(
-    "52465041594c4400010000000000000052474e310000000e0000000003000000000000000c00000000000000"
-    "0c0000000000000000000000726f757465645f6578706572747300010203040001020304000152474e310101"
-    "050d800000000a000000000000000e000000000000004c000000000000000000000073616d706c696e675f6d"
-    "61736b0000000000000000020001030102010102010000000000000100000002000000030000000400000005"
-    "000000060000000700000008000000090000000a0000000b0000000c0000000d00000052474e310101050d80"
-    "0000000000000000000000000000000000000000000000000000000000000073616d706c696e675f6d61736b"
-)
-V1_SIZES = [82, 211, 264]
-
-
-@pytest.mark.parametrize("version", [1, 2])
-def test_verify_and_inspect_name_every_cut_point(tmp_path, capsys, version):
-    if version == 1:
-        path, sizes, raw = tmp_path / GROUP / "w0.rfp", V1_SIZES, V1_FILE
-        path.parent.mkdir()
-    else:
-        path, sizes, _ = write_file(tmp_path)
-        raw = path.read_bytes()
+def test_verify_and_inspect_name_every_cut_point(tmp_path, capsys):
+    path, sizes, _ = write_file(tmp_path)
+    raw = path.read_bytes()
     first_region = raw.index(b"RGN")  # a file holding only its file header is sound, and empty
     sound = {first_region, *sizes}
     assert sizes[-1] == len(raw) > 200

@@ -47,10 +47,12 @@ def test_object_replaced_after_a_refused_read_is_never_read_as_the_old_record(
     segs = _write(root, OURS)
     other = PayloadRoot(f"{s3_url}-other", **object_store.options())
     theirs = _write(other, THEIRS)
-    store = root._proc().store
-    key = root.url.key(segs[0].file)
+    store = root.store.client.process().store
+    key = root.store.url.key(segs[0].file)
     ours = bytes(obstore.get(store, key).bytes())
-    replacement = bytes(obstore.get(other._proc().store, other.url.key(theirs[0].file)).bytes())
+    replacement = bytes(
+        obstore.get(other.store.client.process().store, other.store.url.key(theirs[0].file)).bytes()
+    )
     assert _outcome(segs, root) == "ours"  # header, size and ETag now cached
     obstore.put(store, key, ours[: len(ours) - 300])  # a cut copy: same header, same file id
     assert _outcome(segs, root) == "refused"

@@ -18,14 +18,8 @@ from rollfeed.payload import (
     register_field,
     shift_segments,
 )
-from tests.payload.reference import (
-    dense_fixed,
-    dense_ragged,
-    kept_sets,
-    read_fixed_ref,
-    read_ragged_ref,
-    stored,
-)
+from tests.payload.common import kept_sets, stored
+from tests.payload.reference import dense_fixed, dense_ragged, read_fixed_ref, read_ragged_ref
 
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -201,7 +195,7 @@ def test_root_pickles_without_open_files_and_reads_after_fork(tmp_path):
         segs = w.write({"routed_experts": np.arange(6).reshape(3, 2)}, pos=0)
     first = read_field(segs, "routed_experts", (0, 3), root=root)
     clone = pickle.loads(pickle.dumps(root))
-    assert clone._state is None and clone.path == root.path
+    assert clone.store._state is None and clone.path == root.path
     ctx = torch.multiprocessing.get_context("fork")
     with ctx.Pool(1) as pool:
         again = pool.apply(read_field, (segs, "routed_experts", (0, 3)), {"root": root})

@@ -126,14 +126,14 @@ def test_a_store_that_ignores_range_is_named_as_such(object_store, s3_url, proxy
 
 def test_prune_aborts_the_uploads_of_every_page_of_the_listing(object_store, s3_url, proxy):
     root = PayloadRoot(s3_url, **object_store.options())
-    prefix = root.url.key("big") + "/"
+    prefix = root.store.url.key("big") + "/"
     made = {create_upload(object_store.endpoint, BUCKET, f"{prefix}w-{i}.rfp") for i in range(5)}
-    assert {u for _, u in incomplete_uploads(root, prefix)} == made
+    assert {u for _, u in incomplete_uploads(root.store.client, prefix)} == made
     proxy.mode, proxy.page = "page_uploads", 2  # the store pages its listing 2 at a time
     paged = through(proxy, object_store, s3_url)
-    assert {u for _, u in incomplete_uploads(paged, prefix)} == made
+    assert {u for _, u in incomplete_uploads(paged.store.client, prefix)} == made
     paged.prune("big")
-    assert incomplete_uploads(root, prefix) == []
+    assert incomplete_uploads(root.store.client, prefix) == []
     assert sum("uploads" in target for _, target in proxy.requests) >= 3  # three pages
 
 

@@ -1,6 +1,6 @@
 """Checksums per block of each region: what they cover, where they lie, how they are checked.
 
-Every version-2 region ends with a checksum table right after its body: little-endian u32
+Every region ends with a checksum table right after its body: little-endian u32
 CRC-32C values, entry 0 for the region header and field name, then one per block of the body
 (:mod:`rollfeed.payload.format.layout` has the byte layout and a worked example):
 
@@ -140,17 +140,6 @@ def _block(label: str) -> str:
     return f"{kind} block {k}"
 
 
-def no_checksums_error(*, file: str, field: str | None, region: int) -> PayloadChecksumError:
-    """A checking read of a version-1 region, which keeps no checksums."""
-    return PayloadChecksumError(
-        "format version 1 keeps no checksums, so this checking read cannot check the region; "
-        "read it with PayloadRoot(verify_checksums=False), or rewrite it with this writer",
-        file=file,
-        field=field,
-        region=region,
-    )
-
-
 # --------------------------------------------------------------------------- whole regions (verify)
 
 _CHUNK = 1 << 20  # verify reads a block in pieces of at most this many bytes
@@ -241,8 +230,8 @@ class Entries:
         return cls(at=at, count=count, base=base, buf=np.zeros(4 * int(base[-1]), np.uint8))
 
     def reads(self, files, file_idx: np.ndarray):
-        """The ranges that fill :attr:`buf` (``files``: a :class:`~rollfeed.payload.stores.lease.
-        FieldFiles`; ``file_idx [S]``)."""
+        """The ranges that fill :attr:`buf` (``files``: a
+        :class:`~rollfeed.payload.read.read_plan.FieldFiles`; ``file_idx [S]``)."""
         return files.reads(file_idx, self.at, 4 * self.count, [self.buf], 0, 4 * self.base[:-1])
 
     def stored(self, rec: np.ndarray, entry: np.ndarray) -> np.ndarray:

@@ -1,11 +1,12 @@
 """Byte layouts of payload files.
 
-A payload file is a file header followed by regions, each a region header, a body and (version 2)
-a checksum table. Readers go straight to a body through the segment record (``offset`` is the
+A payload file is a file header followed by regions, each a region header, a body and a checksum
+table. Readers go straight to a body through the segment record (``offset`` is the
 body's byte offset) and check the region header right before it, read in the same batch, against
 the record; the region headers also make a file self-describing for ``verify`` and ``inspect``.
 
-Format version 3 (written; versions 1 and 2 stay readable):
+Format version 3, the one this library writes and reads (a file of an earlier version is refused
+with :class:`~rollfeed.payload.errors.PayloadHeaderError` naming the file and its version):
 
 - file header ``<8sHHIQ`` (24 bytes): magic ``b"RFPAYLD\\0"``, version 3, flags (0), reserved (0),
   file id (random, ``1 <= id < 2**63``; every region header and every record repeats it, so a
@@ -17,11 +18,6 @@ Format version 3 (written; versions 1 and 2 stay readable):
   then the field name (UTF-8), then the body, then the checksum table
   (:mod:`rollfeed.payload.format.checksum`): one little-endian u32 CRC-32C of the header and name,
   then one per block of the body.
-
-Version 2: the same file header (version 2) and region header with magic ``b"RGN2"`` and a zero
-row-flags byte; its ragged values are always 4 bytes (int32 / float32) and its rows whole.
-Version 1: file header ``<8sHHI`` (16 bytes, no id); region header ``<4sBBBBIQQQ4x`` (40 bytes,
-magic ``b"RGN1"``, no file id, no row shape, no checksums), then the name, then the body.
 
 Fixed-width body: C-contiguous ``[rows, *shape]`` at the stored dtype (little endian). Its blocks
 are ``block_rows = max(1, 65536 // row_bytes)`` rows (the last one shorter), so a checking read of
@@ -49,10 +45,10 @@ values blocks of the rows it reads and nothing else.
 
 With B = 128 and 1-byte lengths the index costs 1 + 8/128 = 1.06 bytes per row and its checksums
 8/128 = 0.06, so a mask with a mean of 1.7 kept ids per token (ids < 2**24: 3 bytes) costs about
-1.13 + 0.7 * 3 = 3.2 bytes per token (version 2: 1.13 + 1.7 * 4 = 7.9; a padded ``[T, 32]`` int32
-layout: 128); routing ``[T, 48, 8]`` uint8 costs 384 + 4/170 bytes per token. Reading rows
-``[a, b)`` of a region takes one read of the index blocks covering them and one read of their
-values; no second pass over values for widths.
+1.13 + 0.7 * 3 = 3.2 bytes per token (whole rows of 4-byte ids: 1.13 + 1.7 * 4 = 7.9; a padded
+``[T, 32]`` int32 layout: 128); routing ``[T, 48, 8]`` uint8 costs 384 + 4/170 bytes per token.
+Reading rows ``[a, b)`` of a region takes one read of the index blocks covering them and one read
+of their values; no second pass over values for widths.
 
 Worked example (B = 2, counts [2, 0, 1], values [7, 9, 4]: uint8)::
 
@@ -71,23 +67,24 @@ from typing import TypeVar
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadHeaderError, PayloadIndexError, PayloadInputError
+from rollfeed.payload.errors import (
+    PayloadHeaderError,
+    PayloadIndexError,
+    PayloadInputError,
+    PayloadRegionError,
+)
 from rollfeed.payload.format.values import encode_values
 
 MAGIC = b"RFPAYLD\0"
 VERSION = 3
-VERSIONS = (1, 2, 3)  # the versions this reader reads
 FILE_HEADER = struct.Struct("<8sHHIQ")
-FILE_HEADER_V1 = struct.Struct("<8sHHI")
+_PREFIX = struct.Struct("<8sH")  # magic and version: how every version of the format begins
 REGION_MAGIC = b"RGN3"
-REGION_MAGIC_V2 = b"RGN2"
-REGION_MAGIC_V1 = b"RGN1"
 REGION_HEADER = struct.Struct("<4sBBBBIQQQQBBBx4I")
-REGION_HEADER_V1 = struct.Struct("<4sBBBBIQQQ4x")
-MAX_NDIM = 4  # row dims a version-2 region header holds
-CHECKSUM_CRC32C = 1  # the checksum kind of every version-2 and -3 region
+MAX_NDIM = 4  # row dims a region header holds
+CHECKSUM_CRC32C = 1  # the checksum kind of every region
 LABEL_OMITTED = 1  # row flags bit 0: each row omits its sampled token
-FLAGS_AT = 46  # byte of the row flags in a version-3 region header
+FLAGS_AT = 46  # byte of the row flags in a region header
 KIND_FIXED, KIND_RAGGED = 0, 1
 DTYPE_CODES = (
     "uint8",
@@ -106,6 +103,11 @@ DTYPE_CODES = (
 DTYPE_SIZES = {name: 3 if name == "uint24" else np.dtype(name).itemsize for name in DTYPE_CODES}
 RAGGED_INT_DTYPES = ("uint8", "uint16", "uint24", "int32")  # narrowest first
 BLOCK_ROWS = 128
+# Limits of the format, one home for the writer, every record check and the C kernel
+# (``read/_window.c`` mirrors them; tests/payload/test_layout.py holds its #defines to these):
+MAX_EXTENT = 1 << 62  # rows, values, offsets, positions and byte spans all stay below it
+MAX_ROW_ELEMS = 1 << 24  # elements in one fixed-width row
+MAX_FILE_ID = 1 << 63  # a file id lies in [1, MAX_FILE_ID)
 _OFFSET = np.dtype("<u8")
 Rows = TypeVar("Rows", int, np.ndarray)
 
@@ -129,22 +131,7 @@ REGION_RECORD = np.dtype(
         ("dims", "<u4", (MAX_NDIM,)),
     ]
 )
-REGION_RECORD_V1 = np.dtype(
-    [
-        ("magic", "S4"),
-        ("kind", "u1"),
-        ("count_bytes", "u1"),
-        ("dtype", "u1"),
-        ("name_len", "u1"),
-        ("block_rows", "<u4"),
-        ("rows", "<u8"),
-        ("values", "<u8"),
-        ("body_bytes", "<u8"),
-        ("pad", "V4"),
-    ]
-)
 assert REGION_RECORD.itemsize == REGION_HEADER.size
-assert REGION_RECORD_V1.itemsize == REGION_HEADER_V1.size
 
 
 def new_file_id() -> int:
@@ -157,28 +144,19 @@ def file_header(file_id: int) -> bytes:
     return FILE_HEADER.pack(MAGIC, VERSION, 0, 0, file_id)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FileHeader:
-    """A parsed file header: ``size`` bytes long; ``file_id`` is ``None`` in version 1."""
-
-    version: int
-    file_id: int | None
-    size: int
-
-
-def parse_file_header(raw: bytes) -> FileHeader:
-    """Parse the first bytes of a file (pass up to ``FILE_HEADER.size`` of them; fewer when the
-    file is shorter). Raises :class:`PayloadHeaderError` (no place: the caller adds the file)
-    for a bad magic, an unknown version or a header cut short."""
-    if len(raw) < FILE_HEADER_V1.size or raw[:8] != MAGIC:
+def parse_file_header(raw: bytes) -> int:
+    """The file id from the first bytes of a file (pass up to ``FILE_HEADER.size`` of them; fewer
+    when the file is shorter; the first region follows them). Raises :class:`PayloadHeaderError`
+    (no place: the caller adds the file) for a bad magic, a version other than :data:`VERSION` or
+    a header cut short."""
+    if len(raw) < _PREFIX.size or raw[:8] != MAGIC:
         raise PayloadHeaderError("not a payload file (bad magic)", offset=0)
-    version = FILE_HEADER_V1.unpack_from(raw)[1]
-    if version == 1:
-        return FileHeader(version=1, file_id=None, size=FILE_HEADER_V1.size)
-    if version not in VERSIONS:
+    version = _PREFIX.unpack_from(raw)[1]
+    if version != VERSION:
+        old = " (an earlier format, no longer read: write it again)" if version < VERSION else ""
         raise PayloadHeaderError(
-            f"payload format version {version}; this reader reads versions {VERSIONS}",
-            offset=0,
+            f"payload format version {version}{old}; this reader reads version {VERSION} only",
+            offset=_PREFIX.size - 2,
         )
     if len(raw) < FILE_HEADER.size:
         raise PayloadHeaderError(
@@ -187,29 +165,19 @@ def parse_file_header(raw: bytes) -> FileHeader:
     _, _, flags, reserved, file_id = FILE_HEADER.unpack_from(raw)
     if flags or reserved:
         raise PayloadHeaderError(
-            f"file header flags {flags} / reserved {reserved}: version {version} writes 0 (a "
+            f"file header flags {flags} / reserved {reserved}: version {VERSION} writes 0 (a "
             "damaged header, or a newer writer's flags this reader does not know)",
             offset=4,
         )
-    if not 0 < file_id < 1 << 63:
+    if not 0 < file_id < MAX_FILE_ID:
         raise PayloadHeaderError(f"file id {file_id} is outside [1, 2**63)", offset=0)
-    return FileHeader(version=version, file_id=file_id, size=FILE_HEADER.size)
-
-
-def region_struct(version: int) -> struct.Struct:
-    """The fixed part of a region header in format ``version`` (the field name follows it)."""
-    return REGION_HEADER_V1 if version == 1 else REGION_HEADER
-
-
-def region_magic(version: int) -> bytes:
-    return {1: REGION_MAGIC_V1, 2: REGION_MAGIC_V2}.get(version, REGION_MAGIC)
+    return file_id
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RegionHeader:
-    """One region header. ``file_id``, ``shape`` (a fixed-width row's dims; ``()`` for ragged
-    regions) and ``checksum`` (the checksum kind) are ``None`` in version 1, which does not record
-    them; ``flags`` (row flags, :data:`LABEL_OMITTED`) is 0 before version 3."""
+    """One region header: ``shape`` a fixed-width row's dims (``()`` for ragged regions),
+    ``checksum`` the checksum kind, ``flags`` the row flags (:data:`LABEL_OMITTED`)."""
 
     field: str
     kind: int
@@ -219,20 +187,18 @@ class RegionHeader:
     rows: int
     values: int
     body_bytes: int
-    file_id: int | None = None
-    shape: tuple[int, ...] | None = None
-    checksum: int | None = CHECKSUM_CRC32C
+    file_id: int = 0
+    shape: tuple[int, ...] = ()
+    checksum: int = CHECKSUM_CRC32C
     flags: int = 0
-    version: int = VERSION
 
     @property
     def size(self) -> int:
         """Bytes from the region's start to its body."""
-        return region_struct(self.version).size + len(self.field.encode())
+        return REGION_HEADER.size + len(self.field.encode())
 
     def pack(self) -> bytes:
-        """The version-3 bytes of this header (writers only write version 3)."""
-        assert self.version == VERSION and self.file_id is not None and self.shape is not None
+        """The bytes of this header."""
         name = self.field.encode()
         dims = [*self.shape, *[0] * (MAX_NDIM - len(self.shape))]
         return (
@@ -256,32 +222,38 @@ class RegionHeader:
         )
 
     @classmethod
-    def unpack(cls, raw: bytes, name: bytes, version: int = VERSION) -> RegionHeader | None:
-        """The header from its fixed part (``region_struct(version).size`` bytes) and its name,
-        or ``None`` when it is not well formed. The name length is byte 7 of the fixed part."""
-        st = region_struct(version)
-        if len(raw) != st.size:
-            return None
-        magic, kind, cb, code, name_len, block, rows, values, body, *rest = st.unpack(raw)
-        if magic != region_magic(version) or kind not in (0, 1) or code >= len(DTYPE_CODES):
-            return None
-        if len(name) != name_len:
-            return None
-        try:
-            field = name.decode()
-        except UnicodeDecodeError:
-            return None
-        file_id = shape = checksum = None
-        flags = 0
-        if version != 1:
-            file_id, ndim, checksum, flags, *dims = rest
-            if ndim > MAX_NDIM or any(dims[ndim:]) or (kind == KIND_RAGGED and ndim):
-                return None
-            if checksum != CHECKSUM_CRC32C or flags & ~LABEL_OMITTED:
-                return None
-            if flags and (version != VERSION or kind != KIND_RAGGED):
-                return None
-            shape = tuple(dims[:ndim])
+    def unpack(cls, raw: bytes, name: bytes) -> RegionHeader:
+        """The header from its fixed part (``REGION_HEADER.size`` bytes) and its name (as long
+        as byte 7 of the fixed part says). A part that is not well formed is
+        :class:`PayloadRegionError` naming it (no place: the caller adds it)."""
+        head = REGION_HEADER.unpack(raw)
+        magic, kind, cb, code, _, block, rows, values, body, file_id, ndim, checksum = head[:12]
+        flags, dims = head[12], list(head[13:])
+        what = None
+        if magic != REGION_MAGIC:
+            what = f"magic {magic.rstrip(bytes(1))!r}, expected {REGION_MAGIC!r}"
+        elif kind not in (KIND_FIXED, KIND_RAGGED):
+            what = f"header field kind = {kind}, expected {KIND_FIXED} or {KIND_RAGGED}"
+        elif code >= len(DTYPE_CODES):
+            what = f"header field dtype code = {code}, expected < {len(DTYPE_CODES)}"
+        elif ndim > MAX_NDIM or (kind == KIND_RAGGED and ndim):
+            what = f"header field ndim = {ndim} (a ragged region has 0, a fixed one <= 4)"
+        elif any(dims[ndim:]):
+            what = f"header field dims = {dims} has dims past ndim = {ndim}"
+        elif checksum != CHECKSUM_CRC32C:
+            what = f"header field checksum = {checksum}, expected {CHECKSUM_CRC32C} (CRC-32C)"
+        elif flags and (flags != LABEL_OMITTED or kind != KIND_RAGGED):
+            what = (
+                f"header field flags = {flags}, expected 0 or {LABEL_OMITTED} (rows omit their "
+                "sampled token) in a ragged region"
+            )
+        else:
+            try:
+                field = name.decode()
+            except UnicodeDecodeError:
+                what = f"field name {name!r} is not UTF-8"
+        if what is not None:
+            raise PayloadRegionError(f"not a well-formed region header: {what}")
         return cls(
             field=field,
             kind=kind,
@@ -292,10 +264,9 @@ class RegionHeader:
             values=values,
             body_bytes=body,
             file_id=file_id,
-            shape=shape,
+            shape=tuple(dims[:ndim]),
             checksum=checksum,
             flags=flags,
-            version=version,
         )
 
 

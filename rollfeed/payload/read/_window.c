@@ -34,13 +34,13 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#define MAX_EXTENT ((int64_t)1 << 62)
-#define MAX_ROW_ELEMS ((int64_t)1 << 24)
+#define MAX_EXTENT ((int64_t)1 << 62)    /* layout.MAX_EXTENT */
+#define MAX_ROW_ELEMS ((int64_t)1 << 24) /* layout.MAX_ROW_ELEMS */
 #define BLOCK_ROWS 128       /* layout.BLOCK_ROWS */
 #define BLOCK_BYTES 65536    /* checksum.BLOCK_BYTES */
 #define REGION_HEADER 64     /* layout.REGION_HEADER.size */
-#define MAX_NDIM 4
-#define GAP 4096             /* lease._GAP */
+#define MAX_NDIM 4           /* layout.MAX_NDIM */
+#define GAP 4096             /* stores/local.GAP */
 #define N_DTYPES 11
 #define CODE_INT32 5
 #define CODE_FLOAT32 8

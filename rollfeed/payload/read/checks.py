@@ -18,7 +18,15 @@ from pydantic import ValidationError
 
 from rollfeed.payload.errors import PayloadDtypeError, PayloadError, PayloadSegmentError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.format.layout import BLOCK_ROWS, DTYPE_CODES, DTYPE_SIZES, RAGGED_INT_DTYPES
+from rollfeed.payload.format.layout import (
+    BLOCK_ROWS,
+    DTYPE_CODES,
+    DTYPE_SIZES,
+    MAX_EXTENT,
+    MAX_FILE_ID,
+    MAX_ROW_ELEMS,
+    RAGGED_INT_DTYPES,
+)
 from rollfeed.payload.segment import (
     FLOAT_DTYPES,
     INTEGER_DTYPES,
@@ -26,10 +34,6 @@ from rollfeed.payload.segment import (
     PayloadSegment,
     RaggedLayout,
 )
-
-_MAX_EXTENT = 1 << 62
-_MAX_ID = 1 << 63
-_MAX_ROW = 1 << 24  # elements in one fixed-width row
 
 
 def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
@@ -44,12 +48,12 @@ def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
 
     if min(seg.rows, seg.offset, seg.pos, seg.first) < 0 or any(d < 1 for d in seg.shape):
         fail(PayloadSegmentError, "negative rows, offset or position, or a shape dimension < 1")
-    if max(seg.rows, seg.offset, seg.pos, seg.first) >= _MAX_EXTENT:
+    if max(seg.rows, seg.offset, seg.pos, seg.first) >= MAX_EXTENT:
         fail(PayloadSegmentError, "segment extent is beyond any file")
-    if seg.file_id is not None and not 0 < seg.file_id < _MAX_ID:
+    if seg.file_id is not None and not 0 < seg.file_id < MAX_FILE_ID:
         fail(PayloadSegmentError, f"file id {seg.file_id} is outside [1, 2**63)")
-    if seg.shape and math.prod(seg.shape) >= _MAX_ROW:
-        fail(PayloadSegmentError, f"row shape {seg.shape} exceeds {_MAX_ROW} elements")
+    if seg.shape and math.prod(seg.shape) >= MAX_ROW_ELEMS:
+        fail(PayloadSegmentError, f"row shape {seg.shape} exceeds {MAX_ROW_ELEMS} elements")
     if seg.dtype not in STORED_DTYPES | {"uint24"}:
         fail(PayloadDtypeError, f"unknown stored dtype {seg.dtype!r}")
     if field.is_int != (seg.dtype in INTEGER_DTYPES | {"uint24"}):
@@ -81,7 +85,7 @@ def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
                 f"region's {lay.rows} rows (a writer never makes one)",
             )
         if (
-            max(lay.rows, lay.values, lay.block_rows) >= _MAX_EXTENT
+            max(lay.rows, lay.values, lay.block_rows) >= MAX_EXTENT
             or seg.first + seg.rows > lay.rows
         ):
             fail(
@@ -91,7 +95,7 @@ def explain(seg: PayloadSegment, name: str, field: PayloadField) -> None:
 
 
 def _plausible_shape(shape: tuple[int, ...]) -> bool:
-    return not shape or (min(shape) > 0 and math.prod(shape) < _MAX_ROW)
+    return not shape or (min(shape) > 0 and math.prod(shape) < MAX_ROW_ELEMS)
 
 
 def stored_kinds(field: PayloadField) -> frozenset[str]:
@@ -186,14 +190,14 @@ def plausible(t: RecordTable, field: PayloadField) -> np.ndarray:
     kinds = stored_kinds(field)
     ok = np.array([name in kinds for name in DTYPE_CODES] + [False])[t.dtype]
     for col in (t.rows, t.offset, t.pos, t.first):
-        ok &= (col >= 0) & (col < _MAX_EXTENT)
+        ok &= (col >= 0) & (col < MAX_EXTENT)
     ok &= t.file_id >= 0
     if field.ragged:
         flat = np.array([not shape for shape in t.shapes])[t.shape_id]
         cb = (t.count_bytes == 1) | (t.count_bytes == 2) | (t.count_bytes == 4)
         ok &= (t.has_layout == 1) & flat & cb & (t.first + t.rows <= t.lay_rows)
         for col, low in ((t.lay_rows, 0), (t.lay_values, 0), (t.block_rows, 1)):
-            ok &= (col >= low) & (col < _MAX_EXTENT)
+            ok &= (col >= low) & (col < MAX_EXTENT)
         ok &= (t.block_rows <= BLOCK_ROWS) | (t.block_rows <= t.lay_rows)
     else:
         ok &= (t.has_layout == 0) & np.array([_plausible_shape(s) for s in t.shapes])[t.shape_id]

@@ -4,14 +4,14 @@ native pass (``_window.c``), with the planned NumPy reader as its fallback and i
 The planned reader (:mod:`rollfeed.payload.read.fixed_read`,
 :mod:`rollfeed.payload.read.ragged_read`) handles every case and names what is wrong; for a 64-file
 window most of its time is per-call NumPy planning, not I/O. The compiled read takes the records,
-the windows and the files as the lease opened them, and either returns every field, bitwise what the
-planned reader returns, or
-*declines*; then the planned reader runs from the start and raises the typed error, or handles
-the rare case. It declines, never guesses: a file of an earlier format version, a checking read
-(``verify_checksums``), an object-store root, a fixed field with integer ids of several widths or
-read nowhere, a field of placeholders only, a read large enough for the root's thread pool, and
-any record, file or header the planned reader would refuse or treat specially (a stale file id, a
-file that may have grown, a header that disagrees, an output past the root's
+the windows and the files as the lease opened them, and either returns every field, bitwise what
+the planned reader returns, or *declines*; then the planned reader runs from the start and raises
+the typed error, or handles the rare case. It declines, never guesses: a file of an earlier format
+version, a checking read (``verify_checksums``), a store without file descriptors (an object
+store), a fixed field with integer ids of several widths or read nowhere, a field of placeholders
+only, a read large enough for the store's thread pool, and any record, file or header the planned
+reader would refuse or treat specially (a stale file id, a file that may have grown, a header
+that disagrees, an output past the root's
 ``max_output_bytes``).
 
 The kernel is built by ``pip install`` (``setup.py``; it needs a C compiler). Where it is not
@@ -85,7 +85,8 @@ def read_compiled(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """Every field of ``windows`` (checked ranges) that some segment carries, as ``(values,
     coverage)`` (shapes as :class:`~rollfeed.payload.FieldRead`), or ``None`` when declined."""
-    if _window is None or type(root) is not PayloadRoot or root.verify_checksums:
+    store = root.store
+    if _window is None or not store.descriptors or root.verify_checksums:
         return None
     wide = _NONE if width is None else width
     specs = []
@@ -96,17 +97,14 @@ def read_compiled(
     plan = _window.plan(segments, tuple(specs))
     if plan is None or not plan.files:
         return None
-    parallel = root.threads >= 2 and len(plan.files) >= 2
-    try:  # held as a Lease holds them, without its NumPy columns (the kernel reads the entries)
-        entries = root._acquire(plan.files)
+    parallel = store.threads >= 2 and len(plan.files) >= 2
+    try:  # the kernel reads the lease's entries (fd and columns)
+        lease = store.lease(plan.files, root.retry)
     except PayloadError:  # the planned reader opens them again, under the root's policy
         return None
-    try:
-        got = plan.read(
-            entries, root.parallel_min_bytes if parallel else _NO_LIMIT, root.max_output_bytes
-        )
-    finally:
-        root._proc().release(entries)
+    with lease:
+        bound = store.parallel_min_bytes if parallel else _NO_LIMIT  # type: ignore[attr-defined]
+        got = plan.read(lease.entries, bound, root.max_output_bytes)  # type: ignore[attr-defined]
     if got is None:
         return None
     return {

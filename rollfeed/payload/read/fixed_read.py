@@ -23,12 +23,12 @@ from rollfeed.payload.format.checksum import (
     Entries,
     check_blocks,
     fixed_block_rows,
-    no_checksums_error,
     unique_blocks,
 )
 from rollfeed.payload.format.layout import DTYPE_CODES, REGION_HEADER
 from rollfeed.payload.read.checks import RecordTable, check_fill, common_dtype
 from rollfeed.payload.read.read_plan import (
+    FieldFiles,
     check_output,
     coverage,
     fit,
@@ -38,7 +38,7 @@ from rollfeed.payload.read.read_plan import (
 )
 from rollfeed.payload.read.regions import check_file_ids, check_regions
 from rollfeed.payload.segment import ITEMSIZE
-from rollfeed.payload.stores.lease import FieldFiles, Reads
+from rollfeed.payload.stores.store import Reads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,10 +125,7 @@ class FixedJob:
         """Yield the batches to read, one at a time; return the rows ``[n, *shape]``."""
         c, n, elems = self.c, self.n, self.elems
         check_file_ids(c, files.file_id[c.file_idx])
-        version, hsize, hstart = header_ranges(c, files, self.key)
-        if check and (version == 1).any():
-            i = int(np.argmax(version == 1))
-            raise no_checksums_error(file=c.segs[i].file, field=self.name, region=c.segs[i].offset)
+        hsize, hstart = header_ranges(c, files, self.key)
         size = fit(c, files, self._fits, self._needs)  # every record read lies inside its file
         hbuf = np.zeros((len(c.segs), REGION_HEADER.size + len(self.key)), np.uint8)
         parts = [files.reads(c.file_idx, hstart, hsize, [hbuf], 0, slots(hbuf))]
@@ -144,7 +141,7 @@ class FixedJob:
         yield Reads.concat(parts)
         file_id = files.file_id[c.file_idx]
         args = dict(name=self.key, size=size, file_id=file_id, shape=self.shape, ragged=None)
-        check_regions(c, hbuf, version, **args)
+        check_regions(c, hbuf, **args)
         if check:
             yield from self._checked(files, hbuf, hsize, hstart, targets)
         if out is None:  # no record read: the shape is now the header's own

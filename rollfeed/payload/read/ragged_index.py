@@ -30,7 +30,7 @@ from rollfeed.payload.format.values import decode_into, spare
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.read_plan import fit, header_ranges, slots
 from rollfeed.payload.read.regions import check_regions
-from rollfeed.payload.stores.lease import Reads
+from rollfeed.payload.stores.store import Reads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,7 +64,7 @@ class IndexStep:
         self.spec, self.dtype = spec, DTYPE_CODES[code]
         self.vsize = size = DTYPE_SIZES[self.dtype]
         self.key = name.encode()
-        self.version, self.hsize, self.hstart = header_ranges(t, files, self.key)
+        self.hsize, self.hstart = header_ranges(t, files, self.key)
         self.files = files
         lay_rows, lay_values = t.lay_rows, t.lay_values
 
@@ -137,7 +137,6 @@ class IndexStep:
         check_regions(
             t,
             self.hbuf,
-            self.version,
             name=self.key,
             size=self.size,
             file_id=file_id,

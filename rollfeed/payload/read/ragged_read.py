@@ -18,13 +18,20 @@ import numpy as np
 
 from rollfeed.payload.errors import PayloadWidthError
 from rollfeed.payload.fields import PayloadField
-from rollfeed.payload.format.checksum import check_blocks, no_checksums_error, unique_blocks
+from rollfeed.payload.format.checksum import check_blocks, unique_blocks
 from rollfeed.payload.format.values import decode_into, spare
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.ragged_index import IndexStep
-from rollfeed.payload.read.read_plan import check_output, coverage, inside, overlaps, spread
+from rollfeed.payload.read.read_plan import (
+    FieldFiles,
+    check_output,
+    coverage,
+    inside,
+    overlaps,
+    spread,
+)
 from rollfeed.payload.read.regions import check_file_ids
-from rollfeed.payload.stores.lease import FieldFiles, Reads
+from rollfeed.payload.stores.store import Reads
 
 
 class RaggedJob:
@@ -70,10 +77,6 @@ class RaggedJob:
         if self.empty:
             return np.full((self.n, self.width or 1), spec.fill, spec.ragged_dtype)
         check_file_ids(t, files.file_id[t.file_idx])
-        version = files.version[t.file_idx]
-        if check and (version == 1).any():
-            i = int(np.argmax(version == 1))
-            raise no_checksums_error(file=t.segs[i].file, field=self.name, region=t.segs[i].offset)
         indexes = []
         for cb, block, code in self.kinds:
             idx = np.flatnonzero(

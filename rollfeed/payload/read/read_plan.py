@@ -13,10 +13,50 @@ from collections.abc import Callable
 import numpy as np
 
 from rollfeed.payload.errors import PayloadOutputBoundError, PayloadTruncatedError
-from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1
+from rollfeed.payload.format.layout import REGION_HEADER
 from rollfeed.payload.read.checks import RecordTable
 from rollfeed.payload.read.regions import check_room
-from rollfeed.payload.stores.lease import FieldFiles
+from rollfeed.payload.stores.store import Reads, StoreLease
+
+
+class FieldFiles:
+    """One field's files inside a lease that several fields share: the lease's columns, and
+    batches of ranges, indexed by the field's own file numbers (``fmap [F]``: lease index of
+    each; the field's records never point at an unmapped one)."""
+
+    def __init__(self, lease: StoreLease | None, fmap: np.ndarray) -> None:
+        self.lease, self.fmap = lease, fmap
+        same = lease is not None and len(fmap) == len(lease.files)
+        self._same = same and bool((fmap == np.arange(len(fmap))).all())  # no mapping needed
+
+    def _column(self, name: str) -> np.ndarray:
+        col = getattr(self.lease, name)
+        return col if self._same else col[self.fmap]
+
+    size = property(lambda self: self._column("size"))
+    file_id = property(lambda self: self._column("file_id"))
+
+    def refresh(self, idx: np.ndarray) -> None:
+        self.lease.refresh(self.fmap[idx])  # type: ignore[union-attr]
+
+    def reads(
+        self,
+        file_idx: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dests: list[np.ndarray],
+        dest_idx: np.ndarray | int,
+        dest_offsets: np.ndarray,
+    ) -> Reads:
+        """A batch of this field's ranges (``file_idx`` in its own numbering; ``[K]`` columns)."""
+        return Reads(
+            file_idx=file_idx if self._same else self.fmap[file_idx],
+            offsets=offsets,
+            lengths=lengths,
+            dests=dests,
+            dest_idx=np.full(offsets.shape, dest_idx, np.int64),
+            dest_offsets=dest_offsets,
+        )
 
 
 def overlaps(t: RecordTable, ranges: list[tuple[int, int]]):
@@ -67,11 +107,10 @@ def inside(t: RecordTable, ranges: list[tuple[int, int]]) -> np.ndarray:
 
 
 def header_ranges(t: RecordTable, lease: FieldFiles, key: bytes):
-    """Version ``[S]``, region header size ``[S]`` and start ``[S]`` of each record's region."""
-    version = lease.version[t.file_idx]
-    hsize = np.where(version != 1, REGION_HEADER.size, REGION_HEADER_V1.size) + len(key)
-    check_room(t, lease.header_size[t.file_idx], hsize)
-    return version, hsize, t.offset - hsize
+    """Region header size ``[S]`` and start ``[S]`` of each record's region."""
+    hsize = np.full(len(t.offset), REGION_HEADER.size + len(key), np.int64)
+    check_room(t, hsize)
+    return hsize, t.offset - hsize
 
 
 def fit(

@@ -8,7 +8,7 @@ size before allocating anything (:mod:`rollfeed.payload.read.regions`). Each fie
 NumPy columns (:mod:`rollfeed.payload.read.fixed_read`, :mod:`rollfeed.payload.read.ragged_read`)
 and runs in steps; the ranges every field needs at a step (its bodies and, right before each body,
 its region header) are read together: grouped per file, one ``preadv`` per contiguous range, files
-issued concurrently (:class:`~rollfeed.payload.stores.lease.Lease`). Every record read is held to
+issued concurrently (:class:`~rollfeed.payload.stores.local.Lease`). Every record read is held to
 its region header before any byte is handed out. A fixed-width field takes one step (two when
 checking); a ragged one two (index, then the values of clipped regions).
 
@@ -52,9 +52,10 @@ from rollfeed.payload.read.checks import field_segments
 from rollfeed.payload.read.compiled_read import read_compiled
 from rollfeed.payload.read.fixed_read import FixedJob
 from rollfeed.payload.read.ragged_read import RaggedJob
+from rollfeed.payload.read.read_plan import FieldFiles
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.segment import PayloadSegment
-from rollfeed.payload.stores.lease import FieldFiles, Lease, Reads
+from rollfeed.payload.stores.store import Reads, StoreLease
 
 Window = tuple[int, int] | Sequence[tuple[int, int]]
 
@@ -201,7 +202,7 @@ def _shaped(out: np.ndarray, job: FixedJob | RaggedJob) -> np.ndarray:
 
 
 def _drive(
-    lease: Lease | None, jobs: Mapping[str, FixedJob | RaggedJob], check: bool
+    lease: StoreLease | None, jobs: Mapping[str, FixedJob | RaggedJob], check: bool
 ) -> dict[str, np.ndarray]:
     """Run every job's steps in lockstep: the reads all of them need at a step are one batch."""
     index = {f: i for i, f in enumerate(lease.files)} if lease is not None else {}

@@ -1,2 +1,1 @@
-"""The offline scan: every file under a root (local or object store) parsed and held to its own
-claims, with its checksums verified (``rollfeed scan``)."""
+"""``inspect`` and ``verify``: every file of any store walked region by region."""

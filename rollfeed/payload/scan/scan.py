@@ -5,10 +5,12 @@ see what a payload root holds and check it without any segment records.
 
 A scan never hangs, never leaves the root and never allocates more than the file it reads:
 
-- the tree is walked with ``os.scandir`` without following symlinks; a symlink anywhere under the
-  root is a finding (readers refuse every symlink, so nothing behind it is readable by handle);
-- files are opened with :func:`~rollfeed.payload.stores.safe_open.open_beneath` (no symlink, no FIFO
-  blocking ``open``, type checked on the descriptor);
+- files are listed and opened through the root's store
+  (:class:`~rollfeed.payload.stores.store.Store`): a local tree is walked without following
+  symlinks, a symlink anywhere under the root is a finding (readers refuse every symlink, so
+  nothing behind it is readable by handle), and a file is opened beneath the root (no symlink, no
+  FIFO blocking ``open``, type checked on the descriptor); an object store is listed, and each
+  object read by ranged GETs pinned to the ETag seen at open;
 - every size a header claims (name length, body bytes, rows, values, count bytes, block rows) is
   checked in Python ints against the bytes the file really has before anything is read or
   allocated for it;
@@ -29,7 +31,6 @@ region header, and a symlink ``step_1/c.rfp -> /etc``)::
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +40,6 @@ from rollfeed.payload.errors import (
     PayloadError,
     PayloadIOError,
     PayloadMissingFileError,
-    PayloadPathError,
     PayloadRegionError,
     PayloadTruncatedError,
 )
@@ -47,18 +47,18 @@ from rollfeed.payload.format.checksum import ENTRY, RegionSums, table_entries
 from rollfeed.payload.format.layout import (
     DTYPE_SIZES,
     FILE_HEADER,
-    FILE_HEADER_V1,
     KIND_FIXED,
     KIND_RAGGED,
+    REGION_HEADER,
     RegionHeader,
     decode_index,
     index_table,
     parse_file_header,
-    region_struct,
     values_start,
 )
-from rollfeed.payload.scan.scan_claims import check_claims, malformed
-from rollfeed.payload.stores.safe_open import open_beneath
+from rollfeed.payload.root import PayloadRoot, as_root
+from rollfeed.payload.scan.scan_claims import check_claims
+from rollfeed.payload.stores.store import Listed, Store, StoreFile
 
 SUFFIX = ".rfp"
 
@@ -94,91 +94,57 @@ class RootScan:
         return self.refused + [s.problem for s in self.scans if s.problem is not None]
 
 
-def scan_root(root: str, *, checksums: bool = True) -> RootScan:
-    """Walk ``root`` (never following a symlink) and scan every ``*.rfp`` file under it;
-    ``checksums``: also check every block of every region against its checksum (``verify``),
-    which reads every byte (``inspect`` reads headers and CSR indexes only).
-    ``s3://bucket/prefix``: the objects under it (:mod:`rollfeed.payload.scan.object_scan`)."""
-    if root.startswith("s3://"):
-        from rollfeed.payload.scan.object_scan import scan_store
-
-        return scan_store(root, checksums=checksums)
-    names, refused = _walk(root)
+def scan_root(root: str | PayloadRoot, *, checksums: bool = True) -> RootScan:
+    """Scan every ``*.rfp`` file under ``root`` (a directory, walked without following any
+    symlink, or ``s3://bucket/prefix``: credentials from the ``AWS_*`` variables, or a
+    :class:`~rollfeed.payload.PayloadRoot`'s own) through its store; ``checksums``: also check
+    every block of every region against its checksum (``verify``), which reads every byte
+    (``inspect`` reads headers and CSR indexes only)."""
+    store = as_root(root).store
+    listed, refused = store.listing(SUFFIX)
     scans = []
-    for rel in names:
-        try:
-            scans.append(scan_file(root, rel, checksums=checksums))
-        except PayloadMissingFileError as err:
-            refused.append(type(err)(f"{err.message}: it vanished during the scan", file=rel))
-        except PayloadError as err:  # could not be opened: symlink swapped in, FIFO, ...
-            refused.append(err)
-    return RootScan(root=root, scans=scans, refused=sorted(refused, key=lambda e: e.file or ""))
-
-
-def _walk(root: str) -> tuple[list[str], list[PayloadError]]:
-    names: list[str] = []
-    refused: list[PayloadError] = []
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        try:
-            with os.scandir(os.path.join(root, rel_dir) if rel_dir else root) as it:
-                entries = list(it)
-        except OSError as err:
-            refused.append(_os_finding(err, rel_dir or ".", "directory"))
-            continue
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+    try:
+        for found in listed:
             try:
-                if entry.is_symlink():
-                    refused.append(
-                        PayloadPathError(
-                            "symlink, not followed: readers never follow symlinks, so nothing "
-                            "behind it is readable by handle; put the file itself there",
-                            file=rel,
-                        )
-                    )
-                elif entry.is_dir(follow_symlinks=False):
-                    pending.append(rel)
-                elif entry.name.endswith(SUFFIX):
-                    names.append(rel)  # open_beneath refuses a FIFO, socket or device by type
-            except OSError as err:
-                refused.append(_os_finding(err, rel, "entry"))
-    return sorted(names), refused
+                scans.append(scan_file(store, found, checksums=checksums))
+            except PayloadMissingFileError as err:
+                refused.append(
+                    type(err)(f"{err.message}: it vanished during the scan", file=found.rel)
+                )
+            except PayloadError as err:  # could not be opened: symlink swapped in, FIFO, ...
+                refused.append(err)
+    finally:
+        store.close()
+    name = root if isinstance(root, str) else root.path
+    return RootScan(root=name, scans=scans, refused=sorted(refused, key=lambda e: e.file or ""))
 
 
-def _os_finding(err: OSError, rel: str, what: str) -> PayloadError:
-    if isinstance(err, FileNotFoundError):
-        return PayloadMissingFileError(f"{what} vanished during the scan (pruned?)", file=rel)
-    return PayloadPathError(f"{what} cannot be read: {err.strerror}", file=rel)
-
-
-def scan_file(root: str, rel: str, *, checksums: bool = True) -> FileScan:
-    """Walk the region headers of ``rel``, decode every CSR index and (``checksums``) check every
-    block of every region; stop at the first problem.
+def scan_file(store: Store, found: Listed, *, checksums: bool = True) -> FileScan:
+    """Walk the region headers of ``found``, decode every CSR index and (``checksums``) check
+    every block of every region; stop at the first problem.
 
     Raises a :class:`PayloadError` only when the file cannot be opened (missing, a symlink, not a
     regular file); problems with its bytes are returned in :attr:`FileScan.problem`.
     """
-    fd = open_beneath(root, rel)
+    rel = found.rel
+    file = store.open_file(rel)
     try:
-        st = os.fstat(fd)
         regions: list[tuple[int, RegionHeader]] = []
         try:
-            _walk_regions(fd, rel, st.st_size, regions, checksums)
+            _walk_regions(file, rel, file.size, regions, checksums)
             problem = None
         except PayloadError as err:
             problem = err
         except OSError as err:  # EIO and the like, after the open succeeded
             problem = PayloadIOError(f"read failed: {err.strerror}", file=rel)
         return FileScan(
-            file=rel, size=st.st_size, mtime=st.st_mtime, regions=regions, problem=problem
+            file=rel, size=file.size, mtime=found.mtime, regions=regions, problem=problem
         )
     finally:
-        os.close(fd)
+        file.close()
 
 
-def _read(fd: int, rel: str, size: int, at: int, n: int, what: str) -> bytes:
+def _read(file: StoreFile, rel: str, size: int, at: int, n: int, what: str) -> bytes:
     """Exactly ``n`` bytes at ``at``; ``n`` is bounded by ``size`` before any buffer exists."""
     if at + n > size:
         raise PayloadTruncatedError(
@@ -186,7 +152,7 @@ def _read(fd: int, rel: str, size: int, at: int, n: int, what: str) -> bytes:
             file=rel,
             offset=at,
         )
-    raw = os.pread(fd, n, at)
+    raw = file.read(at, n)
     if len(raw) != n:
         raise PayloadTruncatedError(
             f"file shrank during the scan: {len(raw)} of the {n}-byte {what} could be read",
@@ -196,27 +162,28 @@ def _read(fd: int, rel: str, size: int, at: int, n: int, what: str) -> bytes:
     return raw
 
 
-def _walk_regions(fd: int, rel: str, size: int, regions: list, checksums: bool) -> None:
-    if size < FILE_HEADER_V1.size:
-        _read(fd, rel, size, 0, FILE_HEADER_V1.size, "file header")  # raises: cut short
+def _walk_regions(file: StoreFile, rel: str, size: int, regions: list, checksums: bool) -> None:
+    if size < FILE_HEADER.size:
+        _read(file, rel, size, 0, FILE_HEADER.size, "file header")  # raises: cut short
     try:
-        head = parse_file_header(os.pread(fd, min(size, FILE_HEADER.size), 0))
+        file_id = parse_file_header(file.read(0, FILE_HEADER.size))
     except PayloadError as err:
         raise err.with_place(file=rel) from None
-    fixed_size = region_struct(head.version).size
-    at = head.size
+    fixed_size = REGION_HEADER.size
+    at = FILE_HEADER.size
     while at < size:
         k = len(regions)
-        fixed = _read(fd, rel, size, at, fixed_size, f"header of region {k}")
+        fixed = _read(file, rel, size, at, fixed_size, f"header of region {k}")
         name_len = fixed[7]
-        name = _read(fd, rel, size, at + fixed_size, name_len, f"field name of region {k}")
-        header = RegionHeader.unpack(fixed, name, head.version)
-        if header is None:
-            raise malformed(head, fixed, name, rel, at, k)
-        if header.file_id != head.file_id:
+        name = _read(file, rel, size, at + fixed_size, name_len, f"field name of region {k}")
+        try:
+            header = RegionHeader.unpack(fixed, name)
+        except PayloadRegionError as err:
+            raise type(err)(f"region {k} is {err.message}", file=rel, offset=at) from None
+        if header.file_id != file_id:
             raise PayloadRegionError(
                 f"region {k}: header field file_id = {header.file_id} differs from the file "
-                f"header's {head.file_id} (a region of another file?)",
+                f"header's {file_id} (a region of another file?)",
                 file=rel,
                 field=header.field,
                 offset=at,
@@ -224,7 +191,7 @@ def _walk_regions(fd: int, rel: str, size: int, regions: list, checksums: bool) 
         body_at = at + header.size
         check_claims(rel, size, header, at, body_at, k)
         try:
-            end = _check_bytes(fd, rel, size, header, fixed + name, at, body_at, k, checksums)
+            end = _check_bytes(file, rel, size, header, fixed + name, at, body_at, k, checksums)
         except PayloadChecksumError as err:
             raise type(err)(f"region {k}: {err.message}", **err.place) from None
         regions.append((body_at, header))
@@ -232,7 +199,7 @@ def _walk_regions(fd: int, rel: str, size: int, regions: list, checksums: bool) 
 
 
 def _check_bytes(
-    fd: int,
+    file: StoreFile,
     rel: str,
     size: int,
     h: RegionHeader,
@@ -249,23 +216,22 @@ def _check_bytes(
         return kind(f"region {k}: {what}", file=rel, field=h.field, offset=at)
 
     def read(offset: int, n: int, what: str = f"body of region {k}") -> bytes:
-        return _read(fd, rel, size, offset, n, what)
+        return _read(file, rel, size, offset, n, what)
 
     end = body_at + h.body_bytes
     sums = None
-    if h.version != 1:
-        n = 4 * table_entries(h.kind == KIND_RAGGED, h.rows, h.block_rows)
-        if end + n > size:
-            raise bad(
-                f"its {n}-byte checksum table runs past the end of the file (only {size - end} "
-                "bytes follow the body; cut short)",
-                PayloadTruncatedError,
-            )
-        if checksums:
-            stored = np.frombuffer(read(end, n, f"checksum table of region {k}"), ENTRY)
-            sums = RegionSums(file=rel, field=h.field, region_at=at, body_at=body_at, stored=stored)
-            sums.header(head)
-        end += n
+    n = 4 * table_entries(h.kind == KIND_RAGGED, h.rows, h.block_rows)
+    if end + n > size:
+        raise bad(
+            f"its {n}-byte checksum table runs past the end of the file (only {size - end} "
+            "bytes follow the body; cut short)",
+            PayloadTruncatedError,
+        )
+    if checksums:
+        stored = np.frombuffer(read(end, n, f"checksum table of region {k}"), ENTRY)
+        sums = RegionSums(file=rel, field=h.field, region_at=at, body_at=body_at, stored=stored)
+        sums.header(head)
+    end += n
     if h.kind == KIND_FIXED:
         if sums is not None:
             row_bytes = DTYPE_SIZES[h.dtype] * math.prod(h.shape or ())

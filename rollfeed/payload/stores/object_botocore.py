@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollfeed.payload.errors import (
+    PayloadError,
     PayloadInputError,
     PayloadIOError,
     PayloadStoreAuthError,
@@ -141,19 +142,24 @@ class SignedRequests:
             try:
                 deadline = min(time.monotonic() + a.timeout_s, last)
                 return self._once(deadline, frozen, method, key, query or {}, what, where)
-            except (OSError, http.client.HTTPException, _Retry) as err:
-                pause = a.backoff_s(pause)
-                if tries >= a.request_retries or time.monotonic() + pause >= last:
-                    raise PayloadStoreTimeoutError(
-                        f"the store did not answer {what} of {where} after {tries} retries: "
-                        f"out of reach or too slow ({type(err).__name__}: {err}); each attempt "
-                        f"is bounded by timeout_s={a.timeout_s}, all of them by "
-                        f"retry_timeout_s={a.retry_timeout_s}: check the endpoint, or raise "
-                        "timeout_s / request_retries / retry_timeout_s",
-                        file=key,
-                    ) from None
-                time.sleep(pause)
-                tries += 1
+            except PayloadError as err:  # an OSError too (PayloadIOError): only _Retry retries
+                if not isinstance(err, _Retry):
+                    raise
+                failed: Exception = err
+            except (OSError, http.client.HTTPException) as err:
+                failed = err
+            pause = a.backoff_s(pause)
+            if tries >= a.request_retries or time.monotonic() + pause >= last:
+                raise PayloadStoreTimeoutError(
+                    f"the store did not answer {what} of {where} after {tries} retries: "
+                    f"out of reach or too slow ({type(failed).__name__}: {failed}); each "
+                    f"attempt is bounded by timeout_s={a.timeout_s}, all of them by "
+                    f"retry_timeout_s={a.retry_timeout_s}: check the endpoint, or raise "
+                    "timeout_s / request_retries / retry_timeout_s",
+                    file=key,
+                ) from None
+            time.sleep(pause)
+            tries += 1
 
     def _once(
         self,

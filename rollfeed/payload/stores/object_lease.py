@@ -1,8 +1,8 @@
 """A lease over objects: the objects of one read, and the ranged GETs that read them.
 
-The object-store counterpart of :class:`~rollfeed.payload.stores.lease.Lease`, with the same columns
-(``size``, ``version``, ``file_id``, ``header_size`` ``[F]``) and the same
-:meth:`ObjectLease.read` of a :class:`~rollfeed.payload.stores.lease.Reads` batch, so every read
+The object-store counterpart of :class:`~rollfeed.payload.stores.local.Lease`, with the same columns
+(``size``, ``file_id`` ``[F]``) and the same
+:meth:`ObjectLease.read` of a :class:`~rollfeed.payload.stores.store.Reads` batch, so every read
 plan runs unchanged over it. The ranges of all the fields of a micro batch are grouped per object,
 ranges of an object at most ``merge_gap`` bytes apart are merged into one ``[start, end)`` span
 (the regions one request wrote lie side by side in its object, so the common case is one GET per
@@ -17,27 +17,27 @@ gap of 4096 become two GETs: ``obj 0 [64, 214)`` and ``obj 1 [64, 74)``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from rollfeed.payload.errors import PayloadStaleFileError, PayloadTruncatedError
-from rollfeed.payload.stores.lease import Reads
-
-if TYPE_CHECKING:
-    from rollfeed.payload.stores.object_root import ObjectRoot
+from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
+from rollfeed.payload.stores.store import Reads, Retry, StoreLease
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ObjectEntry:
-    """One opened object: handle, key, ETag and the lease columns
-    ``(size, version, file_id, header_size)``."""
+class ObjectOpener(Protocol):
+    """What a lease needs of its store: the client, the merge gap, and the opens (an entry and
+    its first bytes; see :class:`~rollfeed.payload.stores.s3.S3Store`)."""
 
-    rel: str
-    key: str
-    etag: str | None
-    columns: tuple[int, int, int, int]
+    client: ObjectClient
+    merge_gap: int
+
+    def where(self, rel: str) -> str: ...
+    def acquire(
+        self, files: Sequence[str], retry: Retry
+    ) -> tuple[list[ObjectEntry], dict[int, memoryview]]: ...
+    def replace(self, old: ObjectEntry, retry: Retry) -> tuple[ObjectEntry, memoryview]: ...
 
 
 def merge_spans(
@@ -63,27 +63,17 @@ def merge_spans(
     return span_of, np.array(sfile, np.int64), np.array(sstart, np.int64), np.array(send, np.int64)
 
 
-class ObjectLease:
+class ObjectLease(StoreLease):
     """Objects held for one read (their cached size, ETag and header; no descriptors)."""
 
-    def __init__(self, root: ObjectRoot, files: Sequence[str]) -> None:
-        self.root, self.files = root, files
-        self.entries, self.first = root.acquire(files)
+    def __init__(self, store: ObjectOpener, files: Sequence[str], retry: Retry) -> None:
+        self.store, self.files, self.retry = store, files, retry
+        self.entries, self.first = store.acquire(files, retry)
         self.requests = 0  # GETs issued by read(): what the benchmark counts
         self._columns()
 
-    def _columns(self) -> None:
-        cols = np.array([e.columns for e in self.entries], np.int64).reshape(-1, 4).T.copy()
-        self.size, self.version, self.file_id, self.header_size = cols
-
-    def __enter__(self) -> ObjectLease:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.entries, self.first = [], {}
-
-    def index(self, rel: str | None) -> int | None:
-        return self.files.index(rel) if rel in self.files else None
 
     def refresh(self, idx: np.ndarray) -> None:
         """Look objects ``idx`` up again. An object is immutable, so one that now looks
@@ -94,7 +84,7 @@ class ObjectLease:
         changed = None
         for i in np.unique(idx).tolist():
             old = self.entries[i]
-            self.entries[i], self.first[i] = self.root.replace(old)
+            self.entries[i], self.first[i] = self.store.replace(old, self.retry)
             if changed is None and (self.entries[i].etag, self.entries[i].columns) != (
                 old.etag,
                 old.columns,
@@ -104,13 +94,13 @@ class ObjectLease:
         if changed is not None:
             entry = self.entries[changed]
             raise PayloadStaleFileError(
-                f"object {self.root.where(entry.rel)} changed under its key while it was read "
+                f"object {self.store.where(entry.rel)} changed under its key while it was read "
                 "(another ETag, size or file header)",
                 file=entry.rel,
             )
 
     def reopen(self, i: int) -> None:
-        self.entries[i], self.first[i] = self.root.replace(self.entries[i])
+        self.entries[i], self.first[i] = self.store.replace(self.entries[i], self.retry)
         self._columns()
 
     def read(self, reads: Reads) -> None:
@@ -129,9 +119,10 @@ class ObjectLease:
                 reads.dest_offsets,
             )
         )
-        span_of, sfile, sstart, send = merge_spans(fi, off, ln, self.root.merge_gap)
-        proc = self.root._proc()
-        results = proc.map(self._fetch, sfile.tolist(), sstart.tolist(), send.tolist())
+        span_of, sfile, sstart, send = merge_spans(fi, off, ln, self.store.merge_gap)
+        results = self.store.client.process().map(
+            self._fetch, sfile.tolist(), sstart.tolist(), send.tolist()
+        )
         views = [memoryview(d.reshape(-1).view(np.uint8)) for d in reads.dests]
         rel_start = (off - sstart[span_of]).tolist()
         for s, d, a, b, n in zip(
@@ -145,8 +136,8 @@ class ObjectLease:
             return first[start:end]
         self.requests += 1
         entry = self.entries[f]
-        where = self.root.where(entry.rel)
-        client = self.root._proc().client
+        where = self.store.where(entry.rel)
+        client = self.store.client.process().obstore
         got = client.get(entry.key, start, end, entry.etag, where=where, rel=entry.rel)
         if len(got.data) != end - start:
             raise PayloadTruncatedError(

@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+from collections.abc import Callable
 
 from rollfeed.payload.errors import PayloadIOError, PayloadPathError
 from rollfeed.payload.format.layout import FILE_HEADER, file_header, new_file_id
 from rollfeed.payload.stores.safe_open import open_parent_beneath
 
+log = logging.getLogger(__name__)
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+_FRESH_FILES = 3
 
 
 def _create_beneath(root: str, rel: str) -> int:
@@ -90,6 +94,30 @@ class FileSink:
         self._fd: int | None = None
         self._pid: int | None = None
         self._size = 0  # bytes of complete writes: the next write starts here
+
+    def put(self, packed: Callable[[int], tuple[list[memoryview], list[int]]]) -> list[int]:
+        """Append the regions ``packed(file_id)`` lays out; the offset of each region body. A
+        file found gone after the append is left for a fresh one, and the regions written again
+        there (up to three times in a row, then :class:`PayloadIOError`)."""
+        for _ in range(_FRESH_FILES):
+            bufs, offsets = packed(self.file_id)
+            base = self.append(bufs)
+            if self.still_named():
+                return [base + o for o in offsets]
+            gone = self.file
+            self.start_fresh_file()
+            log.warning(
+                "payload file %s under %s was unlinked or replaced (its group pruned?); writing "
+                "to a fresh file %s",
+                gone,
+                self.root,
+                self.file,
+            )
+        raise PayloadIOError(
+            f"the payload file was removed while it was written, {_FRESH_FILES} times in a row; "
+            "no record was returned (prune a group only after its last write)",
+            file=gone,
+        )
 
     def append(self, bufs: list[memoryview]) -> int:
         """Write ``bufs`` after the last complete write; return the offset of ``bufs[0]``.

@@ -23,40 +23,41 @@ Example (names of one writer of group ``step_000001`` named ``w0``)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from rollfeed.payload.format.layout import FILE_HEADER, new_file_id
-from rollfeed.payload.stores.object_root import ObjectRoot
+from rollfeed.payload.format.layout import FILE_HEADER, file_header, new_file_id
+from rollfeed.payload.stores.object_client import ObjectClient
 
 log = logging.getLogger(__name__)
 MULTIPART_BYTES = 8 << 20  # bodies this large go up in parts
 
 
 class ObjectSink:
-    """One object per write of a writer whose handle is ``file`` (``<group>/<name>.rfp``)."""
+    """One object per write of a writer whose handle is ``file`` (``<group>/<name>.rfp``).
+    ``file_id`` is 0 until the first write (each object has its own); ``restarts`` stays 0 (an
+    object is never lost under its writer)."""
 
-    def __init__(self, root: ObjectRoot, file: str, *, multipart_bytes: int = MULTIPART_BYTES):
-        self.root, self.stem = root, file.removesuffix(".rfp")
+    def __init__(self, client: ObjectClient, file: str, *, multipart_bytes: int = MULTIPART_BYTES):
+        self.client, self.file, self.stem = client, file, file.removesuffix(".rfp")
         self.multipart_bytes = multipart_bytes
-        self.count = 0
+        self.count = self.file_id = self.restarts = 0
 
-    def next_object(self) -> tuple[str, int]:
-        """Handle and file id of the next write's object."""
+    def put(self, packed: Callable[[int], tuple[list[memoryview], list[int]]]) -> list[int]:
+        """The regions ``packed(file_id)`` lays out, PUT as the next object of this writer
+        (``file``, with a fresh ``file_id``; the file header first); their body offsets."""
         self.count += 1
-        return f"{self.stem}-{self.count:06d}.rfp", new_file_id()
+        self.file, self.file_id = f"{self.stem}-{self.count:06d}.rfp", new_file_id()
+        bufs, offsets = packed(self.file_id)
+        self._put(self.file, [memoryview(file_header(self.file_id)), *bufs])
+        return [FILE_HEADER.size + o for o in offsets]
 
-    def put(self, rel: str, bufs: list[memoryview]) -> int:
-        """PUT ``bufs`` (file header first) as object ``rel``; returns the offset of the first
-        region (the file header's size), as an append at the start of a file does."""
+    def close(self) -> None:
+        """Nothing held between writes."""
+
+    def _put(self, rel: str, bufs: list[memoryview]) -> None:
         data = b"".join(bufs)
         large = len(data) >= self.multipart_bytes
-        client = self.root._proc().client
-        client.put(
-            self.root.url.key(rel), data, multipart=large, where=self.root.where(rel), rel=rel
+        self.client.process().obstore.put(
+            self.client.url.key(rel), data, multipart=large, where=self.client.where(rel), rel=rel
         )
         log.debug("put %s (%d bytes, multipart=%s)", rel, len(data), large)
-        return FILE_HEADER.size
-
-
-def object_sink(root: object, file: str) -> ObjectSink | None:
-    """The sink of a writer on ``root``: ``None`` for a local root (the writer appends)."""
-    return ObjectSink(root, file) if isinstance(root, ObjectRoot) else None

@@ -51,7 +51,7 @@ from typing import Literal
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadDtypeError, PayloadInputError, PayloadIOError
+from rollfeed.payload.errors import PayloadDtypeError, PayloadInputError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
 from rollfeed.payload.format.checksum import fixed_block_rows, fixed_table, ragged_table
 from rollfeed.payload.format.label_rows import canonical_arrays
@@ -62,8 +62,8 @@ from rollfeed.payload.format.layout import (
     KIND_RAGGED,
     LABEL_OMITTED,
     MAX_NDIM,
+    MAX_ROW_ELEMS,
     RegionHeader,
-    file_header,
     ragged_bytes,
     values_start,
 )
@@ -72,16 +72,12 @@ from rollfeed.payload.read.checks import stored_kinds
 from rollfeed.payload.root import PayloadRoot, as_root
 from rollfeed.payload.segment import STORED_DTYPES, PayloadSegment, RaggedLayout
 from rollfeed.payload.stores.safe_open import handle_parts
-from rollfeed.payload.write.file_sink import FileSink
-from rollfeed.payload.write.object_writer import object_sink
 
 FieldArray = np.ndarray | tuple[np.ndarray, np.ndarray]
 TableFn = Callable[[bytes, memoryview], bytes]  # checksum table from header+name and body
 _INT_STORAGE = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "int64")
-_MAX_ROW = 1 << 24  # elements in one fixed-width row (what a reader accepts)
 # Fresh files one write may start because its file went while it wrote (a prune running
 # on a live group) before it gives up.
-_FRESH_FILES = 3
 log = logging.getLogger(__name__)
 
 
@@ -153,29 +149,30 @@ class PayloadWriter:
         if fsync not in ("always", "never"):
             raise PayloadInputError(f"fsync must be 'always' or 'never', got {fsync!r}")
         self.root = as_root(root)
-        self.file = (
-            os.path.join(group, f"{name or uuid.uuid4().hex}.rfp")
-            if group
-            else f"{name or uuid.uuid4().hex}.rfp"
-        )
-        handle_parts(self.root.path, self.file)  # refuse a group or name that escapes the root
+        file = f"{name or uuid.uuid4().hex}.rfp"
+        file = os.path.join(group, file) if group else file
+        handle_parts(self.root.path, file)  # refuse a group or name that escapes the root
         self.fsync, self.fields = fsync, fields
         self.dtypes = _stored_dtypes(dtypes or {}, fields)
-        self._objects = object_sink(self.root, self.file)  # an object store: one object per write
-        self._local = (
-            FileSink(self.root.path, self.file, fsync=fsync == "always")
-            if self._objects is None
-            else None
-        )
-        self.file_id = self._local.file_id if self._local is not None else 0
+        self._sink = self.root.store.sink(file, fsync=fsync == "always")
         self._lock = threading.Lock()
         self._closed = False
+
+    @property
+    def file(self) -> str:
+        """The handle of the file (object) this writer wrote last, or writes next."""
+        return self._sink.file
+
+    @property
+    def file_id(self) -> int:
+        """That file's id (0 on an object store before the first write)."""
+        return self._sink.file_id
 
     @property
     def restarts(self) -> int:
         """Fresh files this writer started because its file was unlinked or replaced (a local
         root; 0 on an object store, where every write is an object of its own)."""
-        return self._local.restarts if self._local is not None else 0
+        return self._sink.restarts
 
     def __enter__(self) -> PayloadWriter:
         return self
@@ -185,44 +182,8 @@ class PayloadWriter:
 
     def close(self) -> None:
         with self._lock:
-            if self._local is not None:
-                self._local.close()
+            self._sink.close()
             self._closed = True
-
-    def _put(self, packed: Callable[[int], tuple[list[memoryview], list[int]]]) -> list[int]:
-        """Write the regions ``packed(file_id)`` lays out; the offset of each region body.
-
-        Sets ``file`` and ``file_id`` to where they went. Caller holds the lock.
-        """
-        if self._closed:
-            raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
-        if self._objects is not None:
-            self.file, self.file_id = self._objects.next_object()
-            bufs, offsets = packed(self.file_id)
-            base = self._objects.put(self.file, [memoryview(file_header(self.file_id)), *bufs])
-            return [base + o for o in offsets]
-        local = self._local
-        for _ in range(_FRESH_FILES):
-            bufs, offsets = packed(local.file_id)
-            base = local.append(bufs)
-            if local.still_named():
-                self.file, self.file_id = local.file, local.file_id
-                return [base + o for o in offsets]
-            gone = local.file
-            local.start_fresh_file()
-            log.warning(
-                "payload file %s under %s was unlinked or replaced (its group pruned?); writing "
-                "to a fresh file %s",
-                gone,
-                self.root.path,
-                local.file,
-            )
-        self.file, self.file_id = local.file, local.file_id
-        raise PayloadIOError(
-            f"the payload file was removed while it was written, {_FRESH_FILES} times in a row; "
-            "no record was returned (prune a group only after its last write)",
-            file=gone,
-        )
 
     def write(
         self,
@@ -265,7 +226,9 @@ class PayloadWriter:
             return bufs, offsets
 
         with self._lock:
-            offsets = self._put(packed)
+            if self._closed:
+                raise PayloadInputError(f"PayloadWriter for {self.file} is closed", file=self.file)
+            offsets = self._sink.put(packed)  # file and file_id then say where they went
             for (name, first, header, _, shape, _), offset in zip(regions, offsets, strict=True):
                 layout = None
                 if header.kind == KIND_RAGGED:
@@ -303,10 +266,10 @@ class PayloadWriter:
                 f"field {name!r} holds {kind} values, got dtype {arr.dtype}", field=name
             )
         shape = tuple(int(d) for d in arr.shape[1:])
-        if len(shape) > MAX_NDIM or min(shape, default=1) < 1 or np.prod(shape) >= _MAX_ROW:
+        if len(shape) > MAX_NDIM or min(shape, default=1) < 1 or np.prod(shape) >= MAX_ROW_ELEMS:
             raise PayloadInputError(
                 f"field {name!r} rows of shape {shape}: a row needs at most {MAX_NDIM} dims, "
-                f"each >= 1, and fewer than {_MAX_ROW} elements",
+                f"each >= 1, and fewer than {MAX_ROW_ELEMS} elements",
                 field=name,
             )
         if name in self.dtypes:

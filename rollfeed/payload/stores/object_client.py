@@ -1,13 +1,19 @@
-"""This process's object-store client: every request an ``s3://`` root or a step store makes,
-through obstore (the two multipart requests obstore does not offer, and a profile's credentials,
-are botocore's: :mod:`~rollfeed.payload.stores.object_botocore`).
+"""How one process reaches an object store: the bucket and prefix, the access, and per process
+the obstore client, the request threads and the cache of opened objects.
 
-One client per process and bucket, created on first use by its owner (keyed by pid), never
-pickled: obstore's runtime does not survive ``fork``, so processes that use it start from a fork
-server or are spawned (:meth:`~rollfeed.loaders.LoaderOptions.start_method`). The obstore
-store is built once from :class:`~rollfeed.payload.stores.store_url.StoreAccess`, which holds
-the one retry policy (each attempt bounded as a whole by ``timeout_s``, retries with backoff
-within ``retry_timeout_s``) and where credentials come from. Every failure is a typed
+:class:`ObjectClient` is picklable and carries no client (its ``repr`` names the URL only, never a
+credential); :meth:`ObjectClient.process` makes this process's state on first use, keyed by pid.
+Every request an ``s3://`` root or a step store makes goes through :class:`ObstoreClient`
+(obstore; the two multipart requests obstore does not offer, a step store's bounded listing, and
+a profile's credentials are botocore's: :mod:`~rollfeed.payload.stores.object_botocore`).
+
+obstore's runtime does not survive ``fork`` (a child forked after its parent made a request hangs
+on its own first), so processes that use it start from a fork server or are spawned
+(:meth:`~rollfeed.loaders.LoaderOptions.start_method`); a forked child that finds its parent's
+state is refused with :class:`~rollfeed.payload.errors.PayloadInputError` instead of hanging. The
+obstore store is built once from :class:`~rollfeed.payload.stores.store_url.StoreAccess`, which
+holds the one retry policy (each attempt bounded as a whole by ``timeout_s``, retries with
+backoff within ``retry_timeout_s``) and where credentials come from. Every failure is a typed
 :class:`~rollfeed.payload.errors.PayloadError` (:func:`~rollfeed.payload.stores.object_errors.
 store_error`) naming the object.
 
@@ -20,8 +26,9 @@ ETag of a single PUT is the MD5 of its body) took the earlier attempt as landed.
 
 Example::
 
-    client = ObstoreClient(access, StoreURL.parse("s3://rollouts/run7"))
-    client.get("run7/g/w-000001.rfp", 0, 4096, None, where="s3://...", rel="g/w-000001.rfp")
+    client = ObjectClient(StoreURL.parse("s3://rollouts/run7"), access, threads=16)
+    client.process().obstore.get("run7/g/w-000001.rfp", 0, 4096, None, where="s3://...",
+                                 rel="g/w-000001.rfp")
     -> Got(size=..., etag='"9b2c..."', data=<memory>)   # 4096 bytes, or fewer at the end
 """
 
@@ -29,11 +36,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rollfeed.payload.errors import (
+    PayloadInputError,
     PayloadIOError,
     PayloadMissingFileError,
     PayloadPathError,
@@ -44,7 +55,10 @@ from rollfeed.payload.stores.object_botocore import (
     profile_provider,
 )
 from rollfeed.payload.stores.object_errors import store_error
+from rollfeed.payload.stores.store import PerProcess
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
+
+T = TypeVar("T")
 
 PART_BYTES = 5 << 20  # S3's smallest part size
 
@@ -221,6 +235,80 @@ class ObstoreClient:
             obstore.delete(self.store, list(keys))
         except Exception as raw:
             raise self._error(raw, where, rel, "deleting") from None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObjectEntry:
+    """One opened object: handle, key, ETag and the lease columns
+    ``(size, version, file_id, header_size)``."""
+
+    rel: str
+    key: str
+    etag: str | None
+    columns: tuple[int, int, int, int]
+
+
+class ObjectProcessState:
+    """This process's obstore client, request threads and cache of opened objects; never
+    pickled. ``store``: the client's obstore store."""
+
+    def __init__(self, access: StoreAccess, url: StoreURL, threads: int) -> None:
+        self.pid = os.getpid()
+        self.obstore = ObstoreClient(access, url)
+        self.store = self.obstore.store
+        self.lock = threading.Lock()
+        self.files: OrderedDict[str, ObjectEntry] = OrderedDict()
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
+
+    def map(self, fn: Callable[..., T], *columns: Sequence) -> list[T]:
+        """``fn`` over the rows of ``columns`` on this process's request threads (inline for
+        one row); the first error raises once every call has finished."""
+        if len(columns[0]) == 1:
+            return [fn(*(c[0] for c in columns))]
+        with self.lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="rollfeed-s3")
+            pool = self._pool
+        jobs = [pool.submit(fn, *row) for row in zip(*columns, strict=True)]
+        wait(jobs)
+        return [j.result() for j in jobs]
+
+    def close(self) -> None:
+        with self.lock:
+            self.files.clear()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+class ObjectClient(PerProcess):
+    """Objects under ``url`` reached with ``access``, ``threads`` requests in flight at most."""
+
+    def __init__(self, url: StoreURL, access: StoreAccess, threads: int) -> None:
+        self.url, self.access, self.threads = url, access, threads
+        self.path = str(url)
+
+    def __repr__(self) -> str:
+        return f"ObjectClient({self.path!r})"
+
+    def process(self) -> ObjectProcessState:
+        """This process's state; in a process forked from one that made it,
+        :class:`PayloadInputError` (obstore's runtime would hang there)."""
+        return self._here(
+            lambda: ObjectProcessState(self.access, self.url, self.threads), forked=self._forked
+        )
+
+    def _forked(self) -> PayloadInputError:
+        return PayloadInputError(
+            f"this process was forked from one that used the object store {self.path}: "
+            "obstore's runtime does not survive fork (the first request would hang); start "
+            "it from a fork server or spawn it (multiprocessing.get_context('forkserver'))"
+        )
+
+    def where(self, rel: str) -> str:
+        """``s3://bucket/key`` of handle ``rel`` (confined to the prefix)."""
+        return f"s3://{self.url.bucket}/{self.url.key(rel)}"
 
 
 def _exists(where: str, rel: str) -> PayloadPathError:

@@ -1,0 +1,216 @@
+"""Payload files in an object store: ``PayloadRoot("s3://bucket/prefix", ...)``'s store.
+
+:class:`S3Store` is the second :class:`~rollfeed.payload.stores.store.Store`: the reader, the
+fixed-width and ragged read plans, the record checks and the retry policy of
+:meth:`~rollfeed.payload.PayloadRoot.run` are the local root's, unchanged; only the lease differs
+(:class:`~rollfeed.payload.stores.object_lease.ObjectLease`: ranged GETs instead of ``preadv``).
+
+Opening an object is one ranged GET of its first ``open_bytes`` bytes (the file header, and for
+a small object the whole of it, which the read that opened it uses), which also returns the
+object's size and ETag; the process caches size, ETag and header (at most ``max_open`` objects,
+least recently used out first).
+Every later read of the object carries ``If-Match: <ETag>``, so an object replaced under its key
+(pruned and written again) is never read as the old record's bytes: the GET fails, the root
+reopens the key once, and the record's file id then names the mismatch
+(:class:`PayloadStaleFileError`).
+
+The client (obstore) and the threads that issue requests are per process
+(:class:`~rollfeed.payload.stores.object_client.ObjectClient`); a process forked from one that
+used the store is refused (:class:`PayloadInputError`) instead of hanging, so a process that
+reads or writes an object store is started from a fork server or spawned (a loader's workers
+are, :meth:`~rollfeed.loaders.LoaderOptions.start_method`). The store is picklable and carries
+no client, and its ``repr`` names the URL only (never a credential).
+
+Example::
+
+    root = PayloadRoot("s3://rollouts/run7", endpoint="http://10.0.0.5:8333")  # an S3Store
+    read_fields(segments, {"routed_experts": (0, 4096)}, root=root)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rollfeed.payload.errors import PayloadError, PayloadInputError
+from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_header
+from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
+from rollfeed.payload.stores.object_lease import ObjectLease
+from rollfeed.payload.stores.object_prune import prune_group
+from rollfeed.payload.stores.store import Listed, Retry
+from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
+from rollfeed.payload.write.object_writer import ObjectSink
+
+_MERGE_GAP = 1 << 20  # ranges of an object at most this far apart are fetched in one GET
+
+
+class S3Store:
+    """Payload objects under ``s3://bucket/prefix``, and how to reach them.
+
+    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``,
+    ``profile``, ``metadata_endpoint``: the store and where its credentials come from (each
+    ``None`` found where the AWS libraries look, in the process that builds a client:
+    :class:`~rollfeed.payload.stores.store_url.StoreAccess`).
+    ``timeout_s``: one request's bound, as a whole (connect, headers and body, however slowly a
+    store sends them); ``request_retries``: retries of a request that timed out, was cut, was
+    throttled or got a 5xx (exponential backoff from 50 ms), every attempt ending within
+    ``retry_timeout_s`` of the first; then a typed error (:class:`PayloadStoreTimeoutError`),
+    never a hang. ``concurrency``: ranged GETs in flight per read.
+    ``merge_gap``: ranges of one object at most this many bytes apart are one GET (the bytes
+    between them are fetched and dropped: a request costs more than a few hundred KiB).
+    ``open_bytes``: the GET that opens an object (its header, size and ETag) fetches this many of
+    its first bytes, and the read that opened it uses them: an object of a request or two is
+    read with that one GET. ``max_open``: objects whose size, ETag and header stay cached.
+    """
+
+    descriptors = False
+    backoff_s = 0.05
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        profile: str | None = None,
+        metadata_endpoint: str | None = None,
+        timeout_s: float = 10.0,
+        request_retries: int = 3,
+        retry_timeout_s: float = 30.0,
+        max_open: int = 4096,
+        concurrency: int = 16,
+        open_bytes: int = 256 << 10,
+        merge_gap: int = _MERGE_GAP,
+    ) -> None:
+        if max_open < 1 or concurrency < 1 or merge_gap < 0:
+            raise PayloadInputError(
+                "an object-store PayloadRoot needs max_open >= 1, concurrency >= 1 and "
+                f"merge_gap >= 0, got {max_open}, {concurrency}, {merge_gap}"
+            )
+        access = StoreAccess(
+            endpoint=endpoint,
+            region=region,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+            session_token=session_token,
+            profile=profile,
+            metadata_endpoint=metadata_endpoint,
+            timeout_s=timeout_s,
+            request_retries=request_retries,
+            retry_timeout_s=retry_timeout_s,
+        )
+        self.client = ObjectClient(StoreURL.parse(url), access, concurrency)
+        self.url, self.path = self.client.url, self.client.path
+        self.max_open, self.threads = max_open, concurrency
+        self.merge_gap, self.open_bytes = merge_gap, open_bytes
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.path!r})"
+
+    def close(self) -> None:
+        self.client.close()
+
+    def where(self, rel: str) -> str:
+        return self.client.where(rel)
+
+    def _open(self, rel: str, retry: Retry) -> tuple[ObjectEntry, memoryview]:
+        """Size, ETag and file header of object ``rel`` and its first ``open_bytes`` bytes (one
+        ranged GET), after the bounded retry for a missing one."""
+        key, span, where = (
+            self.url.key(rel),
+            max(self.open_bytes, FILE_HEADER.size),
+            self.where(rel),
+        )
+        client = self.client.process().obstore
+        got = retry.opening(rel, lambda: client.get(key, 0, span, None, where=where, rel=rel))
+        try:
+            file_id = parse_file_header(got.data[: FILE_HEADER.size])
+        except PayloadError as err:
+            raise err.with_place(file=rel) from None
+        columns = (got.size, VERSION, file_id, FILE_HEADER.size)
+        return ObjectEntry(rel=rel, key=key, etag=got.etag, columns=columns), got.data
+
+    def acquire(
+        self, files: Sequence[str], retry: Retry
+    ) -> tuple[list[ObjectEntry], dict[int, memoryview]]:
+        """Entries for ``files`` (opened when not cached) and, for those opened now, their first
+        bytes by position in ``files``: a read of a small object then needs no second GET."""
+        proc = self.client.process()
+        with proc.lock:
+            held = [proc.files.get(rel) for rel in files]
+            for entry in held:
+                if entry is not None:
+                    proc.files.move_to_end(entry.rel)
+        at = [i for i, e in enumerate(held) if e is None]
+        first: dict[int, memoryview] = {}
+        if at:
+            opened = proc.map(lambda rel: self._open(rel, retry), [files[i] for i in at])
+            with proc.lock:
+                for i, (entry, data) in zip(at, opened, strict=True):
+                    proc.files[entry.rel] = held[i] = entry
+                    first[i] = data
+                while len(proc.files) > self.max_open:
+                    proc.files.popitem(last=False)
+        return held, first  # type: ignore[return-value]
+
+    def replace(self, old: ObjectEntry, retry: Retry) -> tuple[ObjectEntry, memoryview]:
+        """A newly opened entry for ``old.rel`` (and its first bytes) in place of ``old``."""
+        fresh, data = self._open(old.rel, retry)
+        proc = self.client.process()
+        with proc.lock:
+            proc.files[old.rel] = fresh
+        return fresh, data
+
+    def lease(self, files: Sequence[str], retry: Retry) -> ObjectLease:
+        return ObjectLease(self, files, retry)
+
+    def sink(self, file: str, *, fsync: bool) -> ObjectSink:
+        """One object per write (a PUT returns once the object is stored: ``fsync`` adds
+        nothing)."""
+        return ObjectSink(self.client, file)
+
+    def listing(self, suffix: str) -> tuple[list[Listed], list[PayloadError]]:
+        """Every ``*suffix`` object under the prefix (a listing that fails raises)."""
+        prefix = f"{self.url.prefix}/" if self.url.prefix else ""
+        found = [
+            Listed(self.url.rel(m["path"]), m["last_modified"].timestamp())
+            for m in self.client.process().obstore.keys(prefix, where=self.path, rel=".")
+            if m["path"].endswith(suffix)
+        ]
+        return sorted(found, key=lambda f: f.rel), []
+
+    def open_file(self, rel: str) -> ObjectFile:
+        return ObjectFile(self, rel)
+
+    def delete(self, group: str) -> None:
+        """Delete every object of ``group`` and abort the incomplete multipart uploads under it;
+        a group with neither is :class:`PayloadMissingFileError`."""
+        prune_group(self.client, group)
+
+
+class ObjectFile:
+    """One object opened for the scan: its first ``open_bytes`` bytes, then ranged GETs of at
+    least as many bytes each (a scan reads forward), each with ``If-Match`` on the ETag seen at
+    open, so the bytes all come from one object."""
+
+    def __init__(self, store: S3Store, rel: str) -> None:
+        self.store, self.rel, self.key = store, rel, store.url.key(rel)
+        got = self._get(0, store.open_bytes, None)
+        self.size, self.etag, self.at, self.data = got.size, got.etag, 0, got.data
+
+    def _get(self, start: int, end: int, etag: str | None):
+        where = self.store.where(self.rel)
+        return self.store.client.process().obstore.get(
+            self.key, start, end, etag, where=where, rel=self.rel
+        )
+
+    def read(self, at: int, n: int) -> bytes:
+        if not self.at <= at or at + n > self.at + len(self.data):
+            end = min(self.size, at + max(n, self.store.open_bytes))
+            self.at, self.data = at, self._get(at, end, self.etag).data if end > at else b""
+        return bytes(self.data[at - self.at : at - self.at + n])
+
+    def close(self) -> None:
+        self.data = b""
