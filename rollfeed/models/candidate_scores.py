@@ -113,7 +113,8 @@ def score_candidates(
     kept = None
     if kept_z is not None:
         slot_rows = plan.slot_rows
-        kept = torch.where(plan.member, kept_z - (m + log_z)[slot_rows], float("-inf"))
+        # The same association as logp's, so a label's slot holds its logprob bit for bit.
+        kept = torch.where(plan.member, kept_z - m[slot_rows] - log_z[slot_rows], float("-inf"))
     return CandidateScores(logp=logp, entropy=entropy, kept=kept)
 
 
