@@ -55,6 +55,11 @@ from rollfeed.models import fused_support_logprobs
 VARIANTS = ("ragged", "padded", "full")
 DISTS = ("singletons", "top_k50", "heavy")
 CHECKED_ROWS = 256
+# glibc's mmap threshold held at 64 KiB in the children (it grows with each freed large block
+# otherwise): every freed temporary of that size goes back to the system at once, so the resident
+# high-water mark counts only what was live together. Without it one variant's figure swung
+# between 4 and 29 MiB from run to run.
+_FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
 def _sizes(dist: str, rows: int, g: torch.Generator) -> torch.Tensor:
@@ -211,7 +216,7 @@ def _stats(dist: str, rows: int) -> str:
 def _measure(child: str, dist: str, rows: int, args: argparse.Namespace, *variants: str) -> dict:
     argv = ["--child", child, "--dists", dist, "--rows", str(rows), "--vocab", str(args.vocab)]
     argv += ["--hidden", str(args.hidden), "--repeats", str(args.repeats), "--device", args.device]
-    return run_variant("rollfeed.bench.scoring", [*argv, "--variants", *variants])
+    return run_variant("rollfeed.bench.scoring", [*argv, "--variants", *variants], env=_FIXED_MMAP)
 
 
 def _case(dist: str, rows: int, args: argparse.Namespace, a: str, b: str) -> tuple[dict, dict]:
