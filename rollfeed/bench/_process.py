@@ -11,14 +11,22 @@ PyTorch's CPU allocator does not cache, so the difference is what the variant he
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
 
 
-def run_variant(module: str, argv: list[str]) -> dict[str, float]:
+def run_variant(
+    module: str, argv: list[str], env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """``env``: variables added to this process's environment for the child."""
     out = subprocess.run(
-        [sys.executable, "-m", module, *argv], capture_output=True, text=True, check=True
+        [sys.executable, "-m", module, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=None if env is None else {**os.environ, **env},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -8,17 +8,23 @@ at a time and reduced on the spot to this rank's log-sum-exp, so no ``[N, V]`` t
 :class:`_FusedHeadProjection` (an ``autograd.Function``) saves only its inputs and recomputes each
 chunk in backward, so backward memory is one chunk plus the gradient buffers; the weight gradient
 is accumulated in fp32 (fp64 for fp64 inputs) whatever the weight dtype, in one buffer shared by
-the pairs and the fallback rows. Liger-Kernel's fused linear cross entropy and SkyRL's
-candidate-row projection are the prior art for the chunk-and-recompute design.
+the pairs and the fallback rows. The pairs and every reduction over them are ragged
+(:mod:`rollfeed.models.candidates`): no tensor is ``N`` times the widest row. Liger-Kernel's
+fused linear cross entropy and SkyRL's candidate-row projection are the prior art for the
+chunk-and-recompute design.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
+from rollfeed.collate import RaggedRows
+from rollfeed.models.candidate_scores import kept_rows, score_candidates
+from rollfeed.models.candidates import MissingLabel, candidate_pairs, compute_dtype, plan_rows
 from rollfeed.models.errors import SupportInputError
+from rollfeed.models.segments import add_rows
 from rollfeed.models.support import SupportScores
+from rollfeed.models.support_checks import support_rows
 from rollfeed.models.tp import ProcessGroup, full_vocab_size, sum_grad_over_tp
 
 DEFAULT_CHUNK_SIZE = 2048
@@ -77,9 +83,9 @@ class _FusedHeadProjection(torch.autograd.Function):
             rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
             g = g_dots[s : s + chunk, None].to(acc)
             if grad_h is not None:
-                _add_rows(grad_h, rows, g * weight.index_select(0, ids).to(acc))
+                add_rows(grad_h, rows, g * weight.index_select(0, ids).to(acc))
             if grad_w is not None:
-                _add_rows(grad_w, ids, g * hidden.index_select(0, rows).to(acc))
+                add_rows(grad_w, ids, g * hidden.index_select(0, rows).to(acc))
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk, acc):
             p = (logits - lse[sl, None]).exp()
             # d lse / d l = p;  d mean / d l = p · (1 + l − mean)
@@ -89,7 +95,7 @@ class _FusedHeadProjection(torch.autograd.Function):
             dl = dl / fb_temp[sl, None]
             rows = fb_rows[sl]
             if grad_h is not None:
-                _add_rows(grad_h, rows, (dl.to(weight.dtype) @ weight).to(acc))
+                add_rows(grad_h, rows, (dl.to(weight.dtype) @ weight).to(acc))
             if grad_w is not None:
                 grad_w.addmm_(dl.T, hidden[rows].to(acc))
         return (
@@ -97,28 +103,6 @@ class _FusedHeadProjection(torch.autograd.Function):
             None if grad_w is None else grad_w.to(weight.dtype),
             *(None,) * 6,
         )
-
-
-def _add_rows(out: torch.Tensor, index: torch.Tensor, rows: torch.Tensor) -> None:
-    """``out[index[i]] += rows[i]`` for ``index [k]``, ``rows [k, H]``, the same sum on every run.
-
-    Repeated indices (a token scored against several candidates, a candidate shared by many
-    tokens) must be summed in a fixed order for the gradient to be bitwise reproducible.
-    ``index_add_`` on CUDA adds with atomics (order set by the scheduler; torch marks it
-    nondeterministic), so it is not used there: ``index_put_(accumulate=True)`` on CUDA (and XPU)
-    sorts the indices and adds each destination row's contributions in sorted order without
-    atomics (``index_put_with_sort_kernel`` in aten/src/ATen/native/cuda/Indexing.cu, the path
-    ``torch.use_deterministic_algorithms`` routes ``index_add_`` to). On CPU ``index_add_`` along
-    dim 0 adds the index's rows one after another, in index order, while ``index_put_``'s CPU
-    accumulation is the parallel, nondeterministic one: so each device gets its ordered kernel.
-
-    Example: ``out = zeros(3, 2)``, ``index = [2, 0, 2]``, ``rows = [[1, 1], [2, 2], [3, 3]]``
-    → ``out = [[2, 2], [0, 0], [4, 4]]``.
-    """
-    if out.device.type == "cpu":
-        out.index_add_(0, index, rows)
-    else:
-        out.index_put_((index,), rows, accumulate=True)
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -149,11 +133,12 @@ def fused_support_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
-    support: torch.Tensor,
+    support: RaggedRows | torch.Tensor,
     *,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float | torch.Tensor = 1.0,
     compute_entropy: bool = False,
+    return_kept_logprobs: bool = False,
     entropy_requires_grad: bool = False,
     fallback_mask: torch.Tensor | None = None,
     missing_label: MissingLabel = "error",
@@ -167,8 +152,11 @@ def fused_support_logprobs(
     Args:
         hidden: ``[N, H]`` final hidden states (after the last norm).
         weight: ``[V_local, H]`` LM-head weight, or this rank's vocabulary shard under TP.
-        labels, support, temperature, compute_entropy, entropy_requires_grad, fallback_mask,
-            missing_label, tp_group, vocab_start, vocab_size: as in :func:`support_logprobs`.
+        labels, support, temperature, compute_entropy, return_kept_logprobs,
+            entropy_requires_grad, fallback_mask, missing_label, tp_group, vocab_start,
+            vocab_size: as in :func:`support_logprobs` (a :class:`~rollfeed.collate.RaggedRows`
+            support costs ∝ its ids; a padded one ∝ ``N·W`` for the planning, while only the
+            kept pairs are projected either way).
         chunk_size: candidate pairs projected at once (fallback rows: ``chunk_size · H`` logits at
             once); bounds the temporaries to about ``2 · chunk_size · H`` elements.
         reduce_hidden_grad: under TP, all-reduce the hidden-state gradient over ``tp_group`` in
@@ -198,6 +186,8 @@ def fused_support_logprobs(
         # V from its shard, and an id >= V is owned by no rank (it would score nothing, silently).
         # PolicyScorer finds V once, at construction, and passes it.
         vocab_size = full_vocab_size(width, tp_group, hidden.device)
+    given, support = support, support_rows(support, rows)
+    uniform = given.shape[1] if isinstance(given, torch.Tensor) else None  # a padded [N, W]
     plan = plan_rows(
         labels,
         support,
@@ -211,43 +201,38 @@ def fused_support_logprobs(
         missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        uniform_width=uniform,
     )
-    # The label is projected once per row: reuse its support column when it has one.
-    label_hit = plan.local & (support == labels[:, None])
-    has_hit = label_hit.any(-1)
-    need = torch.cat([plan.local, (plan.label_owned & ~has_hit)[:, None]], 1)
-    # The pair count (which sets the shapes) is read back with the checks' verdicts: one sync.
-    (count,) = plan.checks.verify(need.sum())
-    pairs = torch.nonzero_static(need, size=count)
-    ids = torch.cat([support, labels[:, None].to(support.dtype)], 1)
-    pair_ids = ids[pairs[:, 0], pairs[:, 1]].long() - vocab_start
-
+    # Each row's label is projected once: from its member slot, or as a label-only pair.
+    pairs = candidate_pairs(plan, labels, vocab_start)
     t = plan.temperature
     fb_rows = plan.fallback_rows
     if fb_rows is None:
         fb_rows = torch.zeros(0, dtype=torch.long, device=hidden.device)
     h = sum_grad_over_tp(hidden, tp_group) if reduce_hidden_grad else hidden
     dots, fb_lse, fb_mean = _FusedHeadProjection.apply(
-        h, weight, pairs[:, 0], pair_ids, fb_rows, t[fb_rows], chunk_size, compute_entropy
+        h, weight, pairs.rows, pairs.cols, fb_rows, t[fb_rows], chunk_size, compute_entropy
     )
-    cand = torch.zeros(need.shape, dtype=cdt, device=hidden.device)
-    cand = cand.index_put((pairs[:, 0], pairs[:, 1]), dots / t[pairs[:, 0]])
-    hit_col = label_hit.to(torch.uint8).argmax(-1, keepdim=True)
-    label_value = torch.where(has_hit, cand.gather(1, hit_col).squeeze(1), cand[:, -1])
-
     with_fb = plan.fallback_rows is not None
-    logp, entropy = score_candidates(
-        cand[:, :-1],
+    out = score_candidates(
+        dots / t[pairs.rows],
+        pairs,
         plan,
-        label_value,
         dense_lse=fb_lse if with_fb else None,
         dense_mean=fb_mean if with_fb and compute_entropy else None,
         tp_group=tp_group,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        kept_logprobs=return_kept_logprobs,
     )
     metrics = {
         **plan.metrics,
-        "pairs_projected": torch.tensor(pairs.shape[0], device=hidden.device),
+        "pairs_projected": torch.tensor(pairs.rows.shape[0], device=hidden.device),
     }
-    return SupportScores(logprobs=logp, entropy=entropy, valid_mask=plan.valid, metrics=metrics)
+    return SupportScores(
+        logprobs=out.logp,
+        entropy=out.entropy,
+        valid_mask=plan.valid,
+        kept_logprobs=kept_rows(plan, out.kept),
+        metrics=metrics,
+    )

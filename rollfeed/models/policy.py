@@ -15,6 +15,13 @@ Coordinates, for ``S = 6``, ``cp = 2``, contiguous shards (``rollfeed.collate.Te
 
 Every rank of the ``cp`` group gets the same ``[S]`` result; compute the same loss from it on each
 rank and sum parameter gradients over the ``cp`` group (as a data-parallel all-reduce would).
+
+``kept_logprobs`` (``return_kept_logprobs=True``) is *not* gathered: it holds this rank's own
+``N`` rows, aligned slot for slot with the support the rank gave (``fields["sampling_mask"]``,
+this rank's window). A loss term over it is this rank's part of the row's loss: each rank computes
+the term over its own rows, and the parameter gradients summed over the ``cp`` group (as for the
+gathered scores) are exactly the gradient of the sum of the ranks' terms (the attention's
+all-to-all carries each rank's part back to the positions it depends on).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from rollfeed.collate import RaggedRows
 from rollfeed.models.candidates import MissingLabel
 from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
@@ -39,7 +47,9 @@ from rollfeed.models.packing_attention import packed_layout, register_packed_att
 from rollfeed.models.packing_modules import install_packed_forwards
 from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
+from rollfeed.models.segments import segment_count
 from rollfeed.models.support import SupportScores, support_logprobs
+from rollfeed.models.support_checks import support_rows
 from rollfeed.models.support_head import HeadCall, check_head, support_head
 from rollfeed.models.tp import ProcessGroup
 from rollfeed.models.ulysses import gather_rank_order, gather_sequence
@@ -128,22 +138,27 @@ class PolicyScorer:
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         labels: torch.Tensor,
-        support: torch.Tensor,
+        support: RaggedRows | torch.Tensor,
         *,
         temperature: float | torch.Tensor = 1.0,
         routing: Routing | None = None,
         canonical_index: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         fallback_mask: torch.Tensor | None = None,
+        return_kept_logprobs: bool = False,
     ) -> SupportScores:
         """Score this rank's ``N`` tokens and gather the row (``[S]``, ``S = N * cp.size``).
 
         ``input_ids, position_ids [N]``; ``labels [N]`` (next token of each input position);
-        ``support [N, W]`` int, ``-1`` padded; ``temperature`` scalar or ``[N]``; ``routing`` over
-        the same ``N`` input positions; ``canonical_index [N]`` / ``cu_seqlens [B+1]`` as in
+        ``support``: :class:`~rollfeed.collate.RaggedRows` of ``N`` rows of int ids, or a padded
+        ``[N, W]`` tensor (``-1`` pads; see :func:`~rollfeed.models.support_logprobs`);
+        ``temperature`` scalar or ``[N]``; ``routing`` over the same ``N`` input positions;
+        ``canonical_index [N]`` / ``cu_seqlens [B+1]`` as in
         :func:`rollfeed.models.packing_attention.packed_layout`; ``fallback_mask [N]`` rows scored
-        over the full vocabulary.
+        over the full vocabulary; ``return_kept_logprobs``: also return this rank's
+        ``kept_logprobs`` (local rows, aligned with ``support``; see the module doc).
         """
+        support = support_rows(support, labels.shape[0])
         layout = packed_layout(
             position_ids,
             cp=self.cp,
@@ -171,6 +186,7 @@ class PolicyScorer:
             chunk_size=self.chunk_size,
             compute_entropy=self.compute_entropy,
             entropy_requires_grad=self.entropy_requires_grad,
+            return_kept_logprobs=return_kept_logprobs,
             missing_label=self.missing_label,
             tp_group=self.tp_group,
             vocab_start=self.vocab_start,
@@ -194,14 +210,21 @@ class PolicyScorer:
         return self._gather(scores, canonical_index, metrics)
 
     def score(
-        self, micro_batch: TensorMicroBatch, *, fallback_unsupported: bool = False
+        self,
+        micro_batch: TensorMicroBatch,
+        *,
+        fallback_unsupported: bool = False,
+        return_kept_logprobs: bool = False,
     ) -> SupportScores:
         """:meth:`score_tokens` on this rank's :class:`rollfeed.collate.TensorMicroBatch`.
 
-        Support comes from ``fields["sampling_mask"]`` (all rows invalid when absent), routing from
+        Support comes from ``fields["sampling_mask"]`` (:class:`~rollfeed.collate.RaggedRows` or a
+        padded tensor; all rows invalid when absent), routing from
         ``fields["routed_experts"]`` (and ``routed_expert_weights``). ``fallback_unsupported``:
         score loss-bearing rows that have no recorded support over the full vocabulary (counted in
-        ``rows_fallback``) instead of leaving them invalid.
+        ``rows_fallback``) instead of leaving them invalid. ``return_kept_logprobs``: also return
+        ``kept_logprobs``, this rank's rows aligned slot for slot with
+        ``fields["sampling_mask"]`` (the label's slot first where the read put it first).
 
         Before the forward, the values the collator recorded on the CPU (``micro_batch.checks``)
         are compared with this scorer's vocabulary: a token id outside ``[0, V)`` raises
@@ -213,10 +236,13 @@ class PolicyScorer:
         mb = micro_batch
         self._check_cp(mb)
         self._check_recorded(mb)
+        n = mb.input_ids.numel()
         support = mb.fields.get("sampling_mask")
         if support is None:
-            n = mb.input_ids.numel()
-            support = torch.full((n, 1), -1, dtype=torch.int32, device=mb.input_ids.device)
+            device = mb.input_ids.device
+            offsets = torch.zeros(n + 1, dtype=torch.int64, device=device)
+            support = RaggedRows(offsets, torch.zeros(0, dtype=torch.int32, device=device))
+        support = support_rows(support, n)
         routing = None
         if "routed_experts" in mb.fields:
             # Replay what was recorded: the rows the read found (coverage), never guessed.
@@ -242,7 +268,7 @@ class PolicyScorer:
             )
         fallback = None
         if fallback_unsupported:
-            fallback = mb.loss_mask & (support < 0).all(dim=1)
+            fallback = mb.loss_mask & ~_has_ids(support)
         return self.score_tokens(
             mb.input_ids,
             mb.position_ids,
@@ -253,6 +279,7 @@ class PolicyScorer:
             canonical_index=mb.positions,
             cu_seqlens=mb.cu_seqlens,
             fallback_mask=fallback,
+            return_kept_logprobs=return_kept_logprobs,
         )
 
     def _check_cp(self, mb: TensorMicroBatch) -> None:
@@ -295,7 +322,11 @@ class PolicyScorer:
             )
 
     def score_logits(
-        self, logits: torch.Tensor, labels: torch.Tensor, support: torch.Tensor, **options: object
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        support: RaggedRows | torch.Tensor,
+        **options: object,
     ) -> SupportScores:
         """Plain logits ``[N, V]`` -> :func:`support_logprobs` with this scorer's options."""
         options.setdefault("compute_entropy", self.compute_entropy)
@@ -327,6 +358,7 @@ class PolicyScorer:
             if entropy is None
             else gather_sequence(entropy, cp, canonical_index=canonical_index),
             valid_mask=valid.bool(),
+            kept_logprobs=scores.kept_logprobs,
             metrics=metrics,
         )
 
@@ -344,12 +376,17 @@ def _checkpointing(model: nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
+def _has_ids(support: RaggedRows) -> torch.Tensor:
+    """``[N]`` bool: rows holding an id (not only ``-1`` padding)."""
+    return segment_count(support.values >= 0, support.row_index(), support.n_rows) > 0
+
+
 def _safe_labels(
-    labels: torch.Tensor, support: torch.Tensor, fallback_mask: torch.Tensor | None
+    labels: torch.Tensor, support: RaggedRows, fallback_mask: torch.Tensor | None
 ) -> torch.Tensor:
     # Rows with no label (sample ends, padding) carry IGNORE_INDEX; they have no support and are
     # not scored, so any in-range id stands in for the scorer's range check.
-    unscored = (support < 0).all(dim=1)
+    unscored = ~_has_ids(support)
     if fallback_mask is not None:
         unscored &= ~fallback_mask
     return torch.where(unscored & (labels < 0), torch.zeros_like(labels), labels)

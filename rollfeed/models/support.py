@@ -16,8 +16,11 @@ import dataclasses
 
 import torch
 
-from rollfeed.models.candidates import MissingLabel, compute_dtype, plan_rows, score_candidates
+from rollfeed.collate import RaggedRows
+from rollfeed.models.candidate_scores import kept_rows, score_candidates
+from rollfeed.models.candidates import MissingLabel, candidate_pairs, compute_dtype, plan_rows
 from rollfeed.models.errors import SupportInputError
+from rollfeed.models.support_checks import support_rows
 from rollfeed.models.tp import ProcessGroup, full_vocab_size
 
 
@@ -32,6 +35,15 @@ class SupportScores:
         logprobs: ``[N]`` label logprob normalised over the row's support (0 on invalid rows).
         entropy: ``[N]`` entropy of the support-restricted distribution, or None when not asked.
         valid_mask: ``[N]`` bool, rows that were scored (a recorded support, or a fallback row).
+        kept_logprobs: with ``return_kept_logprobs=True``, ``log p^S(v) = l_v − logsumexp_{u∈S}
+            l_u`` of every slot of the given support rows (:class:`~rollfeed.collate.RaggedRows`
+            with the support's offsets, aligned slot for slot; a padded ``[N, W]`` support gives
+            rows of ``W`` slots, ``.padded()`` is ``[N, W]`` again), differentiable like
+            ``logprobs``. Slots that are no member of the row's set hold ``-inf``: ``-1``
+            padding, the later slots of a repeated id (its first slot holds the value), and
+            every slot of a row not scored over its support (fallback and unscored rows).
+            :class:`~rollfeed.models.PolicyScorer` returns this rank's own rows (under ``cp``,
+            not gathered), aligned with the support it was given.
         metrics: counters, 0-d int64 tensors (the models' convention, see :mod:`rollfeed.models`):
             ``rows_valid``, ``rows_fallback`` (full-vocab rows, including missing labels),
             ``rows_missing_label``, ``rows_singleton``, ``duplicate_ids``; the fused path adds
@@ -43,16 +55,18 @@ class SupportScores:
     logprobs: torch.Tensor
     entropy: torch.Tensor | None
     valid_mask: torch.Tensor
+    kept_logprobs: RaggedRows | None = None
     metrics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 def support_logprobs(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    support: torch.Tensor,
+    support: RaggedRows | torch.Tensor,
     *,
     temperature: float | torch.Tensor = 1.0,
     compute_entropy: bool = False,
+    return_kept_logprobs: bool = False,
     entropy_requires_grad: bool = False,
     fallback_mask: torch.Tensor | None = None,
     missing_label: MissingLabel = "error",
@@ -67,12 +81,16 @@ def support_logprobs(
             dtype, scored in fp32 (fp64 stays fp64). Only support columns (and whole fallback rows)
             are read, so the gradient is zero outside them.
         labels: ``[N]`` int, the sampled token of each row (global ids).
-        support: ``[N, W]`` int32/int64 global token ids, ``-1`` padding (any other negative id
-            raises); repeats count once.
+        support: :class:`~rollfeed.collate.RaggedRows` of ``N`` rows of int32/int64 global token
+            ids (cost ∝ the ids, ``nnz``), or a padded ``[N, W]`` tensor (taken as rows of ``W``
+            slots, cost ∝ ``N·W``: ``RaggedRows.from_padded(support)`` trims it); ``-1`` is
+            padding wherever it sits (any other negative id raises); repeats count once.
         temperature: the sampler's temperature, a scalar or ``[N]``; logits are divided by it.
             Must be finite and ``>= torch.finfo(compute dtype).tiny`` on every scored row
             (:class:`TemperatureError`).
         compute_entropy: also return the support entropy ``H_S`` (a detached metric).
+        return_kept_logprobs: also return ``kept_logprobs``, the support logprob of every kept id
+            (:class:`SupportScores`); under TP the kept ids' logits ride in the SUM all-reduce.
         entropy_requires_grad: let the entropy carry gradients (an entropy loss term).
         fallback_mask: ``[N]`` bool; rows scored over the full vocabulary (a named, counted policy,
             e.g. a loss-bearing synthetic EOS the sampler never produced).
@@ -85,12 +103,18 @@ def support_logprobs(
             extra all-reduce of ``V_local`` per call (pass it to save that).
 
     Returns:
-        :class:`SupportScores` (``logprobs [N]``, ``entropy [N]`` or None, ``valid_mask [N]``).
+        :class:`SupportScores` (``logprobs [N]``, ``entropy [N]`` or None, ``valid_mask [N]``,
+        ``kept_logprobs`` or None).
+
+    Only the ``P`` candidate logits (each row's distinct ids this rank owns, and the labels of
+    fallback rows) are gathered, and every reduction runs over them (work ``O(P + N)``, plus the
+    fallback rows' full rows); the gradient is zero outside them.
 
     Example (V=4, temperature 1)::
 
-        logits = [[0., 1., 2., 3.]]; labels = [2]; support = [[2, 3, -1]]
-        logp   = 2 − logsumexp([2, 3]) = −1.3133
+        logits = [[0., 1., 2., 3.]]; labels = [2]
+        support = RaggedRows(offsets=[0, 2], values=[2, 3])   # or the padded [[2, 3, -1]]
+        logp   = 2 − logsumexp([2, 3]) = −1.3133;  kept_logprobs rows [[−1.3133, −0.3133]]
     """
     if logits.dim() != 2:
         raise SupportInputError(
@@ -105,6 +129,8 @@ def support_logprobs(
         # V from its shard, and an id >= V is owned by no rank (it would score nothing, silently).
         # PolicyScorer finds V once, at construction, and passes it.
         vocab_size = full_vocab_size(width, tp_group, logits.device)
+    given, support = support, support_rows(support, rows)
+    uniform = given.shape[1] if isinstance(given, torch.Tensor) else None  # a padded [N, W]
     plan = plan_rows(
         labels,
         support,
@@ -118,13 +144,12 @@ def support_logprobs(
         missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        uniform_width=uniform,
     )
-    plan.checks.verify()
+    pairs = candidate_pairs(plan, labels, vocab_start)
     t = plan.temperature
-    index = (support.long() - vocab_start).clamp(0, width - 1)
-    values = logits.gather(1, index).to(cdt) / t[:, None]
-    label_index = (labels.long() - vocab_start).clamp(0, width - 1)
-    label_value = logits.gather(1, label_index[:, None]).squeeze(1).to(cdt) / t
+    # (row, id) pairs are distinct, so the gather's backward adds each gradient once: no order.
+    values = logits[pairs.rows, pairs.cols].to(cdt) / t[pairs.rows]
 
     dense_lse = dense_mean = None
     if plan.fallback_rows is not None:
@@ -133,16 +158,21 @@ def support_logprobs(
         if compute_entropy:
             dense_mean = (torch.softmax(dense, -1) * dense).sum(-1)
 
-    logp, entropy = score_candidates(
+    out = score_candidates(
         values,
+        pairs,
         plan,
-        label_value,
         dense_lse=dense_lse,
         dense_mean=dense_mean,
         tp_group=tp_group,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        kept_logprobs=return_kept_logprobs,
     )
     return SupportScores(
-        logprobs=logp, entropy=entropy, valid_mask=plan.valid, metrics=plan.metrics
+        logprobs=out.logp,
+        entropy=out.entropy,
+        valid_mask=plan.valid,
+        kept_logprobs=kept_rows(plan, out.kept),
+        metrics=plan.metrics,
     )

@@ -10,7 +10,10 @@ gradient lands where FSDP expects it, and no ``[N, V]`` logits exist.
 
 The swapped head returns, where the logits would be, a ``[1, N, 2]`` tensor of the scores
 (logprob, entropy) per input position, so the loss depends on the model's output (FSDP's pre-
-backward hooks hang on it). Under a ``DTensor`` head it is returned as a ``Shard(-1)`` DTensor of
+backward hooks hang on it). With ``return_kept_logprobs`` the kept ids' logprobs ride along in
+the same tensor, ``[1, N + ceil(nnz / 2), 2]``: rows ``N:`` hold the ``nnz`` values in order
+(and a ``-inf`` pad when ``nnz`` is odd), so a loss over them reaches the head through the
+model's output too. Under a ``DTensor`` head it is returned as a ``Shard(-1)`` DTensor of
 identical per-rank blocks: the head's output hook either keeps that layout (``Shard(-1)``, the
 default) or all-gathers it (``Replicate()``), and each rank reads back its own block; the backward
 of the gather sends each block's gradient to its own rank only. Labels, support, temperature and
@@ -35,6 +38,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from rollfeed.collate import RaggedRows
 from rollfeed.models.candidates import MissingLabel
 from rollfeed.models.errors import LMHeadError
 from rollfeed.models.fused import fused_support_logprobs
@@ -56,17 +60,19 @@ _LOGIT_TRANSFORMS = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HeadCall:
-    """One scoring call: ``labels [N]``, ``support [N, W]``, ``temperature`` scalar or ``[N]``,
+    """One scoring call: ``labels [N]``, ``support`` ragged rows (``N`` of them),
+    ``temperature`` scalar or ``[N]``,
     ``fallback_mask [N]`` or None, and the options of :func:`fused_support_logprobs`
     (``tp_group`` / ``vocab_start`` for a plain-tensor shard; a DTensor head says its own)."""
 
     labels: torch.Tensor
-    support: torch.Tensor
+    support: RaggedRows
     temperature: float | torch.Tensor
     fallback_mask: torch.Tensor | None
     chunk_size: int
     compute_entropy: bool
     entropy_requires_grad: bool
+    return_kept_logprobs: bool
     missing_label: MissingLabel
     tp_group: ProcessGroup | None
     vocab_start: int
@@ -79,6 +85,7 @@ class _Scored:
 
     packed: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    kept: RaggedRows | None = None
     metrics: dict[str, torch.Tensor] | None = None
     block: int = 0
     blocks: int = 1
@@ -142,6 +149,7 @@ def _scoring_forward(
         chunk_size=call.chunk_size,
         temperature=call.temperature,
         compute_entropy=call.compute_entropy,
+        return_kept_logprobs=call.return_kept_logprobs,
         entropy_requires_grad=call.entropy_requires_grad,
         fallback_mask=call.fallback_mask,
         missing_label=call.missing_label,
@@ -154,7 +162,14 @@ def _scoring_forward(
     entropy = torch.zeros_like(logp) if scores.entropy is None else scores.entropy.to(logp.dtype)
     # Stacked from [1, N] rows, not unsqueezed: FSDP warns on a view as a module's output.
     packed = torch.stack([logp[None], entropy[None]], -1)
+    kept = scores.kept_logprobs
+    if kept is not None:
+        values = kept.values.to(logp.dtype)
+        if values.numel() % 2:
+            values = torch.cat([values, values.new_full((1,), float("-inf"))])
+        packed = torch.cat([packed, values.view(1, -1, 2)], 1)
     scored.packed, scored.valid, scored.metrics = packed, scores.valid_mask, scores.metrics
+    scored.kept = kept
     if not isinstance(weight, DTensor):
         return packed
     mesh = weight.device_mesh
@@ -172,6 +187,7 @@ def _read(call: HeadCall, scored: _Scored, logits: torch.Tensor) -> SupportScore
     packed = scored.packed
     out = logits.to_local() if isinstance(logits, DTensor) else logits
     n = packed.shape[1]
+    rows = call.labels.shape[0]
     if out.shape[-1] == 2 * scored.blocks and scored.blocks > 1:
         out = out[..., 2 * scored.block : 2 * scored.block + 2]  # gathered by the head's hook
     elif out.data_ptr() != packed.data_ptr():
@@ -191,8 +207,15 @@ def _read(call: HeadCall, scored: _Scored, logits: torch.Tensor) -> SupportScore
         )
     entropy = None
     if call.compute_entropy:
-        entropy = out[0, :, 1] if call.entropy_requires_grad else out[0, :, 1].detach()
+        entropy = out[0, :rows, 1] if call.entropy_requires_grad else out[0, :rows, 1].detach()
+    kept = scored.kept
+    if kept is not None:
+        kept = kept.with_values(out[0, rows:].reshape(-1)[: kept.nnz])
     assert scored.valid is not None and scored.metrics is not None
     return SupportScores(
-        logprobs=out[0, :, 0], entropy=entropy, valid_mask=scored.valid, metrics=scored.metrics
+        logprobs=out[0, :rows, 0],
+        entropy=entropy,
+        valid_mask=scored.valid,
+        kept_logprobs=kept,
+        metrics=scored.metrics,
     )

@@ -5,9 +5,12 @@ replayed routing, contiguous and zigzag layouts, every rank's canonical-coordina
 entropies and valid mask equal the single-rank scorer's on the whole row, and the parameter
 gradients summed over the cp group equal the single-rank gradients (the LM-head shard: its rows of
 the single-rank gradient). Float64, tolerance 1e-10 absolute. The single-rank result is itself
-checked against the independent per-sample reference. On 4 ranks the groups are built from the
-loader's ``Topology`` (rank order dp, cp, tp), and a cp group or micro batch that disagrees with it
-is refused with a typed error.
+checked against the independent per-sample reference. The support is given ragged, and each
+rank's kept logprobs (its own rows, not gathered) equal the single-rank ones of the same rows; a
+loss term over them, each rank its own rows, has cp-summed gradients equal to the single-rank
+gradient. On 4 ranks the groups are built from the loader's ``Topology`` (rank order dp, cp, tp),
+a cp group or micro batch that disagrees with it is refused with a typed error, and each TP pair
+checks vocabulary-parallel ragged scoring (``tests/dist/ragged_tp_cases.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +21,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rollfeed.collate import MicroBatch, PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import (
+    MicroBatch,
+    PlanConfig,
+    RaggedRows,
+    prepare_batch,
+    to_tensor_micro_batch,
+)
 from rollfeed.loaders import Topology
 from rollfeed.models import CPGroup, CPGroupError, CPMismatchError, PolicyScorer
 from tests.dist.launch import run_rank
 from tests.dist.policy_cases import loss_weights, make_samples, own_routing, reference
+from tests.dist.ragged_tp_cases import check_ragged_tp
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 
 TOL = 1e-10
@@ -46,6 +56,18 @@ def whole_row(mb: MicroBatch):
     return to_tensor_micro_batch(dataclasses.replace(mb, config=one), cp_rank=0)
 
 
+def ragged(tmb):  # type: ignore[no-untyped-def]
+    """The micro batch with its sampling mask as RaggedRows (as the read gives it)."""
+    mask = tmb.fields["sampling_mask"]
+    if isinstance(mask, torch.Tensor):
+        mask = RaggedRows.from_padded(mask, fill=-1)
+    return dataclasses.replace(tmb, fields={**tmb.fields, "sampling_mask": mask})
+
+
+def kept_term(kept: RaggedRows, weights: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(kept.values), kept.values * weights, 0).sum()
+
+
 def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
     name = f"{build.__name__}/{layout}/tp={'none' if tp is None else tp[1]}"
     samples = make_samples(5, LENGTHS)
@@ -61,8 +83,12 @@ def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
     w = loss_weights(mb.length, seed=3)
 
     single = PolicyScorer(build(seed=21), compute_entropy=True, entropy_requires_grad=True)
-    one = single.score(whole_row(mb))
-    ((one.logprobs * w[0]).sum() + (one.entropy * w[1]).sum()).backward()
+    whole = ragged(whole_row(mb))
+    one = single.score(whole, return_kept_logprobs=True)
+    whole_support = whole.fields["sampling_mask"]
+    kw = torch.randn(whole_support.nnz, generator=torch.Generator().manual_seed(4)).double()
+    loss = (one.logprobs * w[0]).sum() + (one.entropy * w[1]).sum()
+    (loss + kept_term(one.kept_logprobs, kw)).backward()
 
     ref_model = build(seed=21)
     ref_model.set_attn_implementation("sdpa")
@@ -79,9 +105,20 @@ def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
     scorer = PolicyScorer(
         model, cp=cp, compute_entropy=True, entropy_requires_grad=True, **tp_options
     )
-    tmb = to_tensor_micro_batch(mb, cp_rank=cp.rank)
-    out = scorer.score(tmb)
-    ((out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()).backward()
+    tmb = ragged(to_tensor_micro_batch(mb, cp_rank=cp.rank))
+    out = scorer.score(tmb, return_kept_logprobs=True)
+    # This rank's rows: its window of the whole row, slot for slot.
+    own = whole_support.take(tmb.positions)
+    assert own.equal(tmb.fields["sampling_mask"]), name
+    own_kw = RaggedRows(whole_support.offsets, kw).take(tmb.positions).values
+    loss = (out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()
+    (loss + kept_term(out.kept_logprobs, own_kw)).backward()
+    assert torch.equal(out.kept_logprobs.offsets, own.offsets), name
+    want_kept = RaggedRows(whole_support.offsets, one.kept_logprobs.values.detach())
+    torch.testing.assert_close(
+        out.kept_logprobs.values.detach(), want_kept.take(tmb.positions).values, atol=TOL, rtol=0
+    )
+    assert int(torch.isfinite(out.kept_logprobs.values).sum()) > 5, name
     assert torch.equal(out.valid_mask, one.valid_mask), name
     assert torch.allclose(out.logprobs, one.logprobs, atol=TOL, rtol=0), name
     assert torch.allclose(out.entropy, one.entropy, atol=TOL, rtol=0), name
@@ -139,6 +176,7 @@ def main() -> None:
     cp = CPGroup.from_topology(topo, group=cp_groups[topo.tp_rank])
     tp = (tp_groups[topo.cp_rank], topo.tp_rank, topo.tp_size)
     check_refusals(topo, cp, cp_groups[topo.tp_rank])
+    check_ragged_tp(tp_groups[topo.cp_rank], topo.tp_rank)
     run(tiny_qwen3, "contiguous", cp, routed=False, tp=tp)
     run(tiny_qwen3_moe, "zigzag", cp, routed=True, tp=tp)
 
