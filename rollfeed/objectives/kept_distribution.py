@@ -99,8 +99,13 @@ def kept_distribution(
     first = _first_slots(row, ids)
     member = first & (ids >= 0) & torch.isfinite(trainer.detach())
     has_row = mask_logprobs.lengths() > 0
+    # Each mask value's slot in the support rows (a gather, no boolean index: no host sync).
+    mask_row = mask_logprobs.row_index()
+    at = support.offsets[mask_row] + (
+        torch.arange(mask_logprobs.nnz, device=device) - mask_logprobs.offsets[mask_row]
+    )
     sampler = torch.full((support.nnz,), float("nan"), dtype=cdt, device=device)
-    sampler[has_row[row]] = mask_logprobs.values.detach().to(cdt)
+    sampler = sampler.index_copy(0, at, mask_logprobs.values.detach().to(cdt))
     sampler_ok = torch.isfinite(sampler) & (sampler > SAMPLER_LOGPROB_FLOOR)
     valid = member & sampler_ok
 
