@@ -9,9 +9,11 @@ has no mask logprobs).
 
 Slot rules (padding is explicit, never a sentinel id):
 
-- a slot is a *member* of ``S`` if its id is ``>= 0``, it is the first slot of its id in the row
-  (a repeated id counts once) and the trainer's logprob there is finite (the scorer gives ``-inf``
-  on slots it did not score: padding, repeats, fallback rows);
+- a slot is a *member* of ``S`` if its id is ``>= 0`` and the trainer's logprob there is finite:
+  the scorer gives ``-inf`` on every slot that is no member (padding, the later slots of a
+  repeated id, so a repeated id counts once at its first slot, and every slot of a fallback
+  row), and ``kept_logprobs`` from elsewhere must follow that rule; a repeat is counted in
+  ``duplicate_ids`` (an id's slot at ``-inf`` in a row that has members);
 - a member is *valid* if the sampler's logprob there is a number ``> -9999`` (``-inf``, vLLM's JSON
   clamp at ``-9999`` and NaN are not): it stays in ``S`` for ``p^S`` but gets zero weight and no
   gradient, and ``q`` is renormalised over the valid slots: ``log q^S(v) = s_v − logsumexp_valid s``
@@ -96,8 +98,7 @@ def kept_distribution(
     row = support.row_index()
     ids = support.values.long()
     trainer = kept_logprobs.values
-    first = _first_slots(row, ids)
-    member = first & (ids >= 0) & torch.isfinite(trainer.detach())
+    member = (ids >= 0) & torch.isfinite(trainer.detach())
     has_row = mask_logprobs.lengths() > 0
     # Each mask value's slot in the support rows (a gather, no boolean index: no host sync).
     mask_row = mask_logprobs.row_index()
@@ -143,7 +144,7 @@ def kept_distribution(
         "rows_no_mask_logprobs": count(loss_mask & scored & ~has_q),
         "rows_inference_q": count(loss_mask & ~q_label_ok),
         "slots_invalid": count(loss_slot & member & has_row[row] & ~sampler_ok),
-        "duplicate_ids": count(loss_slot & ~first & (ids >= 0)),
+        "duplicate_ids": count(loss_slot & scored[row] & ~member & (ids >= 0)),
     }
     return KeptDistribution(
         row=row,
@@ -156,18 +157,6 @@ def kept_distribution(
         loss_mask=loss_mask,
         counts=counts,
     )
-
-
-def _first_slots(row: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``[nnz]`` bool: the slot is the first of its ``(row, id)`` pair (two stable sorts)."""
-    by_id = torch.sort(ids, stable=True).indices
-    order = by_id[torch.sort(row[by_id], stable=True).indices]
-    r, v = row[order], ids[order]
-    first_sorted = torch.ones_like(r, dtype=torch.bool)
-    first_sorted[1:] = (r[1:] != r[:-1]) | (v[1:] != v[:-1])
-    first = torch.empty_like(first_sorted)
-    first[order] = first_sorted
-    return first
 
 
 def _check(support, kept, mask, labels, loss_mask, inference) -> int:  # type: ignore[no-untyped-def]
