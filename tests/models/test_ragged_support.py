@@ -3,6 +3,8 @@ gradient), the padded form, no tensor as wide as the widest row, kept-logprob se
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from rollfeed.models import (
     fused_support_logprobs,
     support_logprobs,
 )
+from tests.devices import DEVICES
 from tests.dist.shape_record import ShapeRecord
 from tests.models.reference import padded_reference, ragged_batch
 
@@ -88,27 +91,37 @@ def test_plain_ragged_matches_padded_math(seed: int, temperature: str, ids: torc
     torch.testing.assert_close(grad, ref_grad, **TOL)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk_size", [7, 2048])
-def test_fused_ragged_matches_padded_math(chunk_size: int) -> None:
+def test_fused_ragged_matches_padded_math(chunk_size: int, device: str) -> None:
     b = ragged_batch(N, V, seed=2, max_width=W, hidden=H)
     t, fb = _temperature("per_row"), _fallback()
     h_ref, w_ref = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
     lp, ent, kept, valid = _reference(b, t, fb, h_ref @ w_ref.T)
     ref_gh, ref_gw = torch.autograd.grad(_loss(lp, ent, kept), (h_ref, w_ref))
 
-    h, w = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
+    # The scorer runs on `device`; the float64 reference stays on the CPU.
+    h, w = (b[k].to(device).requires_grad_() for k in ("hidden", "weight"))
     got = fused_support_logprobs(
         h,
         w,
-        b["labels"],
-        b["support"],
+        b["labels"].to(device),
+        b["support"].to(device),
         chunk_size=chunk_size,
-        temperature=t,
+        temperature=t.to(device),
         compute_entropy=True,
         entropy_requires_grad=True,
         return_kept_logprobs=True,
-        fallback_mask=fb,
+        fallback_mask=fb.to(device),
         missing_label="full_vocab",
+    )
+    assert got.kept_logprobs.device == h.device
+    got = dataclasses.replace(
+        got,
+        logprobs=got.logprobs.cpu(),
+        entropy=got.entropy.cpu(),
+        valid_mask=got.valid_mask.cpu(),
+        kept_logprobs=got.kept_logprobs.to("cpu"),
     )
     got_kept = _ragged_kept_weights_like_padded(b, got.kept_logprobs.values)
     assert torch.equal(got.valid_mask, valid)
@@ -116,8 +129,8 @@ def test_fused_ragged_matches_padded_math(chunk_size: int) -> None:
     torch.testing.assert_close(got.entropy, ent, **TOL)
     torch.testing.assert_close(got_kept, kept, **TOL)
     gh, gw = torch.autograd.grad(_loss(got.logprobs, got.entropy, got_kept), (h, w))
-    torch.testing.assert_close(gh, ref_gh, **TOL)
-    torch.testing.assert_close(gw, ref_gw, **TOL)
+    torch.testing.assert_close(gh.cpu(), ref_gh, **TOL)
+    torch.testing.assert_close(gw.cpu(), ref_gw, **TOL)
     # Only the kept pairs are projected: each row's distinct ids, and the fallback rows' labels.
     distinct = sum(
         len({int(v) for v in r if v >= 0})
@@ -236,8 +249,10 @@ def test_ragged_support_errors_name_the_row_and_slot() -> None:
         support_logprobs(logits, labels, RaggedRows(offsets, torch.ones(6)))
 
 
-def test_ragged_backward_is_bitwise_reproducible() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_ragged_backward_is_bitwise_reproducible(device: str) -> None:
     b = ragged_batch(N, V, seed=6, max_width=500, hidden=H)
+    b = {k: v.to(device) for k, v in b.items()}
     grads = []
     for _ in range(2):
         h, w = b["hidden"].clone().requires_grad_(), b["weight"].clone().requires_grad_()
