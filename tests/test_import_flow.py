@@ -116,7 +116,7 @@ def test_importing_payload_loads_nothing_of_capture_and_no_vllm():
     )
     loaded = json.loads(proc.stdout.splitlines()[-1])
     ours = {m for m in loaded if m.split(".")[0] == "rollfeed"}
-    assert "rollfeed.payload.reader" in ours  # the check sees payload's own modules
+    assert "rollfeed.payload.read.reader" in ours  # the check sees payload's own modules
     assert {m for m in ours if m.split(".")[:2] != ["rollfeed", "payload"]} <= {
         "rollfeed",
         "rollfeed.errors",

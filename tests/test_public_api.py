@@ -18,13 +18,13 @@ PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
         FieldRead canonical_rows {ERRORS_PAYLOAD}""",
-    "rollfeed.collate": """Sample PlanConfig prepare_batch plan_lengths place_micro_batch BatchPlan
-        MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
+    "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
+        BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
         SegmentRangeError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
-        build_dataloader LoaderOptions RolloutLoader RolloutIterator read_step_file
+        build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
         EmptyStepError PlanMismatchError StepFileError StepTimeoutError StepMissingError
         StepReplacedError StepWriteError WorkerError WorkerDiedError WorkerStoppedError

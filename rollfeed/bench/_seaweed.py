@@ -187,8 +187,8 @@ def _create_bucket(server: SeaweedS3, bucket: str) -> None:
     """PUT the bucket (a request of the project's own signed client); an existing one is fine
     (409, BucketAlreadyOwnedByYou)."""
     from rollfeed.payload.errors import PayloadIOError
-    from rollfeed.payload.object_http import SignedHttp
-    from rollfeed.payload.store_url import StoreAccess, StoreURL
+    from rollfeed.payload.stores.object_http import SignedHttp
+    from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
     access = StoreAccess(**server.options(), request_retries=0, timeout_s=5.0)
     http = SignedHttp(access, StoreURL.parse(f"s3://{bucket}"))

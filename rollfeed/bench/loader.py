@@ -32,6 +32,7 @@ import numpy as np
 
 from rollfeed.collate import PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     RolloutLoader,
@@ -48,7 +49,7 @@ SEQ_LEN = 16_384
 CONFIG = PlanConfig(seq_len=SEQ_LEN)
 
 
-def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
+def make_step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
     out = []
     for i, T in enumerate(rng.integers(1_024, 8_192, samples).tolist()):
         P = T // 4  # prompt; the completion [P, T) carries the masks
@@ -77,7 +78,7 @@ def _step(root: str, rng: np.random.Generator, samples: int) -> list[Sample]:
     return out
 
 
-def _drain(make, busy_s: float) -> tuple[RolloutLoader, float, list[float], dict[str, float]]:
+def drain(make, busy_s: float) -> tuple[RolloutLoader, float, list[float], dict[str, float]]:
     """(the loader ``make()`` built, seconds from calling it to the first micro batch, wait in
     ``next`` for each later one, and their wait split as ``loader.metrics`` counts it). Building
     is timed: it reads the first step's lengths."""
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> None:
         bare = os.path.join(tmp, "steps_without_index")
         os.makedirs(steps)
         os.makedirs(bare)
-        samples = _step(root, np.random.default_rng(opts.seed), opts.samples)
+        samples = make_step(root, np.random.default_rng(opts.seed), opts.samples)
         for step in (0, 1):  # a second step, for the warm time to first
             index_path(write_step_file(bare, step, samples)).unlink()
             write_step_file(steps, step, samples)
@@ -168,11 +169,11 @@ def main(argv: list[str]) -> None:
                     build_dataloader,
                     RolloutDataset.from_step_dir(directory),
                     topo,
-                    CONFIG,
+                    LoaderConfig(plan=CONFIG),
                     root=root,
                     options=LoaderOptions(**options),
                 )
-                loader, first, waits, split = _drain(make, busy)
+                loader, first, waits, split = drain(make, busy)
                 rows[name].append((first, waits, split))
                 if name in warm:
                     warm[name].append(_next_step_first(loader))

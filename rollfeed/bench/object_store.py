@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from rollfeed.bench._seaweed import BUCKET, start_server
-from rollfeed.bench.loader import CONFIG, _drain, _step
+from rollfeed.bench.loader import CONFIG, drain, make_step
 from rollfeed.collate import prepare_batch, to_tensor_micro_batch
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
-from rollfeed.payload.layout import REGION_HEADER
+from rollfeed.payload.format.layout import REGION_HEADER
 
 REQUESTS, PER = 64, 256  # 64 request objects of 256 tokens: one 16,384-token micro batch
 WINDOWS = {"routed_experts": (0, REQUESTS * PER), "sampling_mask": (0, REQUESTS * PER)}
@@ -98,7 +98,7 @@ def _median(fn, reps: int) -> float:
 
 def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], reps: int) -> None:
     root = PayloadRoot(f"{url}/loader", **options)
-    samples = _step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
+    samples = make_step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
     access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
     StepStore(f"{url}/steps", **access).write_step_file(0, samples)
     plan = prepare_batch(samples, CONFIG, dp_size=1)
@@ -116,7 +116,7 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
         return build_dataloader(
             ds,
             Topology(dp_rank=0, dp_size=1),
-            CONFIG,
+            LoaderConfig(plan=CONFIG),
             root=root,
             options=LoaderOptions(num_workers=2),
         )
@@ -124,7 +124,7 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
     for busy in busy_ms:
         waits = []
         for _ in range(reps):
-            loader, _, w = _drain(make, busy / 1e3)
+            loader, _, w, _ = drain(make, busy / 1e3)
             loader.close()
             waits.append(statistics.mean(w) if w else 0.0)
         wait = statistics.median(waits)

@@ -10,7 +10,7 @@ Prints:
 - the time to read one micro batch's window (16,384 tokens; routing ``[T, 48, 8]`` uint8 plus the
   mask at a mean of 1.7 kept ids, spread over 64 request files) with one ``read_fields`` call
   (headers and file ids checked; the compiled window read where it is built, which the heading
-  says, :mod:`rollfeed.payload.compiled_read`), as ``raw / ours`` where raw is ``os.preadv`` of
+  says, :mod:`rollfeed.payload.read.compiled_read`), as ``raw / ours`` where raw is ``os.preadv`` of
   exactly the byte ranges ours asks for (each record's region header and body), one call per
   range, into one preallocated buffer with the files already open (goal >= 0.7); routing alone
   and masks alone;
@@ -34,9 +34,13 @@ from collections import defaultdict
 import numpy as np
 
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
-from rollfeed.payload.checksum import fixed_block_rows, fixed_table, ragged_table, table_entries
-from rollfeed.payload.compiled_read import COMPILED
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.checksum import (
+    fixed_block_rows,
+    fixed_table,
+    ragged_table,
+    table_entries,
+)
+from rollfeed.payload.format.layout import (
     BLOCK_ROWS,
     DTYPE_SIZES,
     FILE_HEADER,
@@ -44,6 +48,7 @@ from rollfeed.payload.layout import (
     ragged_bytes,
     values_start,
 )
+from rollfeed.payload.read.compiled_read import COMPILED
 
 VOCAB = 151_936  # Qwen's vocabulary: ids take 3 bytes
 

@@ -1,4 +1,5 @@
-"""Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch."""
+"""Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch;
+the rank's place in the parallel grid (:class:`Topology`)."""
 
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.errors import (
@@ -20,6 +21,7 @@ from rollfeed.collate.ragged_rows import RaggedRows
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
+from rollfeed.collate.topology import Topology
 
 __all__ = [
     "IGNORE_INDEX",
@@ -40,6 +42,7 @@ __all__ = [
     "SampleValueError",
     "SegmentRangeError",
     "TensorMicroBatch",
+    "Topology",
     "place_micro_batch",
     "plan_lengths",
     "prepare_batch",

@@ -36,7 +36,8 @@ class PlanConfig:
 
     Args:
         seq_len: tokens per micro batch row at most; a multiple of :attr:`pad`.
-        cp_size: context-parallel ranks a row is split over (the ``cp`` axis).
+        cp_size: context-parallel ranks a row is split over (the ``cp`` axis); a loader's plan
+            takes it from the rank's :class:`~rollfeed.collate.Topology` (``topology.bind``).
         cp_layout: ``"contiguous"`` (rank ``r`` holds chunk ``r`` of the row) or ``"zigzag"``
             (chunks ``r`` and ``2 * cp_size - 1 - r`` of every sample's slot, which balances
             causal attention; slots are padded to a multiple of ``2 * cp_size``).

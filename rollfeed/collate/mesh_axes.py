@@ -3,8 +3,8 @@
 A trainer describes its grid with a ``DeviceMesh`` whose dimensions carry names (torchtitan's:
 ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``). Only the *data* axes choose which micro
 batches a rank gets; the peers along a *sharing* axis get the same micro batches (``cp`` peers
-each read their own windows of them). Both :class:`rollfeed.loaders.Topology` and the scorer's
-:class:`rollfeed.models.CPGroup` read a mesh through this one table:
+each read their own windows of them). :class:`~rollfeed.collate.Topology` reads a mesh through
+this one table (and the scorer's ``CPGroup.from_mesh`` through the Topology):
 
     data axes     dp, dp_replicate, dp_shard, fsdp, ddp   flattened in mesh order: dp_rank/size
     sharing axes  cp (the row is split over it), tp, pp   one coordinate each
@@ -17,13 +17,14 @@ data axis, ``dp_shard`` with ``fsdp``, ``dp_replicate`` with ``ddp``) raise :cla
 Worked example, mesh ``("pp", "dp_replicate", "dp_shard", "cp", "tp")`` of shape
 ``(1, 2, 2, 2, 1)``, this rank at local ranks ``(0, 1, 0, 1, 0)``::
 
-    dp_rank = 1 * 2 + 0 = 2, dp_size = 2 * 2 = 4, cp_rank = 1, cp_size = 2, tp 0/1, pp 0/1
+    mesh_coordinates(names, (1, 2, 2, 2, 1), (0, 1, 0, 1, 0))
+    -> {"dp_rank": 2, "dp_size": 4, "pp_rank": 0, "pp_size": 1, "cp_rank": 1, "cp_size": 2,
+        "tp_rank": 0, "tp_size": 1}      # dp_rank = 1 * 2 + 0, dp_size = 2 * 2: Topology(**...)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -34,20 +35,6 @@ SHARING_AXES = ("cp", "tp", "pp")
 # Names of one role: a mesh that holds two of them says the same thing twice (or, with ``dp``,
 # counts the data ranks twice: ``dp`` is torchtitan's flattened dp_replicate x dp_shard).
 _SYNONYMS = (("dp_replicate", "ddp"), ("dp_shard", "fsdp"))
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MeshCoordinates:
-    """This rank's place read from a mesh: the data coordinate and each sharing axis."""
-
-    dp_rank: int = 0
-    dp_size: int = 1
-    cp_rank: int = 0
-    cp_size: int = 1
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
 
 
 def check_axis_names(names: Sequence[str]) -> None:
@@ -85,9 +72,10 @@ def check_axis_names(names: Sequence[str]) -> None:
 
 def mesh_coordinates(
     names: Sequence[str], sizes: Sequence[int], ranks: Sequence[int]
-) -> MeshCoordinates:
-    """This rank's :class:`MeshCoordinates` from the mesh's dimension names, sizes and the rank's
-    local rank along each (pure; see the module doc's worked example)."""
+) -> dict[str, int]:
+    """This rank's ``Topology`` fields (``dp_rank``, ``dp_size`` and each sharing axis's rank and
+    size present) from the mesh's dimension names, sizes and the rank's local rank along each
+    (pure; see the module doc's worked example). An axis the mesh lacks is left out (size 1)."""
     check_axis_names(names)
     dp_rank = 0
     for name, size, rank in zip(names, sizes, ranks, strict=True):
@@ -100,10 +88,10 @@ def mesh_coordinates(
     for name, size, rank in zip(names, sizes, ranks, strict=True):
         if name in SHARING_AXES:
             kw[f"{name}_rank"], kw[f"{name}_size"] = rank, size
-    return MeshCoordinates(**kw)
+    return kw
 
 
-def read_mesh(mesh: Any) -> MeshCoordinates:
+def read_mesh(mesh: Any) -> dict[str, int]:
     """:func:`mesh_coordinates` of a ``torch.distributed.device_mesh.DeviceMesh`` for this rank.
 
     Its dimensions must all be named (``init_device_mesh(..., mesh_dim_names=...)``).

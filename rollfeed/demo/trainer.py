@@ -5,7 +5,7 @@ Run under torchrun (gloo), e.g. 2 DP x 2 CP ranks::
     torchrun --standalone --nproc_per_node=4 -m rollfeed.demo.trainer \\
         --model-dir M --workdir W --cp 2 --steps 3 --checkpoint-every 1
 
-Each rank builds a ``(dp, cp)`` device mesh, its :class:`~rollfeed.loaders.Topology`, a loader
+Each rank builds a ``(dp, cp)`` device mesh, its :class:`~rollfeed.collate.Topology`, a loader
 that reads only this rank's windows of ``W/payload`` for the samples of the step file in
 ``W/steps``, the model the sampler used sharded with FSDP2 (:mod:`rollfeed.demo.train`) and a
 :class:`~rollfeed.models.PolicyScorer` (Ulysses over the rank's ``cp`` group). The captured step
@@ -69,6 +69,7 @@ from rollfeed.demo.train import (
     train_step,
 )
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     Topology,
@@ -136,8 +137,8 @@ def train(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     loader = build_dataloader(
         RolloutDataset(read_step_file(step_file(args.workdir))),  # the same samples every pass
-        topo,
-        PlanConfig(seq_len=args.seq_len, cp_size=args.cp, cp_layout="zigzag"),
+        topo,  # the plan's cp_size is the mesh's
+        LoaderConfig(plan=PlanConfig(seq_len=args.seq_len, cp_layout="zigzag")),
         root=args.workdir / "payload",
         options=LoaderOptions(num_workers=args.workers),
     )

@@ -1,7 +1,9 @@
 """torch.utils.data shell around the batches planner: dataset, batch sampler, collate_fn, state."""
 
+from rollfeed.collate import Topology
 from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.collator import MicroBatchCollator
+from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import (
     EmptyStepError,
@@ -23,10 +25,10 @@ from rollfeed.loaders.loader import RolloutIterator, RolloutLoader
 from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
-from rollfeed.loaders.topology import Topology
 
 __all__ = [
     "EmptyStepError",
+    "LoaderConfig",
     "LoaderConfigError",
     "LoaderError",
     "LoaderOptions",

@@ -23,6 +23,7 @@ process and keeps them open across micro batches of that worker.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -30,16 +31,15 @@ import torch
 from torch.utils.data import get_worker_info
 
 from rollfeed.collate import (
-    PlanConfig,
     Sample,
     TensorMicroBatch,
+    Topology,
     place_micro_batch,
     to_tensor_micro_batch,
 )
-from rollfeed.loaders.errors import PlanMismatchError
+from rollfeed.loaders.config import LoaderConfig
+from rollfeed.loaders.errors import LoaderConfigError, PlanMismatchError
 from rollfeed.loaders.plan import Planned
-from rollfeed.loaders.sampler import check_cp_size
-from rollfeed.loaders.topology import Topology
 from rollfeed.payload import PayloadRoot
 
 
@@ -48,27 +48,30 @@ class MicroBatchCollator:
 
     Args:
         topology: this rank's place; its ``cp_rank`` picks the rank's part of the row, and its
-            ``cp_size`` must be ``config.cp_size``.
-        config: the planner's options, the sampler's too (checked per micro batch).
+            ``cp_size`` is the plan's (``topology.bind(config.plan)``).
+        config: the plan (the sampler's too, checked per micro batch), ``width`` (static
+            ragged width; default each micro batch's widest row) and ``whole_fields`` (read
+            fields over the whole row, for models that shard inside the forward);
+            ``self.config`` holds it with the plan bound to the topology.
         root: payload root (a path or one shared :class:`PayloadRoot`; ``None`` when every
             field is inline).
-        width: static ragged width (default: each micro batch's widest row).
-        whole_fields: read fields over the whole row (models that shard inside the forward).
     """
 
     def __init__(
         self,
         topology: Topology,
-        config: PlanConfig,
+        config: LoaderConfig,
         *,
         root: PayloadRoot | str | os.PathLike[str] | None,
-        width: int | None = None,
-        whole_fields: bool = False,
     ) -> None:
-        check_cp_size(topology, config)
-        self.topology, self.config = topology, config
+        if not isinstance(config, LoaderConfig):
+            raise LoaderConfigError(
+                f"config must be a LoaderConfig, got {type(config).__name__}; wrap a plan as "
+                "LoaderConfig(plan=PlanConfig(...))"
+            )
+        self.topology = topology
+        self.config = dataclasses.replace(config, plan=topology.bind(config.plan))
         self.root = root if root is None or isinstance(root, PayloadRoot) else PayloadRoot(root)
-        self.width, self.whole_fields = width, whole_fields
 
     def __call__(self, samples: Sequence[Sample]) -> TensorMicroBatch:
         tmb = self.make(samples)
@@ -76,19 +79,19 @@ class MicroBatchCollator:
 
     def make(self, samples: Sequence[Sample]) -> TensorMicroBatch:
         """The micro batch of ``samples``, its tensors where they were made (no sharing)."""
-        if isinstance(samples, Planned) and samples.config != self.config:
+        if isinstance(samples, Planned) and samples.config != self.config.plan:
             raise PlanMismatchError(
-                "the sampler planned this micro batch with another config than the collator's ("
-                f"sampler vs collator: {'; '.join(samples.config.differences(self.config))}); "
-                "build both from one PlanConfig"
+                "the sampler planned this micro batch with another plan than the collator's ("
+                f"sampler vs collator: {'; '.join(samples.config.differences(self.config.plan))}); "
+                "build both from one LoaderConfig"
             )
-        mb = place_micro_batch(samples, self.config)
+        mb = place_micro_batch(samples, self.config.plan)
         return to_tensor_micro_batch(
             mb,
             cp_rank=self.topology.cp_rank,
             root=self.root,
-            width=self.width,
-            whole_fields=self.whole_fields,
+            width=self.config.width,
+            whole_fields=self.config.whole_fields,
         )
 
 

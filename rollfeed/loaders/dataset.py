@@ -51,7 +51,7 @@ from rollfeed.loaders.step_load import (
 )
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.loaders.step_version import StepVersion, replaced_error
-from rollfeed.payload.store_url import is_store_url
+from rollfeed.payload.stores.store_url import is_store_url
 
 STEP_STRIDE = 1 << 32
 

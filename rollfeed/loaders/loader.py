@@ -27,6 +27,7 @@ It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -288,9 +289,10 @@ class RolloutLoader:
         if receiver is not None:
             receiver.stop(wait=True)
 
-    def state_dict(self) -> dict[str, int]:
-        """The sampler's state as of the micro batches consumed (see the module doc)."""
-        return dict(self._consumed)
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state as of the micro batches consumed (see the module doc): a few
+        integers and the plan fingerprint (:mod:`~rollfeed.loaders.state`), a copy."""
+        return copy.deepcopy(self._consumed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next pass starts at its step and micro batch."""

@@ -22,7 +22,8 @@ make it an error); its plan's counts are :meth:`MicroBatchSampler.plan_metrics`.
 
 Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
 
-    list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), PlanConfig(seq_len=8)))
+    config = LoaderConfig(plan=PlanConfig(seq_len=8))
+    list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), config))
     -> [[2, 3]]
 
 State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*: the right count when the
@@ -33,6 +34,7 @@ it and saves the state of the last micro batch it handed out.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -43,14 +45,15 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from rollfeed.collate import BatchPlan, PlanConfig, plan_lengths
+from rollfeed.collate import BatchPlan, Topology, plan_lengths
+from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError, StepTimeoutError
 from rollfeed.loaders.plan import Planned
-from rollfeed.loaders.state import RESHARD, Reshard, SamplerState, resume_point
+from rollfeed.loaders.plan_fingerprint import plan_fingerprint
+from rollfeed.loaders.state import SamplerState, resume_point
 from rollfeed.loaders.step_files import step_file_name
 from rollfeed.loaders.step_version import StepVersion
-from rollfeed.loaders.topology import Topology
 
 logger = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
@@ -74,45 +77,25 @@ class MicroBatchSampler(Sampler[list[int]]):
     Args:
         dataset: the samples of each step.
         topology: this rank's place; ``(dp_rank, dp_size)`` selects its micro batches, and its
-            ``cp_size`` must be ``config.cp_size``.
-        config: the planner's options, the collator's too.
-        seed: seed of ``shuffle``.
-        shuffle: present a step's samples to the planner in an order drawn from
-            ``(seed, step)`` (the same on every rank); otherwise in dataset order.
-        stream: every pass is exactly the next step's file (a step directory only).
-        step_timeout_s: how long a pass waits for its step file before
-            :class:`StepTimeoutError`.
-        start_step: first step (default: the oldest step file present, 0 for a list).
-        on_reshard: what ``load_state_dict`` does with a state saved at another world shape
-            (:mod:`rollfeed.loaders.state`).
+            ``cp_size`` is the plan's (``topology.bind(config.plan)``).
+        config: the plan and the run's choices (seed, shuffle, stream, start step, reshard
+            policy, step timeout), the collator's too; ``self.config`` holds it with the plan
+            bound to the topology. ``step_timeout_s`` is also an attribute, read at each wait.
     """
 
-    def __init__(
-        self,
-        dataset: RolloutDataset,
-        topology: Topology,
-        config: PlanConfig,
-        *,
-        seed: int = 0,
-        shuffle: bool = False,
-        stream: bool = False,
-        step_timeout_s: float = 600.0,
-        start_step: int | None = None,
-        on_reshard: Reshard = "error",
-    ) -> None:
-        if stream and not dataset.streams:
-            raise LoaderConfigError("stream=True needs a step directory (from_step_dir)")
-        if on_reshard not in RESHARD:
-            raise LoaderConfigError(f"on_reshard must be one of {RESHARD}, got {on_reshard!r}")
-        if not step_timeout_s >= 0:
+    def __init__(self, dataset: RolloutDataset, topology: Topology, config: LoaderConfig) -> None:
+        if not isinstance(config, LoaderConfig):
             raise LoaderConfigError(
-                f"step_timeout_s must be >= 0 seconds, got {step_timeout_s}; 600 is the default"
+                f"config must be a LoaderConfig, got {type(config).__name__}; wrap a plan as "
+                "LoaderConfig(plan=PlanConfig(...))"
             )
-        check_cp_size(topology, config)
+        if config.stream and not dataset.streams:
+            raise LoaderConfigError("stream=True needs a step directory (from_step_dir)")
+        config = dataclasses.replace(config, plan=topology.bind(config.plan))
         self.dataset, self.topology, self.config = dataset, topology, config
-        self.seed, self.shuffle, self.stream = seed, shuffle, stream
-        self.step_timeout_s, self.on_reshard = step_timeout_s, on_reshard
-        self._step = dataset.first_step() if start_step is None else start_step
+        self.step_timeout_s = config.step_timeout_s
+        self._fingerprint = plan_fingerprint(config)
+        self._step = dataset.first_step() if config.start_step is None else config.start_step
         self._consumed = 0
         self._step_size: int | None = None  # micro steps of self._step once planned
         self._plan: _StepPlan | None = None
@@ -129,10 +112,10 @@ class MicroBatchSampler(Sampler[list[int]]):
             order = self.dataset.step_indices(step)
             lengths = self.dataset.lengths(step)
             version = self.dataset.step_version(step)
-            if self.shuffle:
-                perm = np.random.default_rng([self.seed, step]).permutation(len(order))
+            if self.config.shuffle:
+                perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
                 order, lengths = order[perm], lengths[perm]
-            plan = plan_lengths(lengths, self.config, dp_size=self.topology.dp_size)
+            plan = plan_lengths(lengths, self.config.plan, dp_size=self.topology.dp_size)
             got = self._plan = _StepPlan(
                 step=step, plan=plan, order=order, lengths=lengths, version=version
             )
@@ -150,7 +133,7 @@ class MicroBatchSampler(Sampler[list[int]]):
                 step,
                 metrics["truncated"],
                 metrics["samples"],
-                self.config.seq_len,
+                self.config.plan.seq_len,
                 metrics["truncated_tokens"],
             )
 
@@ -161,10 +144,8 @@ class MicroBatchSampler(Sampler[list[int]]):
         out = []
         for mb in got.plan[self.topology.dp_rank]:
             at = list(mb)
-            lengths = got.lengths[at].tolist()
-            out.append(
-                Planned(got.order[at].tolist(), self.config, version=got.version, lengths=lengths)
-            )
+            lengths, plan = got.lengths[at].tolist(), self.config.plan
+            out.append(Planned(got.order[at].tolist(), plan, version=got.version, lengths=lengths))
         return out
 
     def plan_metrics(self, step: int) -> dict[str, float]:
@@ -192,7 +173,7 @@ class MicroBatchSampler(Sampler[list[int]]):
     def _pass_step(self, step: int) -> int:
         """The step a pass from ``step`` covers, waiting (bounded) for its file; see the module
         doc."""
-        if self.stream:
+        if self.config.stream:
             self.dataset.wait_for_step(step, timeout_s=self.step_timeout_s)
             return step
         deadline = time.monotonic() + self.step_timeout_s
@@ -230,7 +211,8 @@ class MicroBatchSampler(Sampler[list[int]]):
         why = (
             "its step file holds no samples"
             if samples == 0
-            else f"all {samples} samples were dropped as longer than seq_len={self.config.seq_len} "
+            else f"all {samples} samples were dropped as longer than "
+            f"seq_len={self.config.plan.seq_len} "
             "(overlong='drop'; use 'truncate' to keep them)"
         )
         directory = self.dataset.directory
@@ -250,31 +232,24 @@ class MicroBatchSampler(Sampler[list[int]]):
         found = self._pass_step(step)
         return len(self.plan(found)[0][self.topology.dp_rank]) - (consumed if found == step else 0)
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         self._normalize()
         return SamplerState(
             step=self._step,
             micro_batches=self._consumed,
-            seed=self.seed,
+            seed=self.config.seed,
             dp_size=self.topology.dp_size,
             cp_size=self.topology.cp_size,
+            plan=self._fingerprint,
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._step, self._consumed = resume_point(
             SamplerState.from_dict(state),
-            seed=self.seed,
+            seed=self.config.seed,
             dp_size=self.topology.dp_size,
             cp_size=self.topology.cp_size,
-            on_reshard=self.on_reshard,
+            plan=self._fingerprint,
+            on_reshard=self.config.on_reshard,
         )
         self._step_size = None
-
-
-def check_cp_size(topology: Topology, config: PlanConfig) -> None:
-    """The rank's ``cp`` axis must be the one the plan splits rows over."""
-    if topology.cp_size != config.cp_size:
-        raise LoaderConfigError(
-            f"topology.cp_size={topology.cp_size} but config.cp_size={config.cp_size}: rows "
-            "are planned for the cp axis the trainer runs; pass the same size to both"
-        )

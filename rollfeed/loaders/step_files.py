@@ -103,14 +103,16 @@ def write_step_file(
     """Write step ``step`` and its index atomically; returns the step file's path.
 
     Both go to temporary names; the index is moved into place first, then the step file, so a
-    reader that sees the step file sees its index (:mod:`rollfeed.loaders.step_index`). A write
-    that fails raises :class:`StepWriteError` and removes what it wrote (a new index too).
+    reader that sees the step file sees its index (:mod:`rollfeed.loaders.step_index`). The
+    directory is made when missing, as a payload writer makes its group. A write that fails
+    raises :class:`StepWriteError` and removes what it wrote (a new index too).
     """
     path = Path(directory) / step_file_name(step)
     tmp = path.with_name(f".{path.name}.tmp")
     indexed = False
     try:
         lengths, sizes = [], []
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             for s in samples:
                 line = (s.to_json() + "\n").encode("utf-8")

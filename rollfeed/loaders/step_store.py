@@ -12,8 +12,8 @@ GET: its :class:`~rollfeed.loaders.step_version.StepVersion`); a worker fetches 
 that ETag, so a step object replaced after planning is refused
 (:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one. The
 bounded wait for the next step polls the store. Every request goes through the payload's signed
-HTTP client (:mod:`rollfeed.payload.object_http`), created lazily per process (keyed by pid), so
-DataLoader workers forked from the trainer read whatever the trainer did before.
+HTTP client (:mod:`rollfeed.payload.stores.object_http`), created lazily per process (keyed by pid),
+so DataLoader workers forked from the trainer read whatever the trainer did before.
 
 Example::
 
@@ -46,9 +46,9 @@ from rollfeed.payload.errors import (
     PayloadStaleFileError,
     PayloadTruncatedError,
 )
-from rollfeed.payload.object_http import SignedHttp
-from rollfeed.payload.object_sign import xml_answer
-from rollfeed.payload.store_url import StoreAccess, StoreURL
+from rollfeed.payload.stores.object_http import SignedHttp
+from rollfeed.payload.stores.object_sign import xml_answer
+from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
@@ -57,7 +57,8 @@ class StepStore:
     """Step files under ``s3://bucket/prefix`` (picklable; clients are made per process).
 
     ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: as
-    for :class:`~rollfeed.payload.object_root.ObjectRoot` (``None``: the ``AWS_*`` variables).
+    for :class:`~rollfeed.payload.stores.object_root.ObjectRoot` (``None``: the ``AWS_*``
+    variables).
     """
 
     def __init__(self, url: str, **access: object) -> None:

@@ -1,14 +1,15 @@
 """CPGroup: this rank's place on the ``cp`` axis, the one axis a packed row is split over.
 
-The planner pads rows for ``cp_size`` ranks, the loader reads rank ``cp_rank``'s windows
-(``Topology.cp_rank`` / ``Topology.cp_size``), and the scorer runs Ulysses attention over the
-same ranks; one value names them for the scorer::
+The ``cp`` axis is stated once, in the :class:`~rollfeed.collate.Topology`: the planner pads rows
+for its ``cp_size`` ranks, the loader reads rank ``cp_rank``'s windows, and the scorer runs
+Ulysses attention over the same ranks, taking rank and size from it::
 
     topo = Topology.from_process_group(cp_size=2)          # rank order dp, cp, tp
-    cp = CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)
+    cp = CPGroup.from_topology(topo, group=cp_pg)          # rank topo.cp_rank of topo.cp_size
     scorer = PolicyScorer(model, cp=cp)
 
-or from the trainer's ``DeviceMesh``: ``CPGroup.from_mesh(mesh)`` (``PolicyScorer.from_mesh``).
+or from the trainer's ``DeviceMesh``: ``CPGroup.from_mesh(mesh)`` (``PolicyScorer.from_mesh``),
+which is ``from_topology(Topology.from_mesh(mesh), group=mesh.get_group("cp"))``.
 
 ``cp_pg`` is the process group of this rank's ``cp`` peers (``mesh.get_group("cp")``, or one
 ``dist.new_group`` per DP x TP coordinate). On an initialised ``torch.distributed`` the given rank
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from rollfeed.collate.mesh_axes import read_mesh
+from rollfeed.collate import Topology
 from rollfeed.models.errors import CPGroupError
 
 
@@ -48,7 +49,7 @@ class CPGroup:
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise CPGroupError(
                 f"CPGroup needs size >= 1 and 0 <= rank < size, got rank={self.rank}, "
-                f"size={self.size}; pass Topology.cp_rank and Topology.cp_size"
+                f"size={self.size}; build it with CPGroup.from_topology(topology, group=cp_pg)"
             )
         if self.size > 1 and self.group is None:
             raise CPGroupError(
@@ -65,14 +66,25 @@ class CPGroup:
                 )
 
     @classmethod
-    def from_mesh(cls, mesh: Any) -> CPGroup:
-        """The ``cp`` dimension of a named ``DeviceMesh`` (read through the axis table of
-        :mod:`rollfeed.collate.mesh_axes`, as ``Topology.from_mesh`` reads it); ``CPGroup()`` when
-        the mesh has no ``cp`` dimension."""
-        coords = read_mesh(mesh)
-        if coords.cp_size == 1:
+    def from_topology(cls, topology: Topology, *, group: dist.ProcessGroup | None) -> CPGroup:
+        """This rank's ``cp`` coordinate of ``topology`` over ``group``, the process group of its
+        ``cp`` peers (``None`` allowed, and ignored, when ``topology.cp_size == 1``)::
+
+            CPGroup.from_topology(Topology(dp_size=2, cp_rank=1, cp_size=2), group=cp_pg)
+            -> CPGroup(group=cp_pg, rank=1, size=2)
+        """
+        if topology.cp_size == 1:
             return cls()
-        return cls(group=mesh.get_group("cp"), rank=coords.cp_rank, size=coords.cp_size)
+        return cls(group=group, rank=topology.cp_rank, size=topology.cp_size)
+
+    @classmethod
+    def from_mesh(cls, mesh: Any) -> CPGroup:
+        """The ``cp`` dimension of a named ``DeviceMesh``, read through
+        :meth:`Topology.from_mesh <rollfeed.collate.Topology.from_mesh>`; ``CPGroup()`` when the
+        mesh has no ``cp`` dimension."""
+        topology = Topology.from_mesh(mesh)
+        group = mesh.get_group("cp") if topology.cp_size > 1 else None
+        return cls.from_topology(topology, group=group)
 
     @property
     def enabled(self) -> bool:

@@ -66,7 +66,7 @@ class PolicyScorer:
     The model may be plain, sharded with FSDP2 (``fully_shard``) and/or tensor-parallel with
     DTensor (``parallelize_module``): scoring runs its own forward. ``cp``: this rank's
     :class:`~rollfeed.models.CPGroup`, the ranks a packed row is split over
-    (``CPGroup(group=cp_pg, rank=topo.cp_rank, size=topo.cp_size)``, or :meth:`from_mesh`;
+    (``CPGroup.from_topology(topo, group=cp_pg)``, or :meth:`from_mesh`;
     default: none, the whole row is local); attention runs Ulysses over it. A DTensor LM-head
     weight placed ``Shard(0)`` is scored vocabulary-parallel over its mesh, ``Replicate()`` as
     unsharded (:mod:`rollfeed.models.head_shard`). ``tp_group`` / ``vocab_start``: a plain-tensor

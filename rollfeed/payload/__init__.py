@@ -27,11 +27,11 @@ from rollfeed.payload.errors import (
     UnknownFieldError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
-from rollfeed.payload.label_rows import canonical_rows
-from rollfeed.payload.reader import FieldRead, read_field, read_fields
+from rollfeed.payload.format.label_rows import canonical_rows
+from rollfeed.payload.read.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
-from rollfeed.payload.writer import PayloadWriter
+from rollfeed.payload.write.writer import PayloadWriter
 
 __all__ = [
     "PAYLOAD_FIELDS",

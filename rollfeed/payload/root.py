@@ -4,16 +4,16 @@ A :class:`PayloadRoot` is a small picklable value (a path and a few settings). O
 thread pool live in a per-process cache that is created lazily and dropped after ``fork``, so the
 object can be handed to DataLoader workers and never carries file descriptors across processes.
 
-Every open goes through :func:`~rollfeed.payload.safe_open.open_beneath`: a handle cannot leave the
-root through a symlink (not even one swapped in mid-read), and a FIFO or directory is refused at
-once instead of blocking ``open``.
+Every open goes through :func:`~rollfeed.payload.stores.safe_open.open_beneath`: a handle cannot
+leave the root through a symlink (not even one swapped in mid-read), and a FIFO or directory is
+refused at once instead of blocking ``open``.
 
 The descriptor cache is shared by threads. A read *leases* the files it needs
-(:class:`~rollfeed.payload.lease.Lease`, handed to the reader by :meth:`PayloadRoot.run` under the
-root's retry policy): each lease holds a reference on a cache entry, and an entry evicted meanwhile
-(beyond ``max_open``, by :meth:`PayloadRoot.close`, or replaced by a reopen) leaves the cache at
-once but closes its descriptor only when the last lease lets go. No read ever uses a closed (or
-reused) descriptor, and open descriptors stay at most ``max_open`` plus the files of reads in
+(:class:`~rollfeed.payload.stores.lease.Lease`, handed to the reader by :meth:`PayloadRoot.run`
+under the root's retry policy): each lease holds a reference on a cache entry, and an entry evicted
+meanwhile (beyond ``max_open``, by :meth:`PayloadRoot.close`, or replaced by a reopen) leaves the
+cache at once but closes its descriptor only when the last lease lets go. No read ever uses a closed
+(or reused) descriptor, and open descriptors stay at most ``max_open`` plus the files of reads in
 flight.
 """
 
@@ -39,9 +39,9 @@ from rollfeed.payload.errors import (
     PayloadStaleFileError,
     PayloadTruncatedError,
 )
-from rollfeed.payload.layout import FILE_HEADER, parse_file_header
-from rollfeed.payload.lease import Lease
-from rollfeed.payload.safe_open import open_beneath, open_parent_beneath
+from rollfeed.payload.format.layout import FILE_HEADER, parse_file_header
+from rollfeed.payload.stores.lease import Lease
+from rollfeed.payload.stores.safe_open import open_beneath, open_parent_beneath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,14 +107,14 @@ class PayloadRoot:
     """A directory of payload files, and how to read them.
 
     ``PayloadRoot("s3://bucket/prefix", ...)`` is an object-store root instead
-    (:class:`~rollfeed.payload.object_root.ObjectRoot`, its arguments there).
+    (:class:`~rollfeed.payload.stores.object_root.ObjectRoot`, its arguments there).
 
     ``retries`` / ``backoff_s``: a missing file, or a file shorter than a record needs, is reopened
     and retried with exponential backoff (shared filesystems can lag), then raises naming file,
     offset and the file's real size. A file replaced under its name (its file id differs from the
     record's) is reopened once, then raises :class:`PayloadStaleFileError`.
     ``verify_checksums``: every read also checks the CRC-32C of each block it reads (the whole
-    blocks around its window, :mod:`rollfeed.payload.checksum`), raising
+    blocks around its window, :mod:`rollfeed.payload.format.checksum`), raising
     :class:`~rollfeed.payload.errors.PayloadChecksumError` on a mismatch. It reads up to one block
     more at each end of a window and costs the checksum pass (``python -m rollfeed.bench payload``
     prints it); files of format version 1, which keep no checksums, are refused.
@@ -135,7 +135,7 @@ class PayloadRoot:
     def __new__(cls, path: str | os.PathLike[str] | None = None, *args: object, **kwargs: object):
         # "s3://bucket/prefix" is an object-store root: the same seam, read by ranged GETs
         if cls is PayloadRoot and isinstance(path, str) and path.startswith("s3://"):
-            from rollfeed.payload.object_root import ObjectRoot
+            from rollfeed.payload.stores.object_root import ObjectRoot
 
             return super().__new__(ObjectRoot)
         return super().__new__(cls)

@@ -57,7 +57,7 @@ class _Record(BaseModel):
 
 
 class RaggedLayout(_Record):
-    """Where a CSR region keeps its row index; see :mod:`rollfeed.payload.layout`."""
+    """Where a CSR region keeps its row index; see :mod:`rollfeed.payload.format.layout`."""
 
     rows: StrictInt  # rows in the whole region (not only this segment)
     values: StrictInt  # values in the whole region

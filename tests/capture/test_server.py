@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +11,6 @@ import pytest
 from rollfeed.capture import assemble_turns
 from rollfeed.capture.errors import CaptureServerError
 from rollfeed.cli import main as cli
-from rollfeed.loaders import read_step_file, step_file_name
 from rollfeed.orchestrator.client import CaptureClient, Rollout
 from rollfeed.payload import read_field
 from tests.capture.kept import completions_call, completions_kept, read_kept
@@ -23,7 +20,6 @@ pytestmark = pytest.mark.vllm
 TOP_K = 5
 SAMPLING = {"top_k": TOP_K, "top_p": 0.9, "temperature": 0.8, "ignore_eos": True}
 PROMPTS = [[1, 17, 42, 99, 5], [1, 300, 7], [1, 64, 65, 66, 67, 68, 69, 70], [1, 2]]
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -122,28 +118,6 @@ def test_three_turns_with_tool_text_equal_standalone_calls(client, capture_serve
     whole = read_kept(sample.payload, root, 0, 24, sample.token_ids)
     for t in (t for r in sampled for t in r):
         assert int(sample.token_ids[t]) in whole[t]
-
-
-def test_readme_serving_snippet_runs(capture_server, tmp_path):
-    text = README.read_text()
-    section = text[text.index("### Serving: capture at the inference server") :]
-    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    prompts = [[1, 40, 41, 42], [1, 43]]
-    scope = {"url": capture_server.url, "prompts": prompts, "advantages": [0.5, -0.5]}
-    exec(compile(snippet, "README.md", "exec"), dict(scope, steps_dir=tmp_path))
-    samples = read_step_file(tmp_path / step_file_name(42))
-    assert [s.uid for s in samples] == ["p0", "p1"]
-    for prompt, advantage, sample in zip(prompts, scope["advantages"], samples, strict=True):
-        p, T = len(prompt), len(sample)
-        loss = sample.loss_mask.nonzero()[0].tolist()
-        c1 = next(k for k in range(len(loss)) if loss[k] != p + k)  # first turn's completion
-        assert sample.token_ids[:p].tolist() == prompt and 1 <= c1 <= 64 and T - p - c1 - 3 <= 64
-        assert sample.token_ids[p + c1 : p + c1 + 3].tolist() == [17, 18, 19]  # the tool's turn
-        assert loss == [*range(p, p + c1), *range(p + c1 + 3, T)]
-        assert set(sample.advantages[loss].tolist()) == {advantage}
-        kept = read_kept(sample.payload, capture_server.root, 0, T, sample.token_ids)
-        assert all(int(sample.token_ids[t]) in kept[t] for t in loss)
-        assert not any(kept[t] for t in set(range(T)) - set(loss))
 
 
 @pytest.mark.parametrize(

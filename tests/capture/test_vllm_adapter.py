@@ -1,14 +1,10 @@
 """vLLM adapter on vLLM-shaped objects (no engine): refused settings, flat logprobs, outputs."""
 
 import math
-import re
-import sys
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from rollfeed.capture import (
     CaptureConfig,
@@ -22,11 +18,9 @@ from rollfeed.capture import (
     check_sampling_params,
     logprob_rows,
 )
-from rollfeed.collate import Sample
 from rollfeed.payload import PayloadError, PayloadWriter, read_field
 
 INF = math.inf
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def params(**overrides):
@@ -177,47 +171,3 @@ def test_a_capture_error_names_request_completion_and_token(tmp_path):
     }
     assert "[request=cmpl-3, completion=1, token=1]" in str(err.value)
     assert not isinstance(err.value, PayloadError)  # the engine's output is wrong, not a payload
-
-
-def _readme_capture_snippet() -> str:
-    text = README.read_text()
-    section = text[text.index("Capturing in your own rollout code") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
-class _FakeLLM:
-    """vllm.LLM-shaped: a 2-token completion per prompt, 21 processed logprobs per token."""
-
-    def __init__(self, model, logprobs_mode, max_logprobs):
-        config = SimpleNamespace(logprobs_mode=logprobs_mode, max_logprobs=max_logprobs)
-        self.llm_engine = SimpleNamespace(model_config=config)
-
-    def generate(self, prompts, params):
-        ids = np.arange(params.logprobs)
-        row = dict.fromkeys(ids.tolist(), -INF) | {0: math.log(0.75), 1: math.log(0.25)}
-        done = SimpleNamespace(
-            token_ids=[0, 1], logprobs=[row, row], routed_experts=np.full((4, 2, 8), 127)
-        )
-        return [SimpleNamespace(finished=True, prompt_token_ids=p, outputs=[done]) for p in prompts]
-
-
-def test_readme_capture_snippet_runs(tmp_path, monkeypatch):
-    """The README's capture block as printed, on vLLM-shaped objects (no engine)."""
-    fake_vllm = ModuleType("vllm")
-    fake_vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
-    scope = {
-        "LLM": _FakeLLM,
-        "path": "model",
-        "root": tmp_path,
-        "prompts": [[5, 6, 7], [8, 9, 10]],
-        "advantages": np.ones(5, np.float32),
-        "Sample": Sample,
-    }
-    exec(compile(_readme_capture_snippet(), "README.md", "exec"), scope)
-    c = scope["c"]
-    assert c.token_ids.tolist() == [8, 9, 10, 0, 1]
-    mask = read_field(c.segments, "sampling_mask", (3, 5), root=tmp_path)
-    assert mask.tolist() == [[-1, 1], [-1, 0]]  # {0, 1} without each row's sampled token
-    routed = read_field(c.segments, "routed_experts", (0, 4), root=tmp_path)
-    assert routed.dtype == torch.uint8 and (routed == 127).all()

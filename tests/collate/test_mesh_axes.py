@@ -8,8 +8,8 @@ from math import prod
 
 import pytest
 
-from rollfeed.collate.errors import MeshAxisError
-from rollfeed.collate.mesh_axes import MeshCoordinates, mesh_coordinates
+from rollfeed.collate import MeshAxisError, Topology
+from rollfeed.collate.mesh_axes import mesh_coordinates
 
 TORCHTITAN = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -29,13 +29,12 @@ def test_data_axes_flatten_in_mesh_order_and_cover_every_coordinate_once(shape):
     pp, dpr, dps, cp, tp = shape
     seen = set()
     for rank in range(world):
-        c = mesh_coordinates(TORCHTITAN, shape, _local_ranks(shape, rank))
+        c = Topology(**mesh_coordinates(TORCHTITAN, shape, _local_ranks(shape, rank)))
         assert c.dp_size == dpr * dps and (c.cp_size, c.tp_size, c.pp_size) == (cp, tp, pp)
         seen.add((c.pp_rank, c.dp_rank, c.cp_rank, c.tp_rank))
         # The same rank in torchtitan's flattened ``dp`` view: dp_replicate x dp_shard.
-        flat = mesh_coordinates(
-            ("pp", "dp", "cp", "tp"), (pp, dpr * dps, cp, tp), _flat(shape, rank)
-        )
+        names = ("pp", "dp", "cp", "tp")
+        flat = Topology(**mesh_coordinates(names, (pp, dpr * dps, cp, tp), _flat(shape, rank)))
         assert flat == c
     assert seen == set(itertools.product(range(pp), range(dpr * dps), range(cp), range(tp)))
 
@@ -46,10 +45,8 @@ def _flat(shape, rank):
 
 
 def test_missing_axes_have_size_one_and_fsdp_ddp_are_data_axes():
-    assert mesh_coordinates(("ddp", "fsdp"), (2, 3), (1, 2)) == MeshCoordinates(
-        dp_rank=5, dp_size=6
-    )
-    assert mesh_coordinates((), (), ()) == MeshCoordinates()
+    assert mesh_coordinates(("ddp", "fsdp"), (2, 3), (1, 2)) == {"dp_rank": 5, "dp_size": 6}
+    assert Topology(**mesh_coordinates((), (), ())) == Topology()
 
 
 @pytest.mark.parametrize(

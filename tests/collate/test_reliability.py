@@ -1,12 +1,11 @@
 """Samples: values that cannot be trained on, sizes a record claims beyond the data it carries and
-malformed records are typed errors naming sample, field and position; the README's collate loop
-runs on every micro batch of a plan, dummies included."""
+malformed records are typed errors naming sample, field and position (the README's collate loop,
+dummies included, runs in tests/test_readme.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import subprocess
 import sys
 import textwrap
@@ -17,11 +16,9 @@ import pytest
 
 from rollfeed.collate import (
     CollateError,
-    PlanConfig,
     Sample,
     SampleDtypeError,
     SampleLengthError,
-    prepare_batch,
 )
 from rollfeed.collate.errors import SampleValueError
 from rollfeed.payload import PayloadSegment
@@ -193,39 +190,3 @@ def test_ragged_row_claiming_more_values_than_given_names_the_row():
     with pytest.raises(SampleLengthError, match="more than the 1") as err:
         _sample(fields={"sampling_mask": (counts, np.array([7], np.int32))})
     assert (err.value.field, err.value.pos) == ("sampling_mask", 2)
-
-
-def _readme_collate_loop() -> str:
-    text = README.read_text()
-    section = text[text.index("### `rollfeed.collate`") :]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
-
-
-def test_readme_collate_loop_runs_on_every_micro_batch_dummies_included():
-    """The README's loop as printed, over a plan where most DP ranks get dummy micro batches."""
-    rng = np.random.default_rng(0)
-    lines = []
-    for i, n in enumerate((40, 25, 9)):
-        counts = rng.integers(0, 3, n)
-        tokens = rng.integers(0, 100, n)
-        kept = rng.integers(100, 200, int(counts.sum()))
-        kept[np.cumsum(counts)[counts > 0] - 1] = tokens[counts > 0]  # each set holds its token
-        sample = Sample(
-            tokens,
-            loss_mask=np.arange(n) > 0,
-            advantages=np.ones(n, np.float32),
-            inference_logprobs=-np.ones(n, np.float32),
-            fields={
-                "routed_experts": rng.integers(0, 8, (n, 2, 2)).astype(np.uint8),
-                "sampling_mask": (counts, kept),
-            },
-            uid=f"s{i}",
-        )
-        lines.append(sample.to_json())
-    code = compile(_readme_collate_loop(), str(README), "exec")
-    config = PlanConfig(seq_len=16_384, cp_size=2, cp_layout="zigzag")
-    plan = prepare_batch([Sample.from_json(x) for x in lines], config, dp_size=8)
-    assert plan.metrics["dummy_micro_batches"] > 0  # the snippet's own plan has the same shape
-    for dp_rank in range(8):
-        for cp_rank in range(2):
-            exec(code, {"step_file": lines, "dp_rank": dp_rank, "cp_rank": cp_rank, "root": None})

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from tests.dist.launch import run_rank
 from tests.loaders.common import SEQ_LEN
 
@@ -42,7 +42,9 @@ def main(url: str) -> None:
     ds = RolloutDataset.from_step_dir(f"{url}/steps")
     config = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
     options = LoaderOptions(num_workers=2)
-    loader = build_dataloader(ds, topo, config, root=f"{url}/payload", options=options)
+    loader = build_dataloader(
+        ds, topo, LoaderConfig(plan=config), root=f"{url}/payload", options=options
+    )
     indices = loader.batch_sampler.step_micro_batches(0)
     got = list(loader)
     loader.close()

@@ -173,7 +173,7 @@ def main() -> None:
     topo = Topology.from_rank(rank, world, cp_size=2, tp_size=2)
     cp_groups = [dist.new_group([t, 2 + t]) for t in range(2)]  # one per tp coordinate
     tp_groups = [dist.new_group([2 * c, 2 * c + 1]) for c in range(2)]  # one per cp coordinate
-    cp = CPGroup(group=cp_groups[topo.tp_rank], rank=topo.cp_rank, size=topo.cp_size)
+    cp = CPGroup.from_topology(topo, group=cp_groups[topo.tp_rank])
     tp = (tp_groups[topo.cp_rank], topo.tp_rank, topo.tp_size)
     check_refusals(topo, cp, cp_groups[topo.tp_rank])
     check_ragged_tp(tp_groups[topo.cp_rank], topo.tp_rank)

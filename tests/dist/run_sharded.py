@@ -52,6 +52,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
 
 from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
+from rollfeed.demo.train import shard_model
 from rollfeed.loaders import Topology
 from rollfeed.models import LMHeadError, PolicyScorer
 from tests.dist.policy_cases import make_samples, own_routing
@@ -65,7 +66,6 @@ from tests.dist.sharded_reference import (
     train_reference,
     whole_row,
 )
-from rollfeed.demo.train import shard_model
 from tests.dist.sharding_plans import apply_tp, full
 from tests.dist.topology_meshes import check_topology_from_mesh
 from tests.models.hybrid_cases import alone_forward, float64_norms, hybrid_model, rollfeed_model
@@ -152,7 +152,9 @@ def build(moe: bool | str) -> torch.nn.Module:
 def samples_and_reference(moe: bool | str) -> tuple[list, Reference]:
     samples = make_samples(5, LENGTHS)
     if isinstance(moe, str):
-        routing = own_routing(hybrid_model(moe, SEED, vocab_size=VOCAB), [s.token_ids for s in samples])
+        routing = own_routing(
+            hybrid_model(moe, SEED, vocab_size=VOCAB), [s.token_ids for s in samples]
+        )
         samples = make_samples(5, LENGTHS, own_routing=routing)
         ours = float64_norms(rollfeed_model(moe, SEED, vocab_size=VOCAB))
         return samples, train_reference(ours, samples, forward=alone_forward)

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from rollfeed.models import CPGroup
-from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
 from rollfeed.models.packing_attention import packed_layout
+from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
 from tests.dist.launch import run_rank
 from tests.models.tiny import tiny_qwen3
 

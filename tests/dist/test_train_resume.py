@@ -17,6 +17,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from rollfeed.collate import Sample
+from rollfeed.collate.balance import DEFAULT_QUADRATIC
 from rollfeed.loaders import write_step_file
 from rollfeed.payload import PayloadWriter
 from tests.dist.launch import torchrun
@@ -106,8 +107,10 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
     start = final_state(tmp_path / "cut/checkpoints/step_000001")
     moved = [k for k, v in want["model"].items() if not torch.equal(v, start["model"][k])]
     assert moved == list(want["model"]), "some parameters did not change from step 1 to 3"
+    plan = {"seq_len": 32, "cp_layout": "zigzag", "pad_to_multiple_of": None}
+    plan |= {"overlong": "truncate", "quadratic_cost": DEFAULT_QUADRATIC, "shuffle": False}
     assert {k: v for k, v in want.items() if k.startswith("loader")} == {
-        f"loader_rank{r}": {"version": 1, "step": 3, "micro_batches": 0, "seed": 0}
-        | {"dp_size": 2, "cp_size": 2}
+        f"loader_rank{r}": {"version": 2, "step": 3, "micro_batches": 0, "seed": 0}
+        | {"dp_size": 2, "cp_size": 2, "plan": plan}  # the plan fingerprint through DCP
         for r in range(4)
     }

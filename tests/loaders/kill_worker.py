@@ -19,6 +19,7 @@ import time
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     Topology,
@@ -45,7 +46,7 @@ def main(run: str, out: str, mode: str = "thread", how: str = "KILL") -> None:
     loader = build_dataloader(
         ds,
         topo,
-        PlanConfig(seq_len=SEQ_LEN, cp_size=2),
+        LoaderConfig(plan=PlanConfig(seq_len=SEQ_LEN, cp_size=2)),
         root=os.path.join(run, "payload"),
         options=LoaderOptions(num_workers=2, receive_depth=2 if mode == "thread" else 0),
     )

@@ -111,7 +111,13 @@ def _stored(url: str) -> tuple[str, Callable, Callable]:
 def family_step_replace(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     """See the module doc; every attack is one pass over one freshly planned step."""
     from rollfeed.collate import PlanConfig
-    from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+    from rollfeed.loaders import (
+        LoaderConfig,
+        LoaderOptions,
+        RolloutDataset,
+        Topology,
+        build_dataloader,
+    )
 
     root = workdir / "payload"
     samples = write_batch(root, 3 * SAMPLES, seed=int(rng.integers(1 << 30)))
@@ -145,7 +151,11 @@ def family_step_replace(tally: Tally, workdir: Path, rng: np.random.Generator) -
                         workers = 2 if where == "2 workers" else 0
                         options = LoaderOptions(num_workers=workers, timeout_s=10, stopped_s=1)
                         loader = build_dataloader(
-                            ds, topo, config, root=root, step_timeout_s=0.2, options=options
+                            ds,
+                            topo,
+                            LoaderConfig(plan=config, step_timeout_s=0.2),
+                            root=root,
+                            options=options,
                         )
                         try:
                             assert len(loader) == len(want)  # planned

@@ -14,6 +14,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     StepFileError,
@@ -43,7 +44,11 @@ def _loader(run, *, start_step=None, **kw):
     config = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
     options = LoaderOptions(**kw)
     return build_dataloader(
-        ds, topo, config, root=run / "payload", start_step=start_step, options=options
+        ds,
+        topo,
+        LoaderConfig(plan=config, start_step=start_step),
+        root=run / "payload",
+        options=options,
     )
 
 
@@ -151,13 +156,17 @@ def test_slow_worker_is_waited_for_then_a_typed_timeout_never_a_stopped_one(run)
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
     config = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
     slow = LoaderOptions(num_workers=2, timeout_s=0, stopped_s=0.2)
-    loader = build_dataloader(ds, topo, config, root=run / "payload", options=slow)
+    loader = build_dataloader(
+        ds, topo, LoaderConfig(plan=config), root=run / "payload", options=slow
+    )
     it = iter(loader)
     assert next(it).input_ids.tolist() == next(iter(_loader(run))).input_ids.tolist()
     it.close()
     loader.close()
     bounded = LoaderOptions(num_workers=2, timeout_s=0.5, stopped_s=0.2)
-    loader = build_dataloader(ds, topo, config, root=run / "payload", options=bounded)
+    loader = build_dataloader(
+        ds, topo, LoaderConfig(plan=config), root=run / "payload", options=bounded
+    )
     t0 = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match=r"timeout_s=0\.5") as err:
         next(iter(loader))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_files import write_step_file
 from tests.loaders.common import SEQ_LEN, reference, write_batch
 
@@ -31,7 +31,9 @@ def run(tmp_path_factory):
 def _loader(base, **options):
     ds = RolloutDataset.from_step_dir(base / "steps")
     opts = LoaderOptions(**options)
-    return build_dataloader(ds, TOPO, CONFIG, root=base / "payload", options=opts)
+    return build_dataloader(
+        ds, TOPO, LoaderConfig(plan=CONFIG), root=base / "payload", options=opts
+    )
 
 
 def _expected(ref, plan, taken: int) -> dict:

@@ -12,6 +12,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     StepTimeoutError,
@@ -62,10 +63,8 @@ def test_stream_from_the_store_equals_the_local_reference(tmp_path, object_store
     loader = build_dataloader(
         ds,
         Topology(dp_rank=1, dp_size=2, cp_rank=1, cp_size=2),
-        CONFIG,
+        LoaderConfig(plan=CONFIG, stream=True, step_timeout_s=10),
         root=root,
-        stream=True,
-        step_timeout_s=10,
         options=LoaderOptions(num_workers=workers),
     )
     got: dict[int, list] = {}
@@ -101,7 +100,9 @@ def test_resume_mid_step_from_the_store(tmp_path, object_store, s3_url):
     def loader():
         ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
         topo = Topology(dp_rank=0, dp_size=2, cp_rank=0, cp_size=2)
-        return build_dataloader(ds, topo, CONFIG, root=root, options=LoaderOptions(num_workers=0))
+        return build_dataloader(
+            ds, topo, LoaderConfig(plan=CONFIG), root=root, options=LoaderOptions(num_workers=0)
+        )
 
     first = loader()
     it = iter(first)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_files import write_step_file
 from tests.loaders.common import SEQ_LEN, reference, write_batch
 from tests.loaders.resume import tmb_key
@@ -41,9 +41,8 @@ def test_synchronous_loop_passes_end_at_their_steps_last_micro_batch(tmp_path, o
     loader = build_dataloader(
         RolloutDataset.from_step_dir(tmp_path / "steps"),
         Topology(dp_rank=0, dp_size=1),
-        PlanConfig(seq_len=SEQ_LEN),
+        LoaderConfig(plan=PlanConfig(seq_len=SEQ_LEN), step_timeout_s=STEP_TIMEOUT_S),
         root=tmp_path / "payload",
-        step_timeout_s=STEP_TIMEOUT_S,
         options=LoaderOptions(**options),
     )
     seconds = []

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from rollfeed.collate import PlanConfig
+from rollfeed.collate import BatchConfigError, PlanConfig
 from rollfeed.loaders import (
-    LoaderConfigError,
+    LoaderConfig,
     MicroBatchCollator,
     MicroBatchSampler,
     PlanMismatchError,
@@ -44,9 +44,11 @@ def test_sampler_and_collator_equal_reference(data, dp_size, cp_size, cp_layout,
         sampler = None
         for cp in range(cp_size):
             topo = Topology(dp_rank=dp, dp_size=dp_size, cp_rank=cp, cp_size=cp_size)
-            sampler = MicroBatchSampler(dataset, topo, config)
+            sampler = MicroBatchSampler(dataset, topo, LoaderConfig(plan=config))
             # the collate_fn crosses into workers by pickle
-            collate = pickle.loads(pickle.dumps(MicroBatchCollator(topo, config, root=root)))
+            collate = pickle.loads(
+                pickle.dumps(MicroBatchCollator(topo, LoaderConfig(plan=config), root=root))
+            )
             batches = list(sampler)
             assert batches == [list(mb.indices) for mb in plan[dp]]
             assert len(batches) == len(ref[dp, cp]) == plan.metrics["micro_steps"]
@@ -70,9 +72,9 @@ def test_a_collator_with_another_config_than_the_sampler_is_refused(data):
     dataset = RolloutDataset(samples)
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
     planned = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
-    sampler = MicroBatchSampler(dataset, topo, planned)
+    sampler = MicroBatchSampler(dataset, topo, LoaderConfig(plan=planned))
     equal = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")  # another, equal object
-    same = MicroBatchCollator(topo, equal, root=root)
+    same = MicroBatchCollator(topo, LoaderConfig(plan=equal), root=root)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=same)
     assert [t.cp_layout for t in loader] == ["zigzag"] * len(sampler)
     # a worker receives the yielded indices by pickle: the config travels with them
@@ -83,7 +85,7 @@ def test_a_collator_with_another_config_than_the_sampler_is_refused(data):
         (PlanConfig(seq_len=2 * SEQ_LEN, cp_size=2, cp_layout="zigzag"), r"seq_len: 48 != 96"),
         (replace(planned, overlong="drop"), "overlong: 'truncate' != 'drop'"),
     ):
-        collate = MicroBatchCollator(topo, other, root=root)
+        collate = MicroBatchCollator(topo, LoaderConfig(plan=other), root=root)
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
         with pytest.raises(PlanMismatchError, match=named):
             next(iter(loader))
@@ -93,10 +95,10 @@ def test_a_topology_on_another_cp_axis_than_the_plan_is_refused():
     dataset = RolloutDataset(inline_batch(np.random.default_rng(0), 4, 8))
     topo = Topology(dp_rank=0, dp_size=1, cp_rank=0, cp_size=2)
     config = PlanConfig(seq_len=16, cp_size=4)
-    with pytest.raises(LoaderConfigError, match=r"topology\.cp_size=2 but config\.cp_size=4"):
-        MicroBatchSampler(dataset, topo, config)
-    with pytest.raises(LoaderConfigError, match=r"topology\.cp_size=2 but config\.cp_size=4"):
-        MicroBatchCollator(topo, config, root=None)
+    with pytest.raises(BatchConfigError, match=r"topology\.cp_size=2 but plan\.cp_size=4"):
+        MicroBatchSampler(dataset, topo, LoaderConfig(plan=config))
+    with pytest.raises(BatchConfigError, match=r"topology\.cp_size=2 but plan\.cp_size=4"):
+        MicroBatchCollator(topo, LoaderConfig(plan=config), root=None)
 
 
 def test_shuffle_is_seeded_same_on_every_rank_and_covers_once():
@@ -106,7 +108,9 @@ def test_shuffle_is_seeded_same_on_every_rank_and_covers_once():
     def rank_batches(seed, dp, step=0):
         topo = Topology(dp_rank=dp, dp_size=2)
         config = PlanConfig(seq_len=24)
-        s = MicroBatchSampler(ds, topo, config, seed=seed, shuffle=True, start_step=step)
+        s = MicroBatchSampler(
+            ds, topo, LoaderConfig(plan=config, seed=seed, shuffle=True, start_step=step)
+        )
         return s.step_micro_batches(step)
 
     a = rank_batches(0, 0) + rank_batches(0, 1)

@@ -12,6 +12,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
@@ -41,7 +42,9 @@ def run(tmp_path_factory):
 
 def _loader(run, **kw) -> RolloutLoader:
     ds = RolloutDataset.from_step_dir(run / "steps")
-    return build_dataloader(ds, TOPO, CONFIG, root=run / "payload", options=LoaderOptions(**kw))
+    return build_dataloader(
+        ds, TOPO, LoaderConfig(plan=CONFIG), root=run / "payload", options=LoaderOptions(**kw)
+    )
 
 
 def _threads() -> list[threading.Thread]:

@@ -20,6 +20,7 @@ import pytest
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
     EmptyStepError,
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     StepTimeoutError,
@@ -88,7 +89,11 @@ def _first_error(loader) -> Exception:
 def test_loader_nobody_holds_yields_every_micro_batch(run, options):
     got = []
     for mb in build_dataloader(
-        _dataset(run / "steps"), TOPO, CONFIG, root=run / "payload", options=options
+        _dataset(run / "steps"),
+        TOPO,
+        LoaderConfig(plan=CONFIG),
+        root=run / "payload",
+        options=options,
     ):
         got.append(mb)
     ref = _reference(run)
@@ -103,9 +108,8 @@ def test_pass_over_missing_step_waits_then_raises_step_timeout(run, num_workers)
     loader = build_dataloader(
         _dataset(run / "steps"),
         TOPO,
-        CONFIG,
+        LoaderConfig(plan=CONFIG, step_timeout_s=0.4),
         root=run / "payload",
-        step_timeout_s=0.4,
         options=LoaderOptions(num_workers=num_workers),
     )
     assert len(list(loader)) == len(_reference(run))  # step 0; step 1 is not there
@@ -124,7 +128,7 @@ def test_pass_over_step_not_there_yet_yields_it_once_it_appears(run, tmp_path):
     steps.mkdir()
     producer = threading.Timer(0.3, write_step_file, (steps, 0, samples))
     loader = build_dataloader(
-        _dataset(steps), TOPO, CONFIG, root=run / "payload", step_timeout_s=20
+        _dataset(steps), TOPO, LoaderConfig(plan=CONFIG, step_timeout_s=20), root=run / "payload"
     )
     producer.start()
     try:
@@ -140,13 +144,14 @@ def test_pass_over_step_not_there_yet_yields_it_once_it_appears(run, tmp_path):
 SCRIPT = """
 import sys
 from rollfeed.collate import PlanConfig
-from rollfeed.loaders import LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from tests.loaders.common import SEQ_LEN
 
 run = sys.argv[1]
 topo = Topology(dp_rank=0, dp_size=1, cp_rank=1, cp_size=2)
 loader = build_dataloader(RolloutDataset.from_step_dir(run + "/steps"), topo,
-                          PlanConfig(seq_len=SEQ_LEN, cp_size=2), root=run + "/payload",
+                          LoaderConfig(plan=PlanConfig(seq_len=SEQ_LEN, cp_size=2)),
+                          root=run + "/payload",
                           options=LoaderOptions(num_workers=2))
 it = iter(loader)
 next(it)                       # a pass still running at exit, its thread receiving ahead
@@ -196,7 +201,9 @@ def test_worker_error_keeps_type_and_place(missing_payload, options):
     def loader(**kw):
         ds = _dataset(base / "steps")
         opts = LoaderOptions(**kw)
-        return build_dataloader(ds, TOPO, CONFIG, root=base / "payload", options=opts)
+        return build_dataloader(
+            ds, TOPO, LoaderConfig(plan=CONFIG), root=base / "payload", options=opts
+        )
 
     failing = loader(num_workers=2, **options)
     err = _first_error(failing)
@@ -235,9 +242,8 @@ def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_ne
     loader = build_dataloader(
         _dataset(steps),
         TOPO,
-        CONFIG,
+        LoaderConfig(plan=CONFIG, step_timeout_s=0.1),
         root=run / "payload",
-        step_timeout_s=0.1,
         options=LoaderOptions(num_workers=num_workers),
     )
     err = _first_error(loader)
@@ -254,7 +260,9 @@ def test_step_whose_samples_are_all_dropped_as_overlong_is_an_empty_step_error(r
     samples = read_step_file(run / "steps" / "step_000000.jsonl")
     shortest = min(len(s) for s in samples)
     config = PlanConfig(seq_len=(shortest - 1) // 2 * 2, cp_size=2, overlong="drop")
-    loader = build_dataloader(RolloutDataset(samples), TOPO, config, root=run / "payload")
+    loader = build_dataloader(
+        RolloutDataset(samples), TOPO, LoaderConfig(plan=config), root=run / "payload"
+    )
     err = _first_error(loader)
     assert isinstance(err, EmptyStepError)
     assert f"all {len(samples)} samples were dropped" in str(err)

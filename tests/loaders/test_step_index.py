@@ -12,6 +12,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
@@ -66,6 +67,15 @@ def test_index_round_trip_matches_the_file(run):
     assert index_path(path).read_bytes() == written  # built from the file == written with it
 
 
+def test_step_file_into_a_missing_directory_makes_it(run):
+    """A new run's first step makes its step directory, as a payload writer makes its group."""
+    tmp, samples, _ = run
+    path = write_step_file(tmp / "new" / "steps", 3, samples[:2])
+    assert path == tmp / "new" / "steps" / "step_000003.jsonl"
+    assert [s.to_json() for s in read_step_file(path)] == [s.to_json() for s in samples[:2]]
+    assert read_step_index(path).lengths.tolist() == [len(s) for s in samples[:2]]
+
+
 def test_build_index_skips_blank_lines_and_reads_back(run):
     tmp, samples, path = run
     lines = _lines(path)
@@ -92,7 +102,9 @@ def _rank_loader(tmp, dp_rank, **kw):
     ds = RolloutDataset.from_step_dir(tmp / "steps")
     topo = Topology(dp_rank=dp_rank, dp_size=2, cp_rank=1, cp_size=2)
     config = PlanConfig(seq_len=SEQ_LEN, cp_size=2)
-    loader = build_dataloader(ds, topo, config, root=tmp / "payload", options=LoaderOptions(**kw))
+    loader = build_dataloader(
+        ds, topo, LoaderConfig(plan=config), root=tmp / "payload", options=LoaderOptions(**kw)
+    )
     return ds, loader
 
 

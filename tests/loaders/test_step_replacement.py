@@ -9,6 +9,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     StepReplacedError,
@@ -46,7 +47,11 @@ def test_step_replaced_after_planning_reads_the_planned_version_or_is_refused(
     path = write_step_file(tmp_path / "steps", 0, planned)
     ds = RolloutDataset.from_step_dir(tmp_path / "steps")
     loader = build_dataloader(
-        ds, TOPO, CONFIG, root=tmp_path / "payload", options=LoaderOptions(num_workers=num_workers)
+        ds,
+        TOPO,
+        LoaderConfig(plan=CONFIG),
+        root=tmp_path / "payload",
+        options=LoaderOptions(num_workers=num_workers),
     )
     assert len(loader) > 0  # the step is planned from the planned version's index
     write_step_file(tmp_path / "steps", 0, other)  # replaced, index first, under the same name
@@ -75,7 +80,7 @@ def test_step_object_replaced_after_planning_is_refused(
     steps.write_step_file(0, samples)
     ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
     options = LoaderOptions(num_workers=num_workers)
-    loader = build_dataloader(ds, TOPO, CONFIG, root=root, options=options)
+    loader = build_dataloader(ds, TOPO, LoaderConfig(plan=CONFIG), root=root, options=options)
     assert len(loader) > 0
     steps.write_step_file(0, same_sizes_other_tokens(samples))  # another ETag, the same index
     with pytest.raises(StepReplacedError) as err:

@@ -10,6 +10,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderOptions,
     RolloutDataset,
     StepTimeoutError,
@@ -39,10 +40,12 @@ def test_stream_follows_producer_with_persistent_workers(tmp_path):
     loader = build_dataloader(
         ds,
         topo,
-        PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag"),
+        LoaderConfig(
+            plan=PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag"),
+            stream=True,
+            step_timeout_s=10,
+        ),
         root=tmp_path / "payload",
-        stream=True,
-        step_timeout_s=10,
         options=LoaderOptions(num_workers=2),
     )
     got: dict[int, list] = {}

@@ -12,6 +12,7 @@ import torch
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
+    LoaderConfig,
     LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
@@ -39,7 +40,9 @@ def run(tmp_path_factory):
 
 def _loader(base, **kw):
     ds = RolloutDataset.from_step_dir(base / "steps")
-    return build_dataloader(ds, TOPO, CONFIG, root=base / "payload", options=LoaderOptions(**kw))
+    return build_dataloader(
+        ds, TOPO, LoaderConfig(plan=CONFIG), root=base / "payload", options=LoaderOptions(**kw)
+    )
 
 
 class Moves:

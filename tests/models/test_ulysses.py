@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rollfeed.collate import Topology
 from rollfeed.models import CPGroup, CPGroupError, PackingError, UlyssesShapeError
 from rollfeed.models.packing_attention import packed_layout, segment_ids_from_positions
 from rollfeed.models.ulysses import gather_sequence, heads_to_seq, seq_to_heads
@@ -132,3 +133,12 @@ def test_sliding_window_layers_are_exact() -> None:
         got = model(input_ids=pos[None], position_ids=pos[None], packing=packed_layout(pos))
         want = stock(input_ids=pos[None])
     torch.testing.assert_close(got.logits, want.logits, atol=1e-10, rtol=0)
+
+
+def test_cp_group_takes_rank_and_size_from_the_topology() -> None:
+    group = object()  # never reaches a collective (no process group is initialised)
+    topo = Topology(dp_rank=1, dp_size=2, cp_rank=1, cp_size=3)
+    assert CPGroup.from_topology(topo, group=group) == CPGroup(group=group, rank=1, size=3)
+    assert CPGroup.from_topology(Topology(dp_size=4, dp_rank=3), group=None) == CPGroup()
+    with pytest.raises(CPGroupError, match="size=3 needs the process group"):
+        CPGroup.from_topology(topo, group=None)

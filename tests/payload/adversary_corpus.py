@@ -188,7 +188,7 @@ def small_file(workdir: Path, rng: np.random.Generator, sizes, name: str = "f"):
 def byte_mutations(raw: bytes, regions: dict, rng: np.random.Generator):
     """``(description, offset, new bytes)``: boundary values in every header field and CSR block
     offset/length, then random single-bit flips anywhere."""
-    from rollfeed.payload import layout
+    from rollfeed.payload.format import layout
 
     muts = []
     ends = sorted((r.offset, r) for r in regions.values())

@@ -45,7 +45,8 @@ def family_bytes(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
 def family_truncation(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     """A file cut at every byte: reads are exact or typed; verify and inspect flag every cut
     that is not a region boundary."""
-    from rollfeed.payload import PayloadRoot, layout, read_field
+    from rollfeed.payload import PayloadRoot, read_field
+    from rollfeed.payload.format import layout
 
     base = workdir / "base"
     segs, regions, total, raw, _ = small_file(base, rng, (3, 2))
@@ -71,7 +72,8 @@ def family_truncation(tally: Tally, workdir: Path, rng: np.random.Generator) -> 
 def family_memory(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     """Records and headers claiming sizes beyond a file of a few KiB: typed refusals, never an
     allocation beyond ``ALLOC_BOUND``; ``verify`` of such files too."""
-    from rollfeed.payload import PayloadRoot, layout, read_field
+    from rollfeed.payload import PayloadRoot, read_field
+    from rollfeed.payload.format import layout
 
     base = workdir / "base"
     segs, regions, _, raw, _ = small_file(base, rng, (3, 130))

@@ -100,7 +100,7 @@ def family_stores(tally: Tally, workdir: Path, rng: np.random.Generator) -> None
                 check_read(_read(got, f, [(0, 20)], back), got, f, [(0, 20)], mine)
 
         def uploads(_):
-            from rollfeed.payload.object_prune import incomplete_uploads
+            from rollfeed.payload.stores.object_prune import incomplete_uploads
 
             got = incomplete_uploads(root(), direct.url.key("none") + "/")
             if got:

@@ -1,4 +1,4 @@
-"""The compiled window read (``rollfeed/payload/_window.c``) under AddressSanitizer and
+"""The compiled window read (``rollfeed/payload/read/_window.c``) under AddressSanitizer and
 UndefinedBehaviorSanitizer: ``make sanitize``, or ``python -m tests.payload.sanitize [PYTEST
 ARGS]``.
 
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
             UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
         )
         check = (  # the kernel is the sanitized build, and the runtime is loaded
-            "from rollfeed.payload import _window, compiled_read as c; assert c.COMPILED; "
+            "from rollfeed.payload.read import _window, compiled_read as c; assert c.COMPILED; "
             "assert b'__asan_report' in open(_window.__file__, 'rb').read(); "
             "assert 'libasan' in open('/proc/self/maps').read()"
         )

@@ -37,8 +37,8 @@ import socketserver
 import threading
 import urllib.parse
 
-from rollfeed.payload.object_sign import sign
-from rollfeed.payload.store_url import Credentials
+from rollfeed.payload.stores.object_sign import sign
+from rollfeed.payload.stores.store_url import Credentials
 from tests.object_store_server import ACCESS_KEY, REGION, SECRET_KEY
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}

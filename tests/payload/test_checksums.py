@@ -16,8 +16,8 @@ from rollfeed.payload import (
     read_field,
     read_fields,
 )
-from rollfeed.payload.checksum import crc, fixed_block_rows, ragged_table, table_entries
-from rollfeed.payload.layout import BLOCK_ROWS, DTYPE_SIZES, ragged_bytes, values_start
+from rollfeed.payload.format.checksum import crc, fixed_block_rows, ragged_table, table_entries
+from rollfeed.payload.format.layout import BLOCK_ROWS, DTYPE_SIZES, ragged_bytes, values_start
 from tests.payload.reference import kept_sets, stored
 from tests.payload.test_reliability import _version_1_file
 

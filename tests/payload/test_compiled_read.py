@@ -13,12 +13,12 @@ from rollfeed.payload import (
     PayloadRoot,
     PayloadWidthError,
     PayloadWriter,
-    compiled_read,
     read_fields,
     shift_segments,
 )
-from rollfeed.payload.compiled_read import read_compiled
 from rollfeed.payload.fields import PAYLOAD_FIELDS
+from rollfeed.payload.read import compiled_read
+from rollfeed.payload.read.compiled_read import read_compiled
 from tests.payload.reference import kept_sets
 
 FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")

@@ -22,7 +22,7 @@ from rollfeed.payload import (
     UnknownFieldError,
     read_field,
 )
-from rollfeed.payload.layout import REGION_HEADER, REGION_HEADER_V1, file_header
+from rollfeed.payload.format.layout import REGION_HEADER, REGION_HEADER_V1, file_header
 
 
 def fast_root(path) -> PayloadRoot:

@@ -18,8 +18,8 @@ from rollfeed.payload import (
     RaggedLayout,
     read_field,
 )
-from rollfeed.payload.checks import RecordTable, explain, plausible
-from rollfeed.payload.layout import file_header
+from rollfeed.payload.format.layout import file_header
+from rollfeed.payload.read.checks import RecordTable, explain, plausible
 from rollfeed.payload.segment import STORED_DTYPES
 
 FUZZ = settings(

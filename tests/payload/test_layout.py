@@ -2,14 +2,14 @@ import numpy as np
 import pytest
 
 from rollfeed.payload import PayloadInputError, canonical_rows
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.layout import (
     BLOCK_ROWS,
     decode_index,
     index_table,
     ragged_bytes,
     values_start,
 )
-from rollfeed.payload.values import decode_into, encode_values, spare, value_dtype
+from rollfeed.payload.format.values import decode_into, encode_values, spare, value_dtype
 
 
 def fill_table(bodies, lo, hi, rows, values, *, count_bytes, block_rows):
@@ -95,7 +95,7 @@ def test_ragged_values_take_the_narrowest_width_and_decode_back(values, dtype, s
 
 
 def test_canonical_rows_follow_the_worked_example():
-    """rollfeed.payload.label_rows: sampled first, the others ascending, a repeat dropped."""
+    """rollfeed.payload.format.label_rows: sampled first, the others ascending, a repeat dropped."""
     rows = canonical_rows(np.array([3, 1, 0, 3]), np.array([7, 40, 3, 7, 5, 9, 5]), [40, 7, 5, 5])
     assert rows.counts.tolist() == [3, 1, 0, 2] and rows.missing.tolist() == []
     assert rows.order.tolist() == [1, 2, 0, 3, 4, 5]  # rows [40, 3, 7] [7] [] [5, 9]

@@ -26,9 +26,9 @@ from rollfeed.payload import (
 )
 from rollfeed.payload.errors import PayloadStoreAuthError, PayloadStoreTimeoutError
 from rollfeed.payload.fields import PAYLOAD_FIELDS
-from rollfeed.payload.object_lease import merge_spans
-from rollfeed.payload.object_prune import incomplete_uploads
-from rollfeed.payload.object_root import ObjectRoot
+from rollfeed.payload.stores.object_lease import merge_spans
+from rollfeed.payload.stores.object_prune import incomplete_uploads
+from rollfeed.payload.stores.object_root import ObjectRoot
 from tests.object_store_server import SECRET_KEY
 from tests.payload.test_read_fields import FIELDS, packed_micro_batch
 
@@ -282,22 +282,3 @@ def test_inspect_and_verify_over_the_store_find_a_flipped_byte(object_store, s3_
     raw[segs[0].offset + 17] ^= 0x01  # one routing byte
     obstore.put(store, key, bytes(raw))
     assert cli.verify(s3_url) == 1
-
-
-def test_readme_object_store_snippet_runs(object_store, s3_url, tmp_path, monkeypatch):
-    import re
-
-    from tests.loaders.common import write_batch
-
-    for k, v in object_store.env().items():
-        monkeypatch.setenv(k, v)
-    with open(os.path.join(REPO, "README.md")) as f:
-        text = f.read()
-    section = text[text.index("### Object-store roots") :]
-    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    snippet = snippet.replace("s3://rollouts/run7", s3_url)
-    samples = write_batch(tmp_path, 5, seed=1)
-    scope = {"experts": np.ones((10, 4, 2), np.int64), "samples": samples}
-    exec(compile(snippet, "README.md", "exec"), scope)
-    assert scope["segs"][0].file.startswith("step_000042/")
-    assert scope["ds"].lengths(42).tolist() == [len(s) for s in samples]

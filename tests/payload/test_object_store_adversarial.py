@@ -6,7 +6,8 @@ never other data. Records pointing outside the prefix are refused before any req
 import numpy as np
 import pytest
 
-from rollfeed.payload import PayloadPathError, PayloadRoot, layout, read_field
+from rollfeed.payload import PayloadPathError, PayloadRoot, read_field
+from rollfeed.payload.format import layout
 from tests.payload.adversary import format_summary
 from tests.payload.adversary_corpus import byte_mutations, small_file
 from tests.payload.adversary_oracle import FIELDS, check_read

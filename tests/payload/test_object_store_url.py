@@ -6,8 +6,8 @@ import pickle
 import pytest
 
 from rollfeed.payload import PayloadInputError, PayloadPathError, PayloadRoot
-from rollfeed.payload.object_root import ObjectRoot
-from rollfeed.payload.store_url import StoreAccess, StoreURL, is_store_url
+from rollfeed.payload.stores.object_root import ObjectRoot
+from rollfeed.payload.stores.store_url import StoreAccess, StoreURL, is_store_url
 
 
 def test_parse_and_keys():

@@ -13,12 +13,12 @@ from rollfeed.payload import (
     PayloadMissingFileError,
     PayloadRoot,
     PayloadWriter,
-    compiled_read,
     read_field,
     read_fields,
     shift_segments,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS
+from rollfeed.payload.read import compiled_read
 from tests.payload.reference import kept_sets
 
 FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")

@@ -41,7 +41,7 @@ from rollfeed.payload import (
     read_fields,
     register_field,
 )
-from rollfeed.payload.layout import (
+from rollfeed.payload.format.layout import (
     DTYPE_CODES,
     FILE_HEADER_V1,
     MAGIC,

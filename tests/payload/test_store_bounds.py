@@ -21,7 +21,7 @@ from rollfeed.payload import (
     PayloadWriter,
     read_fields,
 )
-from rollfeed.payload.object_prune import incomplete_uploads
+from rollfeed.payload.stores.object_prune import incomplete_uploads
 from tests.object_store_server import BUCKET
 from tests.payload.store_proxy import StoreProxy, create_upload
 

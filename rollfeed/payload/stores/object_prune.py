@@ -1,0 +1,102 @@
+"""Pruning a group of an object-store root: its objects, and its incomplete multipart uploads.
+
+A writer killed while uploading a large object in parts leaves an incomplete multipart upload:
+invisible to readers (no object exists until the upload completes) but stored, and billed. So
+``prune(group)`` deletes every object whose key lies under ``<prefix>/<group>/`` and aborts every
+multipart upload started under it (``ListMultipartUploads``, every page of it, and
+``AbortMultipartUpload``, several in flight: signed requests of
+:class:`~rollfeed.payload.stores.object_http.SignedHttp`, since the object client does not offer
+them).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError
+from rollfeed.payload.stores.object_errors import store_error
+from rollfeed.payload.stores.object_sign import xml_answer
+
+if TYPE_CHECKING:
+    from rollfeed.payload.stores.object_root import ObjectRoot
+
+log = logging.getLogger(__name__)
+UPLOADS_PAGE = 1000  # uploads asked for per page of the listing (S3's own page size)
+_NS = {"s3": "http://s3.amazonaws.com/doc/2006-03-01/"}
+_MARKERS = (("NextKeyMarker", "key-marker"), ("NextUploadIdMarker", "upload-id-marker"))
+
+
+def _text(node, name: str) -> str | None:
+    return node.findtext(f"s3:{name}", None, _NS) or node.findtext(name)
+
+
+def incomplete_uploads(root: ObjectRoot, prefix: str) -> list[tuple[str, str]]:
+    """``(key, upload id)`` of every incomplete multipart upload under key ``prefix``, over
+    every page of the listing: the next page starts at the markers the store names
+    (``NextKeyMarker``, ``NextUploadIdMarker``: S3 names both, SeaweedFS the upload id only);
+    a listing that says it is truncated but names neither, or names the same again, is a
+    :class:`PayloadIOError` (uploads would be left behind)."""
+    what = "listing uploads"
+    http = root._proc().http
+    out: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    markers: dict[str, str] = {}
+    while True:
+        query = {"uploads": "", "prefix": prefix, "max-uploads": str(UPLOADS_PAGE), **markers}
+        body = http.request("GET", "", what=what, where=root.path, query=query)
+        tree = xml_answer(body, what=what, where=root.path, rel=prefix)
+        for up in tree.findall("s3:Upload", _NS) or tree.findall("Upload"):
+            key, upload = _text(up, "Key"), _text(up, "UploadId")
+            if key and upload and key.startswith(prefix) and (key, upload) not in seen:
+                seen.add((key, upload))
+                out.append((key, upload))
+        if _text(tree, "IsTruncated") != "true":
+            return out
+        nxt = {param: v for name, param in _MARKERS if (v := _text(tree, name))}
+        if not nxt or nxt == markers:
+            raise PayloadIOError(
+                f"{what} of {root.path}: the store says its answer is truncated but names no "
+                f"next page (markers {nxt or 'none'}); its remaining uploads cannot be listed",
+                file=prefix,
+            )
+        markers = nxt
+
+
+def prune_group(root: ObjectRoot, group: str) -> None:
+    """Delete group ``group``'s objects and abort its uploads (see the module doc)."""
+    import obstore
+
+    prefix = root.url.key(group) + "/"
+    proc = root._proc()
+    keys: list[str] = []
+    try:
+        for batch in obstore.list(proc.store, prefix=prefix, chunk_size=1000):
+            keys += [meta["path"] for meta in batch]
+        if keys:
+            obstore.delete(proc.store, keys)
+    except Exception as raw:
+        raise store_error(raw, where=root.where(group), rel=group, what="pruning") from None
+    uploads = incomplete_uploads(root, prefix)
+    if uploads:
+        proc.map(lambda key, upload: _abort(root, key, upload), *zip(*uploads, strict=True))
+    if not keys and not uploads:
+        raise PayloadMissingFileError(
+            f"payload group not found under {root.path}; nothing to prune", file=group
+        )
+    log.info("pruned %s: %d objects, %d incomplete uploads", group, len(keys), len(uploads))
+
+
+def _abort(root: ObjectRoot, key: str, upload: str) -> None:
+    """Abort one upload; one gone meanwhile (completed, or aborted by a retry or another prune)
+    is what aborting it wanted."""
+    try:
+        root._proc().http.request(
+            "DELETE",
+            key,
+            what="aborting an upload",
+            where=f"s3://{root.url.bucket}/{key}",
+            query={"uploadId": upload},
+        )
+    except PayloadMissingFileError:
+        log.debug("upload %s of %s was gone already", upload, key)
