@@ -142,7 +142,7 @@ def grads(loss: torch.Tensor, model: torch.nn.Module) -> dict[str, torch.Tensor]
     return {n: g for (n, _), g in zip(named, got, strict=True) if g is not None}
 
 
-def run_cp(layout: str, cp: CPGroup) -> None:
+def run_cp(layout: str, cp: CPGroup, single: PolicyScorer, scorer: PolicyScorer) -> None:
     (mb,) = prepare_batch(
         make_samples(5), PlanConfig(seq_len=48, cp_size=2, cp_layout=layout), dp_size=1
     )[0]
@@ -150,9 +150,7 @@ def run_cp(layout: str, cp: CPGroup) -> None:
     whole = ragged(to_tensor_micro_batch(dataclasses.replace(mb, config=one), cp_rank=0))
     tmb = ragged(to_tensor_micro_batch(mb, cp_rank=cp.rank))
     coef = torch.linspace(0.5, 1.5, mb.length, dtype=torch.float64)
-    single = PolicyScorer(tiny_qwen3(seed=21))
     out1, kept1 = scores_of(single, whole)
-    scorer = PolicyScorer(tiny_qwen3(seed=21), cp=cp)
     out, kept = scores_of(scorer, tmb)
     pos = tmb.positions
     want_kept = out1.kept_logprobs.take(pos)
@@ -236,8 +234,11 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 2
     cp = CPGroup(group=dist.group.WORLD, rank=rank, size=2)
+    # One scorer of each kind for both layouts (the layout comes with the micro batch).
+    single = PolicyScorer(tiny_qwen3(seed=21))
+    scorer = PolicyScorer(tiny_qwen3(seed=21), cp=cp)
     for layout in ("contiguous", "zigzag"):
-        run_cp(layout, cp)
+        run_cp(layout, cp, single, scorer)
     run_tp(dist.group.WORLD, rank, world)
 
 
