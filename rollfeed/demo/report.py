@@ -257,7 +257,7 @@ def write_plot(report: DemoReport, path: Path) -> Path:
 def _plot_steps(report: DemoReport, axes) -> None:
     steps = [st.step for st in report.steps]
     axes[0].plot(steps, [st.loss for st in report.steps], marker="o")
-    axes[0].set(xlabel="optimizer step", ylabel="clipped surrogate loss")
+    axes[0].set(xlabel="optimizer step", ylabel="loss (clip, correction, centering)")
     axes[0].set_title("Loss per step")
     tiny = 1e-12
     for name, value in (

@@ -36,6 +36,10 @@ def _log(x: float) -> float:
     return math.log(x) if x > 0 else float("-inf")
 
 
+# ``(log w, truncated, masked)``, each shaped like ``log_p``.
+_Weighed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 def _none(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like, dtype=torch.bool)
 
@@ -44,7 +48,7 @@ def _none(like: torch.Tensor) -> torch.Tensor:
 class Unweighted:
     """``w = 1``."""
 
-    def log_weight(self, log_p, log_q):  # type: ignore[no-untyped-def]
+    def log_weight(self, log_p: torch.Tensor, log_q: torch.Tensor) -> _Weighed:
         """``(log w, truncated, masked)`` for ``r = p / q`` (see the module doc)."""
         return torch.zeros_like(log_p), _none(log_p), _none(log_p)
 
@@ -65,7 +69,7 @@ class TruncatedIS:
         if not self.cap > 0:
             raise ObjectiveInputError(f"TruncatedIS cap must be > 0 (inf allowed), got {self.cap}")
 
-    def log_weight(self, log_p, log_q):  # type: ignore[no-untyped-def]
+    def log_weight(self, log_p: torch.Tensor, log_q: torch.Tensor) -> _Weighed:
         log_r = log_p - log_q
         truncated = log_r > _log(self.cap)
         return torch.clamp(log_r, max=_log(self.cap)), truncated, _none(log_p)
@@ -95,7 +99,7 @@ class MaskedIS:
         log_r = log_p - log_q
         return (log_r >= _log(self.low)) & (log_r <= _log(self.high))
 
-    def log_weight(self, log_p, log_q):  # type: ignore[no-untyped-def]
+    def log_weight(self, log_p: torch.Tensor, log_q: torch.Tensor) -> _Weighed:
         band = self._band(log_p, log_q)
         return torch.where(band, log_p - log_q, float("-inf")), _none(log_p), ~band
 
@@ -122,7 +126,7 @@ class TrustRegion:
     def _inside(self, log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
         return (torch.exp(log_p) - torch.exp(log_q)).abs() <= self.eps
 
-    def log_weight(self, log_p, log_q):  # type: ignore[no-untyped-def]
+    def log_weight(self, log_p: torch.Tensor, log_q: torch.Tensor) -> _Weighed:
         inside = self._inside(log_p, log_q)
         log_r = log_p - log_q
         truncated = inside & (log_r > _log(self.cap))
