@@ -79,14 +79,14 @@ def _run(variant: str, x: dict) -> None:
         logprobs, kept = x["leaf_logprobs"], x["leaf_kept"]
     else:
         scores = fused_support_logprobs(
-            x["hidden"], x["weight"], x["labels"], x["support"], return_kept_logprobs=True
+            x["hidden"],
+            x["weight"],
+            x["labels"],
+            x["support"],
+            return_kept_logprobs=variant != "fused",
         )
         logprobs, kept = scores.logprobs, scores.kept_logprobs
-    if variant == "fused" or variant == "kept":
-        if variant == "fused":  # the scorer without kept logprobs
-            logprobs = fused_support_logprobs(
-                x["hidden"], x["weight"], x["labels"], x["support"]
-            ).logprobs
+    if variant in ("fused", "kept"):
         (logprobs * x["up"]).sum().backward()
         return
     n = x["labels"].numel()
