@@ -112,18 +112,18 @@ def _run(variant: str, x: dict, up: torch.Tensor) -> torch.Tensor:
 
 
 def _reference(variant: str, x: dict, rows: torch.Tensor) -> torch.Tensor:
-    """Float64 logprobs of ``rows``, one row at a time over its ids (or the whole vocabulary)."""
+    """Float64 logprobs of ``rows [k]``: over the whole vocabulary in one product, or one row at a
+    time over its ids."""
     h, w, support = x["hidden"].double(), x["weight"].double(), x["support"]
-    out = []
-    for n in rows.tolist():  # rows [k]
-        label = int(x["labels"][n])
-        if variant == "full":
-            ids = torch.arange(w.shape[0])
-        else:
-            ids = support.values[support.offsets[n] : support.offsets[n + 1]].long()
-        logits = w[ids] @ h[n]
-        out.append(h[n] @ w[label] - logits.logsumexp(0))
-    return torch.stack(out)
+    labels = x["labels"][rows]
+    label_logits = (h[rows] * w[labels]).sum(-1)
+    if variant == "full":
+        return label_logits - (h[rows] @ w.T).logsumexp(-1)
+    lse = []
+    for n in rows.tolist():
+        ids = support.values[support.offsets[n] : support.offsets[n + 1]].long()
+        lse.append((w[ids] @ h[n]).logsumexp(0))
+    return label_logits - torch.stack(lse)
 
 
 def _on(device: torch.device, x: dict, variants: list[str]) -> dict:

@@ -6,7 +6,9 @@ the TP group per call:
 
 - :func:`all_reduce_max` — the row maxima ``[N]``, detached (the max is a shift that cancels out of
   every score, so it carries no gradient);
-- :func:`all_reduce_sum_local_grad` — a stacked ``[2 or 3, N]`` of partial sums in one collective.
+- :func:`all_reduce_sum_local_grad` — a stacked ``[2 or 3, N]`` of partial sums in one collective
+  (flattened and followed by the ``[nnz]`` kept ids' logits, zero where another rank owns the id,
+  when the kept logprobs are asked for).
   Its forward value is the global sum; its backward sends the incoming gradient to this rank's own
   local term only (``global + (local - local.detach())``). That is exact here because every rank
   evaluates the same loss from the same global sums, and shard r's logits enter those sums only
