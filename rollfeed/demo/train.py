@@ -42,7 +42,7 @@ from rollfeed.collate import TensorMicroBatch
 from rollfeed.demo.objective import DemoObjective, step_loss
 from rollfeed.loaders import RolloutLoader
 from rollfeed.models import PolicyScorer
-from rollfeed.objectives import finish_metrics
+from rollfeed.objectives import finish_metrics, micro_batch_rows
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,10 @@ def train_step(
         sampler.append(old.double())
         trainer.append(lp.detach().double())
         entropy.append(out.entropy[mb.positions][own].detach().double())
-        mask = mb.fields.get("sampling_mask")  # absent on a dummy micro batch
-        kept.append((mask >= 0).sum(-1)[own] if mask is not None else own.new_zeros(0).long())
+        # Kept-set sizes from the rows, padded or ragged (no ids on a dummy micro batch).
+        ids, _ = micro_batch_rows(mb)
+        size = torch.zeros(own.numel(), dtype=torch.int64, device=own.device)
+        kept.append(size.index_add(0, ids.row_index(), (ids.values >= 0).long())[own])
     optimizer.step()
     optimizer.zero_grad()
     # The loss and the metric sums over every rank in one all-reduce (every rank has micro
