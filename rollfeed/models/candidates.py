@@ -129,6 +129,7 @@ def plan_rows(
     missing_label: MissingLabel,
     compute_entropy: bool,
     entropy_requires_grad: bool,
+    uniform_width: int | None = None,
 ) -> RowPlan:
     """Check the inputs and decide per row: support, fallback or unscored; per slot: member or not.
 
@@ -140,6 +141,7 @@ def plan_rows(
 
     Repeats are found by one stable sort of the ``nnz`` keys ``row · (V + 2) + id + 1``: equal
     neighbours are one id twice in a row, and the first slot (stable order) stays the member.
+    ``uniform_width``: every row has that many slots (a padded support), sorted row by row instead.
     Costs one host sync to list fallback rows (when any row can fall back: ``fallback_mask`` given
     or ``missing_label="full_vocab"``).
 
@@ -152,11 +154,7 @@ def plan_rows(
     ids = support.values.long()
     slot_rows = support.row_index()
     labels = labels.to(device)
-    key = slot_rows * (vocab_size + 2) + ids.clamp(-1, vocab_size) + 1
-    ordered, perm = key.sort(stable=True)
-    repeat_sorted = torch.zeros_like(ordered, dtype=torch.bool)
-    repeat_sorted[1:] = (ordered[1:] == ordered[:-1]) & (ids[perm[1:]] >= 0)
-    repeat = torch.empty_like(repeat_sorted).index_put_((perm,), repeat_sorted)
+    repeat = _repeats(ids, slot_rows, vocab_size, rows, uniform_width)
     member = (ids >= 0) & ~repeat
     has_support = segment_count(member, slot_rows, rows) > 0
     is_label = ids == labels[slot_rows]
@@ -208,6 +206,21 @@ def plan_rows(
         metrics=metrics,
         checks=checks,
     )
+
+
+def _repeats(
+    ids: torch.Tensor, slot_rows: torch.Tensor, vocab: int, rows: int, uniform_width: int | None
+) -> torch.Tensor:
+    """``[nnz]`` bool: a slot whose id (>= 0) an earlier slot of its row holds."""
+    if uniform_width:
+        ordered, perm = ids.view(rows, uniform_width).sort(dim=1, stable=True)
+        repeat_sorted = torch.zeros_like(ordered, dtype=torch.bool)
+        repeat_sorted[:, 1:] = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+        return torch.zeros_like(repeat_sorted).scatter_(1, perm, repeat_sorted).view(-1)
+    ordered, perm = (slot_rows * (vocab + 2) + ids.clamp(-1, vocab) + 1).sort(stable=True)
+    repeat_sorted = torch.zeros_like(ordered, dtype=torch.bool)
+    repeat_sorted[1:] = (ordered[1:] == ordered[:-1]) & (ids[perm[1:]] >= 0)
+    return torch.empty_like(repeat_sorted).index_put_((perm,), repeat_sorted)
 
 
 def candidate_pairs(plan: RowPlan, labels: torch.Tensor, vocab_start: int) -> CandidatePairs:

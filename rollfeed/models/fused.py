@@ -186,7 +186,8 @@ def fused_support_logprobs(
         # V from its shard, and an id >= V is owned by no rank (it would score nothing, silently).
         # PolicyScorer finds V once, at construction, and passes it.
         vocab_size = full_vocab_size(width, tp_group, hidden.device)
-    support = support_rows(support, rows)
+    given, support = support, support_rows(support, rows)
+    uniform = given.shape[1] if isinstance(given, torch.Tensor) else None  # a padded [N, W]
     plan = plan_rows(
         labels,
         support,
@@ -200,6 +201,7 @@ def fused_support_logprobs(
         missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        uniform_width=uniform,
     )
     # Each row's label is projected once: from its member slot, or as a label-only pair.
     pairs = candidate_pairs(plan, labels, vocab_start)

@@ -129,7 +129,8 @@ def support_logprobs(
         # V from its shard, and an id >= V is owned by no rank (it would score nothing, silently).
         # PolicyScorer finds V once, at construction, and passes it.
         vocab_size = full_vocab_size(width, tp_group, logits.device)
-    support = support_rows(support, rows)
+    given, support = support, support_rows(support, rows)
+    uniform = given.shape[1] if isinstance(given, torch.Tensor) else None  # a padded [N, W]
     plan = plan_rows(
         labels,
         support,
@@ -143,6 +144,7 @@ def support_logprobs(
         missing_label=missing_label,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
+        uniform_width=uniform,
     )
     pairs = candidate_pairs(plan, labels, vocab_start)
     t = plan.temperature
