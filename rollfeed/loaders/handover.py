@@ -20,8 +20,10 @@ writes them (about as long as decoding the micro batch). Measured by
 
 Buffers of micro batches the DataLoader discarded (a pass left early) are skipped by their token,
 which counts up in each worker, and given back. A worker keeps at most :data:`KEEP` free buffers.
-Linux with forked workers only (the sockets are inherited; ``memfd_create``); elsewhere the
-collator's one shared-memory buffer goes through torch's handover.
+Linux only (``memfd_create``, descriptors over ``AF_UNIX``): forked workers inherit the sockets,
+and a fork server's (or a spawned) worker is handed its end when it starts (multiprocessing passes
+the descriptors of a socket pickled into the new process); elsewhere the collator's one
+shared-memory buffer goes through torch's handover.
 
 Example (worker 1, a micro batch of 3 tensors)::
 
@@ -78,7 +80,7 @@ class _Buffer:
 
 
 class Handover:
-    """One socket pair per worker, made before the workers fork (see the module doc); each
+    """One socket pair per worker, made before the workers start (see the module doc); each
     worker's pool of buffers is made in that worker."""
 
     def __init__(self, workers: int) -> None:
@@ -117,7 +119,7 @@ class Handover:
 
     def _take(self, worker: int, nbytes: int) -> int:
         """A free buffer of at least ``nbytes`` (given back ones first), or a new one."""
-        if self._pid != os.getpid():  # a forked worker: no buffers of its own yet
+        if self._pid != os.getpid():  # a new worker: no buffers of its own yet
             self._pid, self._buffers, self._free = os.getpid(), {}, []
         end = self.pairs[worker][1]
         while True:

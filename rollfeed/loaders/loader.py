@@ -16,6 +16,10 @@ It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
   ``iter`` does), so ``for``, ``list()`` and ``len()`` agree.
 - **Metrics.** ``loader.metrics``: the current (or last) pass's :mod:`~rollfeed.loaders.metrics`,
   made from what each micro batch's maker measured (carried with it) and the trainer's wait.
+- **Workers** start as :meth:`LoaderOptions.start_method` says: forked over local files (they
+  inherit the next step's plan and index), from a fork server when the payload root or the step
+  directory is ``s3://`` (each then reads the step's index itself, once per step, and holds it
+  for the step's micro batches; the plan travels in each task).
 - **Workers** are watched while the trainer waits (:mod:`~rollfeed.loaders.watch`): a stopped,
   dead or too slow worker is a typed :class:`~rollfeed.loaders.errors.WorkerError` naming it and
   the step, within the bounds of :class:`LoaderOptions`.
@@ -33,7 +37,6 @@ import functools
 import logging
 import multiprocessing
 import os
-import sys
 import threading
 import time
 import weakref
@@ -55,9 +58,12 @@ from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.transfer import move_micro_batch
 from rollfeed.loaders.watch import TICK_S, WorkerWatch
 from rollfeed.loaders.worker import Delivered, MicroBatchWork, Task, WorkerFailure, as_is
+from rollfeed.payload.stores.store_url import is_store_url
 
 logger = logging.getLogger(__name__)
 RETIRE_THREAD = "rollfeed-retire"  # drops the DataLoader of a worker error
+# what a fork server imports once, so that each worker it forks starts without importing them
+FORKSERVER_PRELOAD = ("torch", "rollfeed.loaders.worker", "rollfeed.loaders.dataset")
 
 
 class _Tasks:
@@ -158,7 +164,7 @@ class RolloutLoader:
         self._receiver: Receiver | None = None  # the pass's thread, joined before the next
         self._consumed = sampler.state_dict()
         self._watch: WorkerWatch | None = None
-        self._handover: Handover | None = None  # the current DataLoader's (forked workers)
+        self._handover: Handover | None = None  # the current DataLoader's (Linux workers)
         self._last_metrics: dict[str, float] = {}
 
     @property
@@ -170,15 +176,17 @@ class RolloutLoader:
 
     def _new_loader(self) -> DataLoader:
         workers = self.options.num_workers
-        fork = workers and sys.platform.startswith("linux")
-        memfd = fork and self.options.handover != "torch" and memfd_available()
+        method = self.options.start_method(object_store=self._object_store()) if workers else None
+        memfd = workers and self.options.handover != "torch" and memfd_available()
         self._handover = Handover(workers) if memfd else None
         work = MicroBatchWork(self.dataset, self.collator, self._handover)
         if not workers:
             return DataLoader(work, batch_sampler=self._tasks, collate_fn=as_is)
-        if fork:  # forked workers inherit the next step's plan and index
+        if method == "fork":  # forked workers inherit the next step's plan and index
             self.batch_sampler.warm()
-        context = multiprocessing.get_context("fork" if fork else None)
+        context = multiprocessing.get_context(method)
+        if method == "forkserver":  # workers fork from a server that has imported these
+            context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         pids = context.Array("q", workers, lock=False)  # each worker's pid, as it starts
         options = self.options
         self._watch = WorkerWatch(pids, timeout_s=options.timeout_s, stopped_s=options.stopped_s)
@@ -194,6 +202,11 @@ class RolloutLoader:
             worker_init_fn=functools.partial(_start_worker, pids),
             timeout=tick,  # a wait of the watch's: it looks at the workers between ticks
         )
+
+    def _object_store(self) -> bool:
+        """Whether the payload root or the step directory is in an object store."""
+        root = getattr(self.collator, "root", None)
+        return is_store_url(self.dataset.directory) or is_store_url(getattr(root, "path", None))
 
     def _host(self, item: Any) -> Any:
         """A delivered micro batch, received from its handover and pinned when asked (on the

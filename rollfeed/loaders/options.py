@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import math
+import multiprocessing
 import sys
 from dataclasses import dataclass
 from typing import Literal
@@ -19,6 +20,8 @@ from rollfeed.loaders.handover import Handover as MemfdHandover
 
 Handover = Literal["memfd", "torch"]
 HANDOVERS: tuple[Handover, ...] = ("memfd", "torch")
+StartMethod = Literal["fork", "forkserver", "spawn"]
+START_METHODS: tuple[StartMethod, ...] = ("fork", "forkserver", "spawn")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,8 +29,7 @@ class LoaderOptions:
     """How the loader runs, never what it yields; checked on construction.
 
     Workers are persistent (they, their open payload files and parsed step files survive from
-    step to step), forked on Linux (cheap, the dataset shared copy-on-write; torch's default
-    elsewhere) and use one torch thread each (the trainer owns the cores).
+    step to step) and use one torch thread each (the trainer owns the cores).
 
     Args:
         num_workers: worker processes that read the payload (``0``: the trainer's process).
@@ -45,6 +47,12 @@ class LoaderOptions:
             own (:mod:`~rollfeed.loaders.handover`; Linux, forked workers), or ``"torch"``, the
             DataLoader's own (a new shared-memory segment each, fetched through the worker's
             resource sharer thread); ``None``: ``"memfd"`` where it is available.
+        multiprocessing_context: how workers start (:meth:`start_method`): ``"fork"``,
+            ``"forkserver"`` or ``"spawn"``; ``None``: forked on Linux over local files (cheap,
+            the dataset and the next step's plan shared copy-on-write), from a fork server when
+            the payload root or the step directory is ``s3://`` (the object-store client's
+            runtime does not survive ``fork``: a worker forked after the trainer's process made
+            a request would hang on its first), torch's default elsewhere.
         stopped_s: how long a worker may stay stopped (``SIGSTOP``, a debugger; its state in
             ``/proc``) while the trainer waits, before
             :class:`~rollfeed.loaders.errors.WorkerStoppedError` (default 5 s). Workers are
@@ -58,6 +66,7 @@ class LoaderOptions:
     timeout_s: float = 600.0
     stopped_s: float = 5.0
     handover: Handover | None = None
+    multiprocessing_context: StartMethod | None = None
 
     def __post_init__(self) -> None:
         counts = {"num_workers": self.num_workers, "receive_depth": self.receive_depth}
@@ -73,9 +82,15 @@ class LoaderOptions:
             raise LoaderConfigError(
                 f"LoaderOptions.handover must be one of {HANDOVERS} or None, got {self.handover!r}"
             )
+        method = self.multiprocessing_context
+        if method is not None and method not in multiprocessing.get_all_start_methods():
+            raise LoaderConfigError(
+                f"LoaderOptions.multiprocessing_context must be one of "
+                f"{multiprocessing.get_all_start_methods()} here, or None, got {method!r}"
+            )
         if self.handover == "memfd" and not memfd_available():
             raise LoaderConfigError(
-                "LoaderOptions(handover='memfd') needs Linux (memfd_create, forked workers); "
+                "LoaderOptions(handover='memfd') needs Linux (memfd_create, SCM_RIGHTS); "
                 "pass None or 'torch'"
             )
         cuda = self.pin_memory or torch.device(self.device or "cpu").type == "cuda"
@@ -85,6 +100,33 @@ class LoaderOptions:
                 "CUDA, which is not available here: pass pin_memory=None (pin when CUDA is "
                 "there) or False, and a device that is here"
             )
+
+    def start_method(self, *, object_store: bool) -> StartMethod | None:
+        """How this loader's workers start: ``multiprocessing_context`` when given, else
+        ``"forkserver"`` when ``object_store`` (the payload root or the step directory is
+        ``s3://``), ``"fork"`` on Linux, ``None`` (torch's default) elsewhere.
+
+        ``"fork"`` with an object store is :class:`LoaderConfigError`: the trainer's process
+        has made requests (listing, planning) before the workers start, and a child forked
+        after that hangs on its first request.
+
+        Example: ``LoaderOptions().start_method(object_store=True) -> "forkserver"``.
+        """
+        method = self.multiprocessing_context
+        if method == "fork" and object_store:
+            raise LoaderConfigError(
+                "LoaderOptions(multiprocessing_context='fork') with an s3:// payload root or "
+                "step directory: the object-store client's runtime does not survive fork (a "
+                "worker forked after the trainer's first request hangs on its own first); pass "
+                "None (a fork server), 'forkserver' or 'spawn'"
+            )
+        if method is not None:
+            return method
+        if object_store and "forkserver" in multiprocessing.get_all_start_methods():
+            return "forkserver"
+        if object_store:
+            return "spawn"
+        return "fork" if sys.platform.startswith("linux") else None
 
 
 def _count(value: object) -> bool:
@@ -97,5 +139,6 @@ def _seconds(value: object) -> bool:
 
 
 def memfd_available() -> bool:
-    """Whether the memfd handover works here: Linux (forked workers), ``memfd_create``."""
+    """Whether the memfd handover works here: Linux, ``memfd_create``, descriptors over
+    ``AF_UNIX`` sockets (inherited by forked workers, passed to those of a fork server)."""
     return sys.platform.startswith("linux") and MemfdHandover.available()

@@ -5,15 +5,18 @@ The same objects as in a step directory (``step_000042.jsonl`` and its index
 atomic, so :meth:`StepStore.write_step_file` PUTs the index first and the step file second: a
 reader that sees a step file sees its index, as with ``os.replace`` on a filesystem.
 
-Planning fetches the index only (one GET) and the step file's size and ETag (a one-byte ranged
-GET: its :class:`~rollfeed.loaders.step_version.StepVersion`); a worker fetches only its own lines
+Planning fetches the index only (one GET) and the step file's size and ETag (a HEAD: its
+:class:`~rollfeed.loaders.step_version.StepVersion`); a worker fetches only its own lines
 (one ranged GET each, one byte before the line included, as
 :func:`~rollfeed.loaders.step_index.read_indexed_sample` checks it), each with ``If-Match`` on
 that ETag, so a step object replaced after planning is refused
 (:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one. The
-bounded wait for the next step polls the store. Every request goes through the payload's signed
-HTTP client (:mod:`rollfeed.payload.stores.object_http`), created lazily per process (keyed by pid),
-so DataLoader workers forked from the trainer read whatever the trainer did before.
+bounded wait for the next step polls the store. Every request goes through the payload's
+object-store client (:mod:`rollfeed.payload.stores.object_obstore`: obstore, and botocore's
+bounded listing; the same retry policy and credentials as a payload root's), created lazily per
+process (keyed by pid); a process forked
+after its parent used the store is refused (:class:`PayloadInputError`), never left to hang: a
+loader over step files in a store starts its workers from a fork server.
 
 Example::
 
@@ -41,13 +44,9 @@ from rollfeed.loaders.step_index import (
     step_index_from_bytes,
 )
 from rollfeed.loaders.step_version import StepVersion, replaced_error
-from rollfeed.payload.errors import (
-    PayloadMissingFileError,
-    PayloadStaleFileError,
-    PayloadTruncatedError,
-)
-from rollfeed.payload.stores.object_http import SignedHttp
-from rollfeed.payload.stores.object_sign import xml_answer
+from rollfeed.payload.errors import PayloadInputError, PayloadStaleFileError
+from rollfeed.payload.stores.object_answer import ANSWER_BYTES
+from rollfeed.payload.stores.object_obstore import ObstoreClient
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -64,13 +63,13 @@ class StepStore:
     def __init__(self, url: str, **access: object) -> None:
         self.url = StoreURL.parse(url)
         self.access = StoreAccess(**access)  # type: ignore[arg-type]
-        self._http: SignedHttp | None = None
+        self._client: ObstoreClient | None = None
 
     def __getstate__(self) -> dict:
         return {"url": self.url, "access": self.access}
 
     def __setstate__(self, state: dict) -> None:
-        self.url, self.access, self._http = state["url"], state["access"], None
+        self.url, self.access, self._client = state["url"], state["access"], None
 
     def __repr__(self) -> str:
         return f"StepStore({str(self.url)!r})"
@@ -78,25 +77,27 @@ class StepStore:
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"
 
-    def _reader(self) -> SignedHttp:
-        if self._http is None or self._http.pid != os.getpid():
-            self._http = SignedHttp(self.access, self.url)
-        return self._http
+    def _reader(self) -> ObstoreClient:
+        client = self._client
+        if client is not None and client.pid != os.getpid():
+            raise PayloadInputError(
+                f"this process was forked from one that used the step store {self.url}: "
+                "obstore's runtime does not survive fork (the first request would hang); start "
+                "it from a fork server or spawn it (multiprocessing.get_context('forkserver'))"
+            )
+        if client is None:
+            client = self._client = ObstoreClient(self.access, self.url)
+        return client
 
     def _get(self, name: str, start: int, end: int, etag: str | None = None) -> bytes:
         key = self.url.key(name)
-        return self._reader().get(key, start, end, etag, where=self.where(name), rel=name).data
+        got = self._reader().get(key, start, end, etag, where=self.where(name), rel=name)
+        return bytes(got.data)
 
     def version(self, name: str) -> StepVersion | None:
         """Size and ETag of object ``name``; ``None`` when it does not exist."""
-        key = self.url.key(name)
-        try:
-            got = self._reader().get(key, 0, 1, None, where=self.where(name), rel=name)
-        except PayloadMissingFileError:
-            return None
-        except PayloadTruncatedError:  # an empty object has no byte 0
-            return StepVersion.of_etag(0, None)
-        return StepVersion.of_etag(got.size, got.etag)
+        got = self._reader().head(self.url.key(name), where=self.where(name), rel=name)
+        return None if got is None else StepVersion.of_etag(*got)
 
     def size(self, name: str) -> int | None:
         """Bytes of object ``name``; ``None`` when it does not exist."""
@@ -104,11 +105,10 @@ class StepStore:
         return None if version is None else version.size
 
     def read_all(self, name: str) -> bytes | None:
-        """The whole object ``name``; ``None`` when it does not exist."""
-        size = self.size(name)
-        if size is None:
-            return None
-        return self._get(name, 0, size) if size else b""
+        """The whole object ``name`` (one GET, at most ``ANSWER_BYTES``: a larger one is refused
+        from its headers, unread); ``None`` when it does not exist."""
+        key, where = self.url.key(name), self.where(name)
+        return self._reader().whole(key, limit=ANSWER_BYTES, where=where, rel=name)
 
     def _pinned(self, step: int, version: StepVersion) -> Pread:
         """``pread(n, offset)`` of step ``step``'s object, refused unless it is ``version``."""
@@ -122,20 +122,17 @@ class StepStore:
 
         return pread
 
-    def _signed(self, method: str, key: str, query: dict[str, str], body: bytes = b"") -> bytes:
-        where = self.where(key)
-        return self._reader().request(method, key, what=method, where=where, query=query, body=body)
-
     def list_steps(self) -> list[int]:
-        """Sorted step numbers of the step files present under the prefix."""
+        """Sorted step numbers of the step files present under the prefix (every page of a
+        bounded listing: :mod:`~rollfeed.payload.stores.object_botocore`)."""
         prefix = f"{self.url.prefix}/" if self.url.prefix else ""
+        signed, where = self._reader().signed(), self.where(prefix)
         steps, token = [], None
         while True:
             query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
             if token:
                 query["continuation-token"] = token
-            where = self.where(prefix)
-            tree = xml_answer(self._signed("GET", "", query), what="LIST", where=where, rel="")
+            tree = signed.xml("GET", "", what="LIST", where=where, query=query)
             for el in tree.iter(f"{_NS}Key"):
                 step = parse_step_name((el.text or "")[len(prefix) :])
                 if step is not None:
@@ -224,6 +221,10 @@ class StepStore:
             sizes=sizes,
             lines=np.arange(1, len(lines) + 1, dtype=np.int64),
         )
-        self._signed("PUT", self.url.key(index_path(name).name), {}, step_index_bytes(index))
-        self._signed("PUT", self.url.key(name), {}, b"".join(lines))
+        client = self._reader()
+        for obj, data in (
+            (index_path(name).name, step_index_bytes(index)),
+            (name, b"".join(lines)),
+        ):
+            client.overwrite(self.url.key(obj), data, where=self.where(obj), rel=obj)
         return self.where(name)

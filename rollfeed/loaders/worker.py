@@ -67,7 +67,7 @@ class WorkerFailure:
 class MicroBatchWork(Dataset):
     """The dataset a loader's DataLoader fetches :class:`Task`s from (picklable, fd-free).
 
-    With a :class:`~rollfeed.loaders.handover.Handover` (forked workers), a worker sends each
+    With a :class:`~rollfeed.loaders.handover.Handover` (Linux workers), a worker sends each
     micro batch's buffer over its socket and delivers its :class:`Described` tensors."""
 
     def __init__(self, dataset: Any, collator: Any, handover: Handover | None = None) -> None:

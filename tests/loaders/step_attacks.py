@@ -5,11 +5,11 @@ The trainer plans a step; then the step file, its index or both are replaced und
 (other tokens in lines of the same sizes, other samples, fewer or more, the same bytes again, a
 stale or a missing index, the step file removed: a pass then waits ``step_timeout_s`` for it),
 before the pass starts or after its first micro batch. The pass runs in the trainer's process,
-in a fresh copy of the dataset (a worker started by ``spawn``) or in two forked DataLoader
-workers. With the session's S3 server (``AWS_*`` passed on by the test) the step objects of a
-step store are replaced too. The oracle is the planned version's micro batches (a
-single-process reference): a pass must yield exactly those or raise a typed error; yielding
-anything else is ``wrong``.
+in a fresh copy of the dataset (a worker started by ``spawn``) or in two DataLoader workers
+(forked; over a step store, from a fork server). With the session's S3 server (``AWS_*``
+passed on by the test) the step objects of a step store are replaced too. The oracle is the
+planned version's micro batches (a single-process reference): a pass must yield exactly those or
+raise a typed error; yielding anything else is ``wrong``.
 """
 
 from __future__ import annotations
@@ -94,18 +94,40 @@ def _stored(url: str) -> tuple[str, Callable, Callable]:
     name = "step_000000.jsonl"
     iname = index_path(name).name
 
+    def delete(obj: str) -> None:
+        store._reader().delete([store.url.key(obj)], where=store.where(obj), rel=obj)
+
     def replace(samples, index: str) -> None:
         old_index = store.read_all(iname)
         if samples is None:
-            store._signed("DELETE", store.url.key(name), {})
+            delete(name)
         else:
             store.write_step_file(0, samples)
         if index == "old":
-            store._signed("PUT", store.url.key(iname), {}, old_index)
+            key, where = store.url.key(iname), store.where(iname)
+            store._reader().overwrite(key, old_index, where=where, rel=iname)
         elif index == "none":
-            store._signed("DELETE", store.url.key(iname), {})
+            delete(iname)
 
     return url, lambda samples: store.write_step_file(0, samples), replace
+
+
+def _noop() -> None:
+    pass
+
+
+def _start_fork_server() -> None:
+    """Start this process's fork server with the loader's preload (what its first loader over a
+    store would do, in seconds: the server imports torch), so each case's workers fork from it."""
+    import multiprocessing
+
+    from rollfeed.loaders.loader import FORKSERVER_PRELOAD
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    child = ctx.Process(target=_noop)
+    child.start()
+    child.join()
 
 
 def family_step_replace(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
@@ -128,6 +150,7 @@ def family_step_replace(tally: Tally, workdir: Path, rng: np.random.Generator) -
     places = [("local", ("trainer", "spawned copy", "2 workers"))]
     if os.environ.get("AWS_ENDPOINT_URL"):  # the session's S3 server, passed on by the test
         places.append(("s3", ("trainer", "2 workers")))
+        _start_fork_server()  # once, before the cases: their workers fork from it
     from tests.object_store_server import BUCKET
 
     base = f"s3://{BUCKET}/adversary-step-replace-{os.getpid()}-{int(rng.integers(1 << 30))}"

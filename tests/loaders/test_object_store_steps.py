@@ -136,6 +136,44 @@ def test_step_store_lists_and_refuses_a_missing_step_within_its_bound(object_sto
 
 def test_a_store_out_of_reach_is_a_typed_error_naming_the_store():
     # nothing listens on port 1: the listing fails at once, as an error a loader can name
-    steps = StepStore("s3://bucket/steps", endpoint="http://127.0.0.1:1", region="us-east-1")
+    steps = StepStore(
+        "s3://bucket/steps",
+        endpoint="http://127.0.0.1:1",
+        region="us-east-1",
+        access_key_id="AK",
+        secret_access_key="SK",
+    )
     with pytest.raises(PayloadIOError, match=r"s3://bucket/steps.*out of reach"):
         steps.list_steps()
+
+
+@pytest.mark.timeout(120)
+def test_two_workers_read_payload_and_steps_through_obstore_alone(tmp_path, object_store, s3_url):
+    """Workers from a fork server, after the trainer's process listed and planned over the
+    store: every read (a step's index and lines, payload objects) is obstore's, as the store
+    sees it (its ``User-Agent``), and the micro batches are the reference's, bitwise."""
+    from tests.payload.store_proxy import StoreProxy
+
+    _, local, remote = steps_in_store(tmp_path, object_store, s3_url)
+    StepStore(f"{s3_url}/steps", **store_options(object_store)).write_step_file(7, remote[7])
+    with StoreProxy(object_store.endpoint) as proxy:  # passes every answer; notes who asked
+        via = {**store_options(object_store), "endpoint": proxy.endpoint}
+        loader = build_dataloader(
+            RolloutDataset.from_step_dir(f"{s3_url}/steps", store=via),
+            Topology(dp_rank=0, dp_size=1, cp_rank=0, cp_size=2),
+            LoaderConfig(plan=CONFIG),
+            root=PayloadRoot(f"{s3_url}/payload", **via),
+            options=LoaderOptions(num_workers=2),
+        )
+        got = list(loader)
+        loader.close()
+        asked = list(zip(proxy.requests, proxy.agents, strict=True))
+    ref, _ = reference(
+        local[7], dp_size=1, cp_size=2, cp_layout="zigzag", root=tmp_path / "payload"
+    )
+    assert len(got) == len(ref[0, 0])
+    for k, (a, b) in enumerate(zip(got, ref[0, 0], strict=True)):
+        assert_bitwise(a, b, k)
+    reads = [agent for (method, target), agent in asked if "list-type" not in target]
+    assert {m for (m, _), _ in asked} <= {"GET", "HEAD"} and len(reads) >= len(got)
+    assert all(agent.startswith("object_store/") for agent in reads), set(reads)

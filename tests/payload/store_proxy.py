@@ -18,27 +18,30 @@ way :attr:`StoreProxy.mode` says:
 - ``"lie_length"``: ``Content-Length`` one byte more than the body, which ends, connection closed;
 - ``"lie_range"``: a 206's ``Content-Range`` names bytes one later than those sent;
 - ``"short"``: the body cut at half, connection closed;
-- ``"ignore_range"``: ``Range`` dropped before forwarding (the store answers 200, whole object);
+- ``"ignore_range"``: a ranged GET answered with 200 and the whole object (fetched from the
+  store with the session's credentials: the client's request, ``Range`` included, is signed);
 - ``"garbage"``: a status line and headers no HTTP client can read;
-- ``"page_uploads"``: a multipart-upload listing asks the store for pages of ``page`` uploads
-  (the request re-signed with the session's credentials), as S3 pages at 1,000.
+- ``"page_uploads"``: a multipart-upload listing is answered in pages of ``page`` uploads (as S3
+  pages at 1,000): the store's whole listing, taken when a listing starts, cut after ``page``
+  uploads with the markers of the next page, which the client's next request names (each
+  request is still forwarded as signed, so the store checks its signature).
 
 :meth:`StoreProxy.misbehave` sets the mode (``after_first``: the next request still passes);
 :attr:`sent` counts the bytes of answers handed to the client's socket, :attr:`requests` the
-requests seen. Every handler ends when its client closes its end.
+requests seen and :attr:`agents` their ``User-Agent`` (``""`` when none: which client sent
+them). Every handler ends when its client closes its end.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import socket
 import socketserver
 import threading
 import urllib.parse
 
-from rollfeed.payload.stores.object_sign import sign
-from rollfeed.payload.stores.store_url import Credentials
 from tests.object_store_server import ACCESS_KEY, REGION, SECRET_KEY
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
@@ -54,7 +57,9 @@ class StoreProxy:
         self.claim, self.stream = 2 << 30, 128 << 20
         self.sent = 0
         self.requests: list[tuple[str, str]] = []
+        self.agents: list[str] = []
         self._skip = 0  # requests still to pass before the mode applies
+        self._uploads: list[bytes] = []  # the listing being paged (its <Upload> elements)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._open: set[socket.socket] = set()
@@ -127,6 +132,7 @@ class StoreProxy:
         method, target, headers, body = got
         with self._lock:
             self.requests.append((method, target))
+            self.agents.append(next((v for k, v in headers if k.lower() == "user-agent"), ""))
             mode = self.mode if not self._skip else "pass"
             self._skip = max(0, self._skip - 1)
         if mode == "stall":
@@ -135,11 +141,15 @@ class StoreProxy:
         if mode == "garbage":
             self._send(sock, b"HTTP/1.1 2x0 Fine\r\nContent-Length: lots\r\n\r\nxyz")
             return
-        if mode == "ignore_range":
-            headers = [(k, v) for k, v in headers if k.lower() != "range"]
-        if mode == "page_uploads":
-            target, headers = self._paged(method, target, headers, body)
         status, reason, answer, data = self._forward(method, target, headers, body)
+        if mode == "page_uploads" and method == "GET" and status == 200:
+            data = self._paged(target, data)
+            answer = [(k, v) for k, v in answer if k.lower() != "content-length"]
+        if mode == "ignore_range" and status == 206:
+            status, reason, data = 200, "OK", self._whole(target)
+            answer = [
+                (k, v) for k, v in answer if k.lower() not in ("content-range", "content-length")
+            ]
         if mode in ("inflate", "lie_range", "lie_length") and status in (200, 206):
             answer = self._lying(mode, status, answer, len(data))
         head = _head(status, reason, answer, len(data))
@@ -188,17 +198,48 @@ class StoreProxy:
             out.append((k, v))
         return out
 
-    def _paged(self, method, target, headers, body):
-        path, _, query = target.partition("?")
-        params = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
-        if method != "GET" or "uploads" not in params:
-            return target, headers
-        params["max-uploads"] = str(self.page)
-        creds = Credentials(access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, region=REGION)
-        url = f"http://{self.upstream}{urllib.parse.unquote(path)}"
-        target, signed = sign(method, url, creds, query=params, body=body)
-        kept = [(k, v) for k, v in headers if k.lower() in ("range", "if-match")]
-        return target, [*signed.items(), *kept]
+    def _whole(self, target: str) -> bytes:
+        """The whole object a GET of ``target`` (``/bucket/key``) names."""
+        import obstore
+        from obstore.store import S3Store
+
+        bucket, _, key = urllib.parse.unquote(target.partition("?")[0]).lstrip("/").partition("/")
+        store = S3Store(
+            bucket,
+            endpoint=f"http://{self.upstream}",
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+            region=REGION,
+            client_options={"allow_http": True},
+        )
+        return bytes(obstore.get(store, key).bytes())
+
+    def _paged(self, target: str, data: bytes) -> bytes:
+        """The page of the upload listing that ``target`` asks for (see the module doc)."""
+        query = dict(urllib.parse.parse_qsl(target.partition("?")[2], keep_blank_values=True))
+        if "uploads" not in query:
+            return data
+        marker = query.get("upload-id-marker")
+        with self._lock:
+            if marker is None:  # a listing starts: the store's whole answer is the one paged
+                self._uploads = re.findall(rb"<Upload>.*?</Upload>", data, re.S)
+            uploads = self._uploads
+        ids = [re.search(rb"<UploadId>(.*?)</UploadId>", u).group(1) for u in uploads]
+        at = 0 if marker is None else ids.index(marker.encode()) + 1
+        page = uploads[at : at + self.page]
+        more = at + self.page < len(uploads)
+        tail = b"<IsTruncated>false</IsTruncated>"
+        if more:
+            key = re.search(rb"<Key>(.*?)</Key>", page[-1]).group(1)
+            tail = (
+                b"<IsTruncated>true</IsTruncated><NextKeyMarker>" + key + b"</NextKeyMarker>"
+                b"<NextUploadIdMarker>" + ids[at + self.page - 1] + b"</NextUploadIdMarker>"
+            )
+        return (
+            b'<?xml version="1.0" encoding="UTF-8"?><ListMultipartUploadsResult '
+            b'xmlns="http://s3.amazonaws.com/doc/2006-03-01/">' + b"".join(page) + tail
+            + b"</ListMultipartUploadsResult>"
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ sending
 
@@ -259,18 +300,14 @@ def _head(status: int, reason: str, headers, n: int) -> bytes:
 
 def create_upload(endpoint: str, bucket: str, key: str) -> str:
     """Start a multipart upload of ``key`` (left incomplete, as a killed writer leaves one);
-    its upload id."""
-    import re
+    its upload id (botocore's own client: obstore starts no upload it does not finish)."""
+    import botocore.session
 
-    creds = Credentials(access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, region=REGION)
-    target, headers = sign("POST", f"{endpoint}/{bucket}/{key}", creds, query={"uploads": ""})
-    conn = http.client.HTTPConnection(urllib.parse.urlsplit(endpoint).netloc, timeout=30)
-    try:
-        conn.request("POST", target, headers={**headers, "content-length": "0"})
-        resp = conn.getresponse()
-        body = resp.read()
-    finally:
-        conn.close()
-    found = re.search(rb"<UploadId>(.*?)</UploadId>", body)
-    assert resp.status == 200 and found, (resp.status, body[:300])
-    return found.group(1).decode()
+    client = botocore.session.Session().create_client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+    )
+    return client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]

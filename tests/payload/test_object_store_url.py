@@ -47,11 +47,13 @@ def test_credentials_stay_out_of_repr_and_the_root_pickles_without_a_client():
     assert isinstance(back, ObjectRoot) and back._state is None and back.path == "s3://bucket/p"
 
 
-def test_credentials_come_from_the_environment_when_not_given(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+def test_endpoint_and_region_come_from_the_environment_when_not_given(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
     got = StoreAccess(region="us-east-2").resolved()
-    assert got["access_key_id"] == "env-key" and got["secret_access_key"] == "env-secret"
-    assert got["endpoint"] == "http://127.0.0.1:1" and got["region"] == "us-east-2"
+    assert got == {"endpoint": "http://127.0.0.1:1", "region": "us-east-2"}
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert StoreAccess().resolved() == {
+        "endpoint": "https://s3.eu-west-1.amazonaws.com",
+        "region": "eu-west-1",
+    }

@@ -139,15 +139,15 @@ class ObjectLease:
         ):
             views[d][a : a + n] = memoryview(results[s])[b : b + n]
 
-    def _fetch(self, f: int, start: int, end: int) -> bytes:
+    def _fetch(self, f: int, start: int, end: int) -> memoryview:
         first = self.first.get(f)
         if first is not None and end <= len(first):  # fetched with the object's header
             return first[start:end]
         self.requests += 1
         entry = self.entries[f]
         where = self.root.where(entry.rel)
-        http = self.root._proc().http
-        got = http.get(entry.key, start, end, entry.etag, where=where, rel=entry.rel)
+        client = self.root._proc().client
+        got = client.get(entry.key, start, end, entry.etag, where=where, rel=entry.rel)
         if len(got.data) != end - start:
             raise PayloadTruncatedError(
                 f"object {where} returned {len(got.data)} of bytes [{start}, {end}); it has "

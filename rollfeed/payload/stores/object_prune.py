@@ -4,9 +4,8 @@ A writer killed while uploading a large object in parts leaves an incomplete mul
 invisible to readers (no object exists until the upload completes) but stored, and billed. So
 ``prune(group)`` deletes every object whose key lies under ``<prefix>/<group>/`` and aborts every
 multipart upload started under it (``ListMultipartUploads``, every page of it, and
-``AbortMultipartUpload``, several in flight: signed requests of
-:class:`~rollfeed.payload.stores.object_http.SignedHttp`, since the object client does not offer
-them).
+``AbortMultipartUpload``, several in flight: requests signed by botocore,
+:mod:`~rollfeed.payload.stores.object_botocore`, since obstore does not offer them).
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from rollfeed.payload.errors import PayloadIOError, PayloadMissingFileError
-from rollfeed.payload.stores.object_errors import store_error
-from rollfeed.payload.stores.object_sign import xml_answer
 
 if TYPE_CHECKING:
+    from rollfeed.payload.stores.object_botocore import SignedRequests
     from rollfeed.payload.stores.object_root import ObjectRoot
 
 log = logging.getLogger(__name__)
@@ -38,14 +36,13 @@ def incomplete_uploads(root: ObjectRoot, prefix: str) -> list[tuple[str, str]]:
     a listing that says it is truncated but names neither, or names the same again, is a
     :class:`PayloadIOError` (uploads would be left behind)."""
     what = "listing uploads"
-    http = root._proc().http
+    signed = root._proc().client.signed()
     out: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
     markers: dict[str, str] = {}
     while True:
         query = {"uploads": "", "prefix": prefix, "max-uploads": str(UPLOADS_PAGE), **markers}
-        body = http.request("GET", "", what=what, where=root.path, query=query)
-        tree = xml_answer(body, what=what, where=root.path, rel=prefix)
+        tree = signed.xml("GET", "", what=what, where=root.path, query=query)
         for up in tree.findall("s3:Upload", _NS) or tree.findall("Upload"):
             key, upload = _text(up, "Key"), _text(up, "UploadId")
             if key and upload and key.startswith(prefix) and (key, upload) not in seen:
@@ -65,21 +62,16 @@ def incomplete_uploads(root: ObjectRoot, prefix: str) -> list[tuple[str, str]]:
 
 def prune_group(root: ObjectRoot, group: str) -> None:
     """Delete group ``group``'s objects and abort its uploads (see the module doc)."""
-    import obstore
-
     prefix = root.url.key(group) + "/"
     proc = root._proc()
-    keys: list[str] = []
-    try:
-        for batch in obstore.list(proc.store, prefix=prefix, chunk_size=1000):
-            keys += [meta["path"] for meta in batch]
-        if keys:
-            obstore.delete(proc.store, keys)
-    except Exception as raw:
-        raise store_error(raw, where=root.where(group), rel=group, what="pruning") from None
+    signed = proc.client.signed()  # before deleting: no credential for them, nothing deleted
+    where = root.where(group)
+    keys = [m["path"] for m in proc.client.keys(prefix, where=where, rel=group)]
+    if keys:
+        proc.client.delete(keys, where=where, rel=group)
     uploads = incomplete_uploads(root, prefix)
     if uploads:
-        proc.map(lambda key, upload: _abort(root, key, upload), *zip(*uploads, strict=True))
+        proc.map(lambda key, up: _abort(signed, root, key, up), *zip(*uploads, strict=True))
     if not keys and not uploads:
         raise PayloadMissingFileError(
             f"payload group not found under {root.path}; nothing to prune", file=group
@@ -87,11 +79,11 @@ def prune_group(root: ObjectRoot, group: str) -> None:
     log.info("pruned %s: %d objects, %d incomplete uploads", group, len(keys), len(uploads))
 
 
-def _abort(root: ObjectRoot, key: str, upload: str) -> None:
+def _abort(signed: SignedRequests, root: ObjectRoot, key: str, upload: str) -> None:
     """Abort one upload; one gone meanwhile (completed, or aborted by a retry or another prune)
     is what aborting it wanted."""
     try:
-        root._proc().http.request(
+        signed.request(
             "DELETE",
             key,
             what="aborting an upload",

@@ -14,13 +14,14 @@ Every later read of the object carries ``If-Match: <ETag>``, so an object replac
 reopens the key once, and the record's file id then names the mismatch
 (:class:`PayloadStaleFileError`).
 
-The clients and the threads that issue requests are per process, created on first use and keyed
-by pid. obstore's runtime does not survive ``fork``: measured here, a DataLoader worker forked
-after its parent made one obstore request hangs on its first request, even on a client of its
-own. So reads (and a writer's single PUTs) go through :mod:`rollfeed.payload.stores.object_http`,
-which a forked child can use whatever its parent did; obstore serves multipart uploads and listings.
-The object is picklable and carries no client, and its ``repr`` names the URL only (never a
-credential).
+The client (obstore: :mod:`~rollfeed.payload.stores.object_obstore`) and the threads that issue
+requests are per process, created on first use and keyed by pid. obstore's runtime does not
+survive ``fork`` (a child forked after its parent made a request hangs on its own first), so a
+process that reads or writes an object store is started from a fork server or spawned (a
+loader's workers are, :meth:`~rollfeed.loaders.LoaderOptions.start_method`); a forked child
+that finds its parent's client in this root is refused with :class:`PayloadInputError` instead
+of hanging. The object is picklable and carries no client, and its ``repr`` names the URL only
+(never a credential).
 
 Example::
 
@@ -37,13 +38,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from rollfeed.payload.errors import PayloadError, PayloadInputError, PayloadMissingFileError
 from rollfeed.payload.format.layout import FILE_HEADER, parse_file_header
 from rollfeed.payload.root import MAX_OUTPUT_BYTES, PayloadRoot, output_bound
-from rollfeed.payload.stores.object_http import SignedHttp
 from rollfeed.payload.stores.object_lease import ObjectEntry, ObjectLease
+from rollfeed.payload.stores.object_obstore import ObstoreClient
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
 log = logging.getLogger(__name__)
@@ -52,25 +53,17 @@ _MERGE_GAP = 1 << 20  # ranges of an object at most this far apart are fetched i
 
 
 class ObjectProcessState:
-    """This process's clients, request threads and cache of opened objects; never pickled.
-    ``store`` (obstore, for writes and listings) is built on first use only."""
+    """This process's client, request threads and cache of opened objects; never pickled.
+    ``store``: the client's obstore store."""
 
     def __init__(self, access: StoreAccess, url: StoreURL, threads: int) -> None:
         self.pid = os.getpid()
-        self.access, self.url = access, url
-        self.http = SignedHttp(access, url)
+        self.client = ObstoreClient(access, url)
+        self.store = self.client.store
         self.lock = threading.Lock()
         self.files: OrderedDict[str, ObjectEntry] = OrderedDict()
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
-        self._store: Any = None
-
-    @property
-    def store(self) -> Any:
-        with self.lock:
-            if self._store is None:
-                self._store = self.access.store(self.url)
-            return self._store
 
     def map(self, fn: Callable[..., T], *columns: Sequence) -> list[T]:
         """``fn`` over the rows of ``columns`` on this process's request threads (inline for
@@ -96,8 +89,10 @@ class ObjectProcessState:
 class ObjectRoot(PayloadRoot):
     """Payload objects under ``s3://bucket/prefix``, and how to read them.
 
-    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``: the
-    store (each ``None`` from the ``AWS_*`` variables, read in the process that builds a client).
+    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``, ``session_token``,
+    ``profile``, ``metadata_endpoint``: the store and where its credentials come from (each
+    ``None`` found where the AWS libraries look, in the process that builds a client:
+    :class:`~rollfeed.payload.stores.store_url.StoreAccess`).
     ``timeout_s``: one request's bound, as a whole (connect, headers and body, however slowly a
     store sends them); ``request_retries``: retries of a request that timed out, was cut, was
     throttled or got a 5xx (exponential backoff from 50 ms), every attempt ending within
@@ -121,6 +116,8 @@ class ObjectRoot(PayloadRoot):
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
         session_token: str | None = None,
+        profile: str | None = None,
+        metadata_endpoint: str | None = None,
         timeout_s: float = 10.0,
         request_retries: int = 3,
         retry_timeout_s: float = 30.0,
@@ -145,6 +142,8 @@ class ObjectRoot(PayloadRoot):
             access_key_id=access_key_id,
             secret_access_key=secret_access_key,
             session_token=session_token,
+            profile=profile,
+            metadata_endpoint=metadata_endpoint,
             timeout_s=timeout_s,
             request_retries=request_retries,
             retry_timeout_s=retry_timeout_s,
@@ -171,8 +170,13 @@ class ObjectRoot(PayloadRoot):
 
     def _proc(self) -> ObjectProcessState:  # type: ignore[override]
         state = self._state
-        if state is None or state.pid != os.getpid():
-            # never the parent's client in a forked child: it would hang
+        if state is not None and state.pid != os.getpid():
+            raise PayloadInputError(
+                f"this process was forked from one that used the object store {self.path}: "
+                "obstore's runtime does not survive fork (the first request would hang); start "
+                "it from a fork server or spawn it (multiprocessing.get_context('forkserver'))"
+            )
+        if state is None:
             state = self._state = ObjectProcessState(self.access, self.url, self.concurrency)
         return state
 
@@ -180,22 +184,22 @@ class ObjectRoot(PayloadRoot):
         """``s3://bucket/key`` of handle ``rel`` (confined to the prefix)."""
         return f"s3://{self.url.bucket}/{self.url.key(rel)}"
 
-    def open_object(self, rel: str) -> tuple[ObjectEntry, bytes]:
+    def open_object(self, rel: str) -> tuple[ObjectEntry, memoryview]:
         """Size, ETag and file header of object ``rel`` and its first ``open_bytes`` bytes (one
         ranged GET), after the bounded retry for a missing object."""
         return self.open_many([rel])[0]
 
-    def open_many(self, files: Sequence[str]) -> list[tuple[ObjectEntry, bytes]]:
+    def open_many(self, files: Sequence[str]) -> list[tuple[ObjectEntry, memoryview]]:
         """:meth:`open_object` of each of ``files``, concurrently."""
         return self._proc().map(self._open_one, list(files))
 
-    def _open_one(self, rel: str) -> tuple[ObjectEntry, bytes]:
+    def _open_one(self, rel: str) -> tuple[ObjectEntry, memoryview]:
         key = self.url.key(rel)
-        http = self._proc().http
+        client = self._proc().client
         for attempt in range(self.retries + 1):
             try:
                 span = max(self.open_bytes, FILE_HEADER.size)
-                got = http.get(key, 0, span, None, where=self.where(rel), rel=rel)
+                got = client.get(key, 0, span, None, where=self.where(rel), rel=rel)
                 break
             except PayloadMissingFileError as err:
                 if attempt == self.retries:
@@ -217,7 +221,7 @@ class ObjectRoot(PayloadRoot):
         )
         return entry, got.data
 
-    def acquire(self, files: Sequence[str]) -> tuple[list[ObjectEntry], dict[int, bytes]]:
+    def acquire(self, files: Sequence[str]) -> tuple[list[ObjectEntry], dict[int, memoryview]]:
         """Entries for ``files`` (opened when not cached) and, for those opened now, their first
         bytes by position in ``files``: a read of a small object then needs no second GET."""
         proc = self._proc()
@@ -227,7 +231,7 @@ class ObjectRoot(PayloadRoot):
                 if entry is not None:
                     proc.files.move_to_end(entry.rel)
         at = [i for i, e in enumerate(held) if e is None]
-        first: dict[int, bytes] = {}
+        first: dict[int, memoryview] = {}
         if at:
             opened = self.open_many([files[i] for i in at])
             with proc.lock:
@@ -238,7 +242,7 @@ class ObjectRoot(PayloadRoot):
                     proc.files.popitem(last=False)
         return held, first  # type: ignore[return-value]
 
-    def replace(self, old: ObjectEntry) -> tuple[ObjectEntry, bytes]:
+    def replace(self, old: ObjectEntry) -> tuple[ObjectEntry, memoryview]:
         """A newly opened entry for ``old.rel`` (and its first bytes) in place of ``old``."""
         fresh, data = self.open_object(old.rel)
         proc = self._proc()

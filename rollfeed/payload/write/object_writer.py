@@ -24,18 +24,11 @@ from __future__ import annotations
 
 import logging
 
-from rollfeed.payload.errors import (
-    PayloadMissingFileError,
-    PayloadPathError,
-    PayloadTruncatedError,
-)
 from rollfeed.payload.format.layout import FILE_HEADER, new_file_id
-from rollfeed.payload.stores.object_errors import store_error
 from rollfeed.payload.stores.object_root import ObjectRoot
 
 log = logging.getLogger(__name__)
 MULTIPART_BYTES = 8 << 20  # bodies this large go up in parts
-PART_BYTES = 5 << 20  # S3's smallest part size
 
 
 class ObjectSink:
@@ -54,60 +47,14 @@ class ObjectSink:
     def put(self, rel: str, bufs: list[memoryview]) -> int:
         """PUT ``bufs`` (file header first) as object ``rel``; returns the offset of the first
         region (the file header's size), as an append at the start of a file does."""
-        import obstore
-
         data = b"".join(bufs)
-        proc = self.root._proc()
-        key = self.root.url.key(rel)
         large = len(data) >= self.multipart_bytes
-
-        where = self.root.where(rel)
-        if not large:  # a fork-safe signed PUT: no obstore runtime needed in this process
-            if _present(proc.http, key, where, rel) or not proc.http.put(
-                key, data, where=where, rel=rel
-            ):
-                raise _exists(where, rel)
-            log.debug("put %s (%d bytes)", rel, len(data))
-            return FILE_HEADER.size
-        try:
-            _refuse_existing(obstore, proc.store, key, where, rel)  # multipart: not conditional
-            obstore.put(
-                proc.store, key, data, use_multipart=True, chunk_size=PART_BYTES, max_concurrency=4
-            )
-        except Exception as raw:
-            from obstore import exceptions as ox
-
-            if isinstance(raw, ox.AlreadyExistsError | FileExistsError):
-                raise _exists(where, rel) from None
-            raise store_error(raw, where=where, rel=rel, what=f"PUT of {len(data)} bytes") from None
+        client = self.root._proc().client
+        client.put(
+            self.root.url.key(rel), data, multipart=large, where=self.root.where(rel), rel=rel
+        )
         log.debug("put %s (%d bytes, multipart=%s)", rel, len(data), large)
         return FILE_HEADER.size
-
-
-def _present(http: object, key: str, where: str, rel: str) -> bool:
-    """Whether ``key`` exists (a one-byte GET): a store that does not honour ``If-None-Match``
-    is still refused the common case of a name taken long before."""
-    try:
-        http.get(key, 0, 1, None, where=where, rel=rel)  # type: ignore[attr-defined]
-    except PayloadMissingFileError:
-        return False
-    except PayloadTruncatedError:  # an empty object: present
-        return True
-    return True
-
-
-def _exists(where: str, rel: str) -> PayloadPathError:
-    return PayloadPathError(
-        f"object {where} already exists: each writer (and process) needs its own name", file=rel
-    )
-
-
-def _refuse_existing(obstore: object, store: object, key: str, where: str, rel: str) -> None:
-    try:
-        obstore.head(store, key)  # type: ignore[attr-defined]
-    except FileNotFoundError:
-        return
-    raise FileExistsError(where)
 
 
 def object_sink(root: object, file: str) -> ObjectSink | None:
