@@ -101,12 +101,25 @@ def verify(root: str) -> int:
 
 
 def demo(
-    workdir: str | None, *, prompts: int, samples: int, max_tokens: int, server: str | None
+    workdir: str | None,
+    *,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    server: str | None,
+    loss: tuple[str, ...] = (),
 ) -> int:
     """Tiny MoE -> capture server rollouts by handle -> 2 DP x 2 CP trainer ranks -> report."""
     from rollfeed.demo.run import run_demo
 
-    return run_demo(workdir, prompts=prompts, samples=samples, max_tokens=max_tokens, server=server)
+    return run_demo(
+        workdir,
+        prompts=prompts,
+        samples=samples,
+        max_tokens=max_tokens,
+        server=server,
+        loss=loss,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -137,6 +150,16 @@ def main(argv: list[str]) -> int:
         help="a running capture server (http://host:port) with --payload-root WORKDIR/payload "
         "and the demo's model (default: the demo starts its own)",
     )
+    d.add_argument("--clip-eps", type=float, default=0.2, help="the PPO clip's ε (0: no clip)")
+    d.add_argument(
+        "--correction",
+        choices=("none", "tis", "icepop", "trust"),
+        default="tis",
+        help="the token-level importance weight (rollfeed.demo.objective)",
+    )
+    d.add_argument(
+        "--centering", action=argparse.BooleanOptionalAction, default=True, help="score centering"
+    )
     for name, help_text in (
         ("inspect", "summarise a payload root"),
         ("verify", "check a payload root"),
@@ -150,6 +173,11 @@ def main(argv: list[str]) -> int:
             samples=args.samples,
             max_tokens=args.max_tokens,
             server=args.server,
+            loss=(
+                *("--clip-eps", str(args.clip_eps)),
+                *("--correction", args.correction),
+                "--centering" if args.centering else "--no-centering",
+            ),
         )
     if not os.path.isdir(args.root):
         what = "is not a directory" if os.path.lexists(args.root) else "does not exist"

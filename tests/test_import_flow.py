@@ -1,6 +1,6 @@
-"""Imports flow one way: capture -> payload <- collate <- loaders, models may import collate, the
-orchestrator (downstream of both sides) may import capture, collate and loaders; rollfeed.errors
-may be imported by anyone; payload loads nothing of ours and never vLLM."""
+"""Imports flow one way: capture -> payload <- collate <- loaders, models and objectives may import
+collate, the orchestrator (downstream of both sides) may import capture, collate and loaders;
+rollfeed.errors may be imported by anyone; payload loads nothing of ours and never vLLM."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ ALLOWED = {
     "collate": {"payload"},
     "loaders": {"collate", "payload"},
     "models": {"collate"},
+    # Loss objectives over the scorer's results: they read collate's types (ragged rows, the
+    # micro batch's sample boundaries), never the scorer itself.
+    "objectives": {"collate"},
     # Between the capture server and the trainer: it makes collate's samples and loaders' step
     # files from capture's answers.
     "orchestrator": {"capture", "payload", "collate", "loaders"},

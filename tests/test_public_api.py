@@ -41,6 +41,10 @@ PUBLIC = {
         TurnRangeError CaptureServerError CaptureRoute GenerateRequest GenerateResponse
         CompletionRecord ServerInfo""",
     "rollfeed.orchestrator": "CaptureClient Rollout",
+    "rollfeed.objectives": """KeptDistribution kept_distribution micro_batch_rows policy_loss
+        PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
+        MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError
+        ObjectiveCompositionError""",
 }
 
 

@@ -61,6 +61,7 @@ RUNS: dict[str, str] = {
     "`rollfeed.models` — the policy scorer (packed attention, Ulysses over `cp`, router replay)": (
         "torchrun"
     ),
+    "`rollfeed.objectives` — score centering, importance weights, mismatch metrics": "here",
     "Sharded models: FSDP2, DTensor tensor parallelism, one `DeviceMesh`": "torchrun",
     "Object-store roots (no shared filesystem)": "object_store",
     "The demo and vLLM capture": "vllm_script",

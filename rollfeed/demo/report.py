@@ -11,7 +11,10 @@ bias support replay removes; ``full − replay`` is exactly that ``log P_p(S)`` 
 Per training step ``k`` the trainer scores every loss token before the step's update: at step 0
 the weights are the sampler's, so Δ there is numerics alone (support replay against the sampler's
 own computation); from step 1 on, Δ also holds the drift the updates caused (the policy moving
-away from the one that sampled), which is what the clipped ratio bounds.
+away from the one that sampled), which is what the clipped ratio bounds. The objectives' metrics
+(:mod:`rollfeed.objectives`, summed over every rank) give the mismatch over the whole kept set per
+step: exact KL(q^S ‖ p^S) and χ²(p^S ‖ q^S), the sequence χ², the ESS of the applied weights and the
+fractions the correction truncated or masked.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class StepReport:
     mismatch: Mismatch
     entropy: float
     clipped: float
+    objective: dict[str, float]
 
     @classmethod
     def of(cls, record: dict) -> StepReport:
@@ -66,6 +70,7 @@ class StepReport:
             mismatch=Mismatch.of(delta),
             entropy=float(entropy.mean()) if entropy.size else 0.0,
             clipped=record["clipped"] / max(int(record["tokens"]), 1),
+            objective=dict(record.get("objective", {})),
         )
 
 
@@ -88,6 +93,7 @@ class DemoReport:
     steps: tuple[StepReport, ...]
     lr: float
     clip_eps: float
+    loss: str
 
 
 def summarize(rollouts: dict, trainer: dict) -> DemoReport:
@@ -112,7 +118,17 @@ def summarize(rollouts: dict, trainer: dict) -> DemoReport:
         steps=tuple(StepReport.of(r) for r in trainer["train"]),
         lr=trainer["lr"],
         clip_eps=trainer["clip_eps"],
+        loss=_loss_name(trainer),
     )
+
+
+def _loss_name(trainer: dict) -> str:
+    """``"clip ε 0.2 + tis + centering"`` (a trainer.json without the flags: the clip only)."""
+    clip = trainer["clip_eps"]
+    parts = [f"clip ε {clip:g}"] if clip > 0 else ["no clip"]
+    correction = trainer.get("correction", "none")
+    parts += [correction] if correction != "none" else []
+    return " + ".join(parts + (["centering"] if trainer.get("centering") else []))
 
 
 def kept_histogram(kept: np.ndarray) -> list[tuple[str, int]]:
@@ -169,7 +185,7 @@ def format_steps(report: DemoReport) -> list[str]:
     """The training table: per step the loss and, before its update, Δ and the entropy."""
     lines = [
         f"training   {len(report.steps)} AdamW steps on the captured step (lr {report.lr:g}, "
-        f"clip ε {report.clip_eps:g}), FSDP2 over {report.ranks} ranks",
+        f"clip ε {report.clip_eps:g}), FSDP2 over {report.ranks} ranks; loss {report.loss}",
         f"  {'step':>4} {'loss':>10} {'mean |Δ|':>10} {'max |Δ|':>10} {'KL (k3)':>10} "
         f"{'entropy':>8} {'clipped':>8}",
     ]
@@ -179,6 +195,28 @@ def format_steps(report: DemoReport) -> list[str]:
         lines.append(
             f"  {st.step:>4} {st.loss:10.4f} {mm.mean_abs:10.2e} {mm.max_abs:10.2e} "
             f"{mm.kl_k3:10.2e} {st.entropy:8.4f} {100 * st.clipped:7.1f}%  {what}"
+        )
+    if any(st.objective for st in report.steps):
+        lines += ["", *format_objectives(report)]
+    return lines
+
+
+def format_objectives(report: DemoReport) -> list[str]:
+    """Per step, the objectives' metrics over the kept set (rollfeed.objectives)."""
+    lines = [
+        "objectives over the kept set, per step before its update (rollfeed.objectives)",
+        f"  {'step':>4} {'KL(q‖p)':>10} {'χ²(p‖q)':>10} {'seq χ²':>10} {'ESS':>7} "
+        f"{'trunc':>7} {'masked':>7} {'centered':>9} {'invalid':>8} {'log-mass':>9}",
+    ]
+    for st in report.steps:
+        m = st.objective
+        if not m:
+            continue
+        masked = m["masked_frac"] + m["seq_masked_frac"] + m["seq_vetoed_frac"]
+        lines.append(
+            f"  {st.step:>4} {m['kl']:10.2e} {m['chi2']:10.2e} {m.get('seq_chi2', 0.0):10.2e} "
+            f"{m['ess']:7.4f} {100 * m['truncated_frac']:6.1f}% {100 * masked:6.1f}% "
+            f"{int(m['rows_centered']):>9} {int(m['slots_invalid']):>8} {m['log_mass']:9.2e}"
         )
     return lines
 
@@ -219,7 +257,7 @@ def write_plot(report: DemoReport, path: Path) -> Path:
 def _plot_steps(report: DemoReport, axes) -> None:
     steps = [st.step for st in report.steps]
     axes[0].plot(steps, [st.loss for st in report.steps], marker="o")
-    axes[0].set(xlabel="optimizer step", ylabel="clipped surrogate loss")
+    axes[0].set(xlabel="optimizer step", ylabel="loss (clip, correction, centering)")
     axes[0].set_title("Loss per step")
     tiny = 1e-12
     for name, value in (

@@ -51,7 +51,10 @@ def run_demo(
     samples: int,
     max_tokens: int,
     server: str | None = None,
+    loss: tuple[str, ...] = (),
 ) -> int:
+    """``loss``: the trainer's loss flags (``--clip-eps E``, ``--correction C``,
+    ``--no-centering``; :mod:`rollfeed.demo.objective`)."""
     from rollfeed.capture.vllm_adapter import import_vllm
 
     try:
@@ -67,7 +70,12 @@ def run_demo(
     try:
         with claim_workdir(workdir, base=default_cache_dir() / "demo") as run:
             return _run_stages(
-                run, prompts=prompts, samples=samples, max_tokens=max_tokens, server=server
+                run,
+                prompts=prompts,
+                samples=samples,
+                max_tokens=max_tokens,
+                server=server,
+                loss=loss,
             )
     except DemoWorkdirInUseError as err:
         print(f"rollfeed demo: {err}", file=sys.stderr)
@@ -75,7 +83,13 @@ def run_demo(
 
 
 def _run_stages(
-    run: DemoRun, *, prompts: int, samples: int, max_tokens: int, server: str | None
+    run: DemoRun,
+    *,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    server: str | None,
+    loss: tuple[str, ...],
 ) -> int:
     from rollfeed.demo.report import format_report, summarize, write_plot
     from rollfeed.demo.tiny_model import build_tiny_moe
@@ -122,7 +136,7 @@ def _run_stages(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
     cmd += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
-    cmd += ["--steps", str(STEPS), "--checkpoint-every", "1"]
+    cmd += ["--steps", str(STEPS), "--checkpoint-every", "1", *loss]
     shutil.rmtree(work / "checkpoints", ignore_errors=True)  # a rerun's are its own
     _run(cmd, tenv, "the trainer ranks")
     print(f"      checkpoints {work / 'checkpoints'}")

@@ -2,17 +2,12 @@
 
 rollfeed reads and scores; this module is the few lines a trainer adds on top, kept in the demo.
 
-**Loss.** Per loss-bearing token with trainer logprob ``log p`` (support-conditioned, from
-:meth:`~rollfeed.models.PolicyScorer.score`), sampler logprob ``log q`` (``inference_logprobs``)
-and advantage ``A``: ``r = exp(log p − log q)`` and the PPO clipped surrogate
-``ℓ = −min(r A, clip(r, 1 − ε, 1 + ε) A)`` (Schulman et al., 2017). The step's loss is
-``Σ ℓ / N`` over every loss token of every rank, ``N`` the global count (one all-reduce per step),
-so the loss does not depend on how tokens fall on ranks. Worked example, ``ε = 0.2``, one rank::
-
-    log p − log q  [0.0, 0.5, -0.5]   A [1.0, 1.0, -2.0]   N 3
-    r              [1.0, 1.649, 0.607]
-    ℓ              [-1.0, -1.2 (r clipped to 1.2), 1.6 (r clipped to 0.8: -2 * 0.8 is smaller)]
-    loss           (-1.0 - 1.2 + 1.6) / 3 = -0.2; d loss / d log p = [-1/3, 0, 0]
+**Loss.** :mod:`rollfeed.demo.objective`: per loss-bearing token the PPO clipped surrogate, a
+token-level correction and score centering, each a flag, from the support-conditioned logprobs
+(:meth:`~rollfeed.models.PolicyScorer.score`, the kept ids' too) and the sampler's mask logprobs.
+The step's loss is ``Σ ℓ / N`` over every loss token of every rank, ``N`` the global count (one
+all-reduce per step), so the loss does not depend on how tokens fall on ranks. The objectives'
+mismatch sums (:func:`rollfeed.objectives.finish_metrics`) are added over every rank once per step.
 
 **Gradients.** The model is sharded with FSDP2 (``fully_shard``, each decoder layer and the root)
 over the flattened ``dp × cp`` mesh. A cp peer holds part of every token's gradient (attention
@@ -44,25 +39,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from rollfeed.collate import TensorMicroBatch
+from rollfeed.demo.objective import DemoObjective, step_loss
 from rollfeed.loaders import RolloutLoader
 from rollfeed.models import PolicyScorer
+from rollfeed.objectives import finish_metrics, micro_batch_rows
 
 logger = logging.getLogger(__name__)
-
-
-def clipped_surrogate(
-    logprobs: torch.Tensor,
-    sampler_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    total_tokens: int,
-    clip_eps: float,
-) -> torch.Tensor:
-    """``Σ ℓ / total_tokens`` over the given loss tokens (``[n]`` each; see the module doc)."""
-    ratio = torch.exp(logprobs - sampler_logprobs.to(logprobs.dtype))
-    adv = advantages.to(logprobs.dtype)
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    return -torch.minimum(ratio * adv, clipped * adv).sum() / total_tokens
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh) -> None:
@@ -86,7 +68,9 @@ class StepTokens:
 
     ``sampler``, ``trainer``, ``entropy``: ``[n]`` float64 (entropy over the kept set);
     ``kept``: ``[n]`` kept-set sizes; ``loss``: the global loss (the same on every rank);
-    ``tokens``: the global count ``N``; ``clipped``: this rank's tokens whose ratio was clipped.
+    ``tokens``: the global count ``N``; ``clipped``: this rank's tokens whose ratio was clipped;
+    ``objective``: the objectives' metrics over every rank
+    (:func:`rollfeed.objectives.finish_metrics`).
     """
 
     step: int
@@ -97,6 +81,7 @@ class StepTokens:
     trainer: torch.Tensor
     entropy: torch.Tensor
     kept: torch.Tensor
+    objective: dict[str, float]
     step_s: float
 
 
@@ -106,7 +91,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     *,
     step: int,
-    clip_eps: float,
+    objective: DemoObjective,
 ) -> StepTokens:
     """One optimizer step on one loader pass's micro batches (see the module doc); collective.
 
@@ -121,28 +106,41 @@ def train_step(
     total = max(int(count), 1)
     loss_sum = torch.zeros((), dtype=torch.float64)
     clipped = 0
+    sums: dict[str, torch.Tensor] = {}
     sampler, trainer, entropy, kept = [], [], [], []
     for mb in batches:
-        out = scorer.score(mb)
+        out = scorer.score(mb, return_kept_logprobs=True)
+        terms = objective.terms(mb, out, cp_group=scorer.cp.group)
+        loss = step_loss(terms, total)
+        loss.backward()
+        loss_sum += loss.detach().double()
+        for name, value in terms.metrics.items():
+            sums[name] = sums.get(name, 0) + value.double()
         # Whole-row (canonical) results; each rank takes its own positions, so the cp peers of
         # a micro batch count every token once.
         own = mb.loss_mask
         lp = out.logprobs[mb.positions][own]
         old = mb.inference_logprobs[own]
-        loss = clipped_surrogate(lp, old, mb.advantages[own], total_tokens=total, clip_eps=clip_eps)
-        loss.backward()
-        loss_sum += loss.detach().double()
         with torch.no_grad():
             ratio = torch.exp(lp.detach() - old.to(lp.dtype))
-            clipped += int(((ratio - 1).abs() > clip_eps).sum())
+            if objective.clip_eps > 0:
+                clipped += int(((ratio - 1).abs() > objective.clip_eps).sum())
         sampler.append(old.double())
         trainer.append(lp.detach().double())
         entropy.append(out.entropy[mb.positions][own].detach().double())
-        mask = mb.fields.get("sampling_mask")  # absent on a dummy micro batch
-        kept.append((mask >= 0).sum(-1)[own] if mask is not None else own.new_zeros(0).long())
+        # Kept-set sizes from the rows, padded or ragged (no ids on a dummy micro batch).
+        ids, _ = micro_batch_rows(mb)
+        size = torch.zeros(own.numel(), dtype=torch.int64, device=own.device)
+        kept.append(size.index_add(0, ids.row_index(), (ids.values >= 0).long())[own])
     optimizer.step()
     optimizer.zero_grad()
-    dist.all_reduce(loss_sum)
+    # The loss and the metric sums over every rank in one all-reduce (every rank has micro
+    # batches, dummies included, so every rank holds every name).
+    names = sorted(sums)
+    total_sums = torch.stack([loss_sum, *(sums[k] for k in names)])
+    dist.all_reduce(total_sums)
+    loss_sum = total_sums[0]
+    metrics = finish_metrics(dict(zip(names, total_sums[1:], strict=True)))
     cat = lambda xs, dtype: torch.cat(xs) if xs else torch.zeros(0, dtype=dtype)  # noqa: E731
     return StepTokens(
         step=step,
@@ -153,6 +151,7 @@ def train_step(
         trainer=cat(trainer, torch.float64),
         entropy=cat(entropy, torch.float64),
         kept=cat(kept, torch.int64),
+        objective={k: float(v) for k, v in metrics.items()},
         step_s=time.perf_counter() - t0,
     )
 

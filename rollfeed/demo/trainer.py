@@ -16,11 +16,16 @@ against full vocabulary, before any update) from the drift the updates cause.
 
 Rank 0 writes ``W/trainer.json``::
 
-    {"world": 4, "cp": 2, "steps": 3, "clip_eps": 0.2, "lr": 1e-5,
+    {"world": 4, "cp": 2, "steps": 3, "clip_eps": 0.2, "correction": "tis", "centering": true,
+     "lr": 1e-5,
      "ranks": [per rank, step 0: sampler / replay / full logprobs and kept-set sizes per token,
                micro_batches, loader_wait_s, score_s, rank, dp_rank, cp_rank],
-     "train": [per step: step, loss, tokens, clipped, step_s, and over all ranks' tokens
-               delta (trainer − sampler logprob before the update) and entropy (kept set)]}
+     "train": [per step: step, loss, tokens, clipped, step_s, objective (the objectives'
+               metrics over all ranks), and over all ranks' tokens delta (trainer − sampler
+               logprob before the update) and entropy (kept set)]}
+
+The loss (:mod:`rollfeed.demo.objective`) is chosen by ``--clip-eps`` (0: no clip),
+``--correction`` and ``--centering`` / ``--no-centering``.
 
 ``--checkpoint-every K`` saves a DCP checkpoint to ``W/checkpoints/step_<k>`` after every K-th
 step and after the last; the checkpoint also holds ``trainer.json`` as it stood. ``--resume``
@@ -54,6 +59,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
 from rollfeed.collate import PlanConfig, TensorMicroBatch
+from rollfeed.demo.objective import CORRECTIONS, DemoObjective
 from rollfeed.demo.train import (
     checkpoint_path,
     latest_checkpoint,
@@ -137,7 +143,11 @@ def train(args: argparse.Namespace) -> None:
         options=LoaderOptions(num_workers=args.workers),
     )
     checkpoints = args.workdir / "checkpoints"
+    objective = DemoObjective(
+        clip_eps=args.clip_eps, correction=args.correction, centering=args.centering
+    )
     result = {"world": world, "cp": args.cp, "steps": args.steps, "clip_eps": args.clip_eps}
+    result |= {"correction": args.correction, "centering": args.centering}
     result |= {"lr": args.lr, "ranks": [], "train": []}
     done = 0
     resume = latest_checkpoint(checkpoints) if args.resume else None
@@ -155,7 +165,7 @@ def train(args: argparse.Namespace) -> None:
         batches = list(loader)  # one pass: this rank's micro batches of the step
         wait = time.perf_counter() - t0
         before = numerics(scorer, batches, wait) if step == 0 else None
-        record = train_step(scorer, batches, optimizer, step=step, clip_eps=args.clip_eps)
+        record = train_step(scorer, batches, optimizer, step=step, objective=objective)
         mine = {"delta": (record.trainer - record.sampler).tolist()}
         mine |= {"entropy": record.entropy.tolist(), "clipped": record.clipped}
         if before is not None:
@@ -173,6 +183,7 @@ def train(args: argparse.Namespace) -> None:
                 "tokens": record.tokens,
                 "clipped": sum(g["clipped"] for g in gathered),
                 "step_s": record.step_s,
+                "objective": record.objective,
                 "delta": [d for g in gathered for d in g["delta"]],
                 "entropy": [e for g in gathered for e in g["entropy"]],
             }
@@ -197,7 +208,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps on the captured step")
     ap.add_argument("--lr", type=float, default=1e-5)
-    ap.add_argument("--clip-eps", type=float, default=0.2)
+    ap.add_argument("--clip-eps", type=float, default=0.2, help="0: no clip")
+    ap.add_argument("--correction", choices=sorted(CORRECTIONS), default="tis")
+    ap.add_argument(
+        "--centering", action=argparse.BooleanOptionalAction, default=True, help="score centering"
+    )
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes")
     ap.add_argument("--checkpoint-every", type=int, default=0, help="0: no checkpoints")

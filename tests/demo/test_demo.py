@@ -123,6 +123,46 @@ def test_steps_separate_numerics_from_drift():
     assert row1.endswith("numerics + drift") and "1.50e-01" in row1
 
 
+def test_report_prints_the_objectives_metrics():
+    objective = {
+        "kl": 1.5e-3,
+        "chi2": 3.0e-3,
+        "seq_chi2": 0.25,
+        "ess": 0.875,
+        "truncated_frac": 0.125,
+        "masked_frac": 0.0,
+        "seq_masked_frac": 0.0,
+        "seq_vetoed_frac": 0.0625,
+        "rows_centered": 30,
+        "slots_invalid": 2,
+        "log_mass": -1.0e-4,
+    }
+    trainer = {
+        "cp": 1,
+        "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])],
+        "lr": 1e-3,
+        "clip_eps": 0.2,
+        "correction": "tis",
+        "centering": True,
+        "train": [step(0, -0.25, [0.0] * 4, [0.5] * 4) | {"objective": objective}],
+    }
+    text = format_report(ROLLOUTS, summarize(ROLLOUTS, trainer))
+    assert "loss clip ε 0.2 + tis + centering" in text
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "1.50e-03"])
+    assert row.split() == [
+        "0",
+        "1.50e-03",
+        "3.00e-03",
+        "2.50e-01",
+        "0.8750",
+        "12.5%",
+        "6.2%",
+        "30",
+        "2",
+        "-1.00e-04",
+    ]
+
+
 def test_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib", reason="the demo extra is not installed")
     trainer = {"cp": 1, "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])], **TRAIN}

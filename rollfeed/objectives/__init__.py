@@ -1,0 +1,57 @@
+"""rollfeed.objectives: loss objectives over the sampler's kept set, as functions a loss calls.
+
+Score centering (arXiv:2609.20807), token and sequence importance weights and mismatch metrics,
+from the trainer's logprob of every kept id (:attr:`rollfeed.models.SupportScores.kept_logprobs`)
+and the sampler's (``sampling_mask_logprobs``). A loss step::
+
+    support, mask_lp = micro_batch_rows(mb)
+    out = scorer.score(mb, return_kept_logprobs=True)
+    kept = kept_distribution(support, out.kept_logprobs, mask_lp, labels=mb.labels,
+                             loss_mask=mb.loss_mask, inference_logprobs=mb.inference_logprobs)
+    terms = policy_loss(kept, out.logprobs[mb.positions], mb.advantages,
+                        weight=TruncatedIS(cap=2.0), centering=ScoreCentering(),
+                        positions=mb.positions, cu_seqlens=mb.cu_seqlens, group=cp_group)
+    (terms.loss.sum() / total_tokens).backward()
+
+Every function returns per-token terms ``[N]`` (the caller reduces them) and metrics as 0-d
+tensors on the inputs' device (no host sync until read). Errors are
+:class:`ObjectiveError` subclasses (a :class:`~rollfeed.errors.RollfeedError`).
+"""
+
+from rollfeed.objectives.errors import (
+    ObjectiveCompositionError,
+    ObjectiveError,
+    ObjectiveInputError,
+)
+from rollfeed.objectives.kept_distribution import KeptDistribution, kept_distribution
+from rollfeed.objectives.micro_batch_rows import micro_batch_rows
+from rollfeed.objectives.mismatch import finish_metrics
+from rollfeed.objectives.policy_loss import PolicyTerms, PPOClip, ScoreCentering, policy_loss
+from rollfeed.objectives.sequence_weights import SequenceWeight
+from rollfeed.objectives.token_weights import (
+    MaskedIS,
+    TokenWeight,
+    TruncatedIS,
+    TrustRegion,
+    Unweighted,
+)
+
+__all__ = [
+    "KeptDistribution",
+    "MaskedIS",
+    "ObjectiveCompositionError",
+    "ObjectiveError",
+    "ObjectiveInputError",
+    "PPOClip",
+    "PolicyTerms",
+    "ScoreCentering",
+    "SequenceWeight",
+    "TokenWeight",
+    "TruncatedIS",
+    "TrustRegion",
+    "Unweighted",
+    "finish_metrics",
+    "kept_distribution",
+    "micro_batch_rows",
+    "policy_loss",
+]

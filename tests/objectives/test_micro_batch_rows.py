@@ -1,0 +1,93 @@
+"""micro_batch_rows aligns the sequence-window mask logprobs with the labels-window kept sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rollfeed.collate import PlanConfig, RaggedRows, Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.objectives import ObjectiveInputError, micro_batch_rows
+
+# Per sample: tokens, and per position either None or {id: logprob} (the kept set).
+SAMPLES = [
+    ([5, 6, 7, 8], [None, {6: -0.1, 2: -2.4}, {7: -0.01, 9: -math.inf, 1: -5.0}, {8: 0.0}]),
+    ([9, 3, 4], [None, {3: -0.5, 11: -1.0}, {4: -0.2, 0: -9999.0}]),
+]
+
+
+def _samples() -> list[Sample]:
+    out = []
+    for i, (tokens, rows) in enumerate(SAMPLES):
+        counts = np.array([len(r) if r else 0 for r in rows])
+        ids = np.array([v for r in rows if r for v in r], np.int32)
+        lps = np.array([x for r in rows if r for x in r.values()], np.float32)
+        out.append(
+            Sample(
+                np.array(tokens),
+                loss_mask=np.array([0] + [1] * (len(tokens) - 1), bool),
+                advantages=np.ones(len(tokens), np.float32),
+                inference_logprobs=np.full(len(tokens), -0.5, np.float32),
+                fields={"sampling_mask": (counts, ids), "sampling_mask_logprobs": (counts, lps)},
+                uid=f"s{i}",
+            )
+        )
+    return out
+
+
+def _expected(tmb) -> list[list[float]]:  # type: ignore[no-untyped-def]
+    """Per local row: the kept set's logprobs, the label first, then the ids ascending."""
+    at = {}
+    start = 0
+    for tokens, rows in SAMPLES:
+        for t, r in enumerate(rows):
+            if r:
+                label = tokens[t]
+                at[start + t] = [r[label], *(r[v] for v in sorted(r) if v != label)]
+        start += len(tokens)
+    return [at.get(int(p) + 1, []) for p in tmb.positions]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("form", ["padded", "ragged"])
+def test_rows_align_slot_for_slot_with_the_kept_sets(layout: str, form: str) -> None:
+    (mb,) = prepare_batch(
+        _samples(), PlanConfig(seq_len=8, cp_size=2, cp_layout=layout), dp_size=1
+    )[0]
+    for rank in range(2):
+        tmb = to_tensor_micro_batch(mb, cp_rank=rank)
+        if form == "ragged":
+            f = tmb.fields
+            fields = {
+                "sampling_mask": RaggedRows.from_padded(f["sampling_mask"], fill=-1),
+                # trailing -inf slots are trimmed here: the rows must be re-aligned
+                "sampling_mask_logprobs": RaggedRows.from_padded(
+                    f["sampling_mask_logprobs"], fill=-math.inf
+                ),
+            }
+            tmb = dataclasses.replace(tmb, fields=fields)
+        support, mask = micro_batch_rows(tmb)
+        assert torch.equal(mask.offsets, support.offsets)
+        ids = support.padded(fill=-1)
+        got = mask.padded(fill=-math.inf)
+        for j, want in enumerate(_expected(tmb)):
+            row = got[j, : len(want)].tolist()
+            assert row == pytest.approx(want), (rank, j)
+            assert (got[j, len(want) :] == -math.inf).all()
+            if want:
+                assert int(ids[j, 0]) == int(tmb.labels[j])
+
+
+def test_a_field_of_another_window_is_refused() -> None:
+    (mb,) = prepare_batch(_samples(), PlanConfig(seq_len=8, cp_size=1), dp_size=1)[0]
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
+    cut = {**tmb.fields, "sampling_mask_logprobs": tmb.fields["sampling_mask_logprobs"][:5]}
+    with pytest.raises(
+        ObjectiveInputError, match=f"must hold the micro batch's {tmb.seq_len} rows"
+    ):
+        micro_batch_rows(dataclasses.replace(tmb, fields=cut))
+    support, mask = micro_batch_rows(dataclasses.replace(tmb, fields={}))
+    assert support.nnz == mask.nnz == 0 and mask.n_rows == tmb.labels.numel()
