@@ -90,7 +90,11 @@ def test_step_object_replaced_after_planning_is_refused(
 
 
 def test_step_replacement_attacks_never_read_other_data(tmp_path, object_store):
-    s = run_family("step_replace", tmp_path, timeout_s=120, env=object_store.env())
+    # 2 GiB: an s3 loader's workers come from a fork server that imports torch again and starts
+    # obstore's runtime threads, under the same per-process limit
+    s = run_family(
+        "step_replace", tmp_path, timeout_s=120, env=object_store.env(), as_limit=2 << 30
+    )
     print(format_summary(s))
     assert not {k: s[k] for k in FAILURES if s[k]}, format_summary(s)
     assert s["tried"] >= 50 and s["correct"] and s["refused"], format_summary(s)

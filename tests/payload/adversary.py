@@ -40,10 +40,6 @@ AS_LIMIT = 1 << 30  # the child imports torch in ~650 MiB of address space; meas
 # --------------------------------------------------------------------------- parent side
 
 
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (AS_LIMIT, AS_LIMIT))
-
-
 def run_family(
     family: str,
     workdir: Path,
@@ -51,9 +47,11 @@ def run_family(
     seed: int = 15,
     timeout_s: float = 120.0,
     env: dict[str, str] | None = None,
+    as_limit: int = AS_LIMIT,
 ) -> dict:
-    """Run one family in a child under ``RLIMIT_AS`` and ``timeout_s``; its summary as a dict.
-    ``env``: variables added to the child's environment (the S3 server's ``AWS_*``).
+    """Run one family in a child under ``RLIMIT_AS`` (``as_limit`` bytes) and ``timeout_s``; its
+    summary as a dict. ``env``: variables added to the child's environment (the S3 server's
+    ``AWS_*``).
 
     A child that runs past ``timeout_s`` or dies reports a hang / crash naming its last case.
     """
@@ -66,7 +64,7 @@ def run_family(
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            preexec_fn=_limit,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit)),
             env={**os.environ, **(env or {})},
         )
     except subprocess.TimeoutExpired:
