@@ -36,7 +36,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rollfeed.models.packing_attention import Segments
+from rollfeed.models.row_segments import Segments
 
 CHUNK = 64  # flash-linear-attention's chunk; any size is exact
 

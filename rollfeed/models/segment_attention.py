@@ -1,6 +1,6 @@
 """The attention kernels of packed rows: causal attention within each segment of a row.
 
-A row's segments (:class:`~rollfeed.models.packing_attention.Segments`: its samples, or their
+A row's segments (:class:`~rollfeed.models.row_segments.Segments`: its samples, or their
 chunks on a chunked layer) attend only within themselves. Two kernels compute that:
 
 - **varlen** (CUDA, fp16/bf16): one call over the whole row with the segments' ``cu_seqlens``,
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from rollfeed.models.packing_attention import Segments
+    from rollfeed.models.row_segments import Segments
 
 Kernel = Literal["varlen", "sdpa"]
 _VARLEN_DTYPES = (torch.float16, torch.bfloat16)

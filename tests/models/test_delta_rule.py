@@ -17,7 +17,7 @@ from rollfeed.models.delta_rule import (
     gated_delta_rule_packed,
     kernel_names,
 )
-from rollfeed.models.packing_attention import make_segments
+from rollfeed.models.row_segments import make_segments
 from tests.devices import DEVICES
 
 # One token, shorter than the conv kernel, at / around the 64-token chunk, two chunks and more.
