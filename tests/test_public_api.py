@@ -13,11 +13,11 @@ ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadF
     PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMissingFileError
     PayloadOutputBoundError PayloadPathError PayloadRegionError PayloadSegmentError
     PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError
-    PayloadWidthError UnknownFieldError"""
+    PayloadWidthError RaggedRowsError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
-        FieldRead canonical_rows {ERRORS_PAYLOAD}""",
+        FieldRead RaggedRows canonical_rows {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError

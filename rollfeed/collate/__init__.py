@@ -9,7 +9,6 @@ from rollfeed.collate.errors import (
     KeptSetError,
     MeshAxisError,
     OverlongError,
-    RaggedRowsError,
     SampleDtypeError,
     SampleLengthError,
     SampleValueError,
@@ -17,11 +16,11 @@ from rollfeed.collate.errors import (
 )
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
-from rollfeed.collate.ragged_rows import RaggedRows
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
 from rollfeed.collate.topology import Topology
+from rollfeed.payload import RaggedRows, RaggedRowsError
 
 __all__ = [
     "IGNORE_INDEX",

@@ -55,8 +55,3 @@ class MeshAxisError(RollfeedError):
 class KeptSetError(CollateError):
     """An inline kept set (a field declared with a ``label``) does not hold the token sampled
     from it, or the values aligned with it (mask logprobs) do not follow its rows."""
-
-
-class RaggedRowsError(CollateError):
-    """A ragged value's offsets do not describe its values (not starting at 0, decreasing, not
-    ending at nnz), or a padded form, row selection or aligned values that do not fit its rows."""

@@ -1,16 +1,15 @@
-"""Kept sets in the micro batch: the canonical row order inline, the label put back by handle.
+"""Kept sets in the micro batch: the canonical row order inline.
 
 A field declared ``label="omitted"`` (the sampling mask) is stored by handle without each row's
-sampled token and read back with column 0 at the fill (:mod:`rollfeed.payload.fields`). This
-layer knows the tokens, so it puts the sampled token there: the token at the row's own position.
-Inline kept sets are brought into the same canonical order (the sampled token first, then the
-other ids ascending; values of a ``label="first"`` field follow their ids) with the same function
-the writer uses (:func:`rollfeed.payload.canonical_rows`), so both paths give bitwise equal rows.
+sampled token and read back with a label slot first (:mod:`rollfeed.payload.fields`); this layer
+knows the tokens and hands each row's own to the read (``read_fields(labels=)``). Inline kept
+sets are brought into the same canonical order (the sampled token first, then the other ids
+ascending; values of a ``label="first"`` field follow their ids) with the same function the
+writer uses (:func:`rollfeed.payload.canonical_rows`), so both paths give bitwise equal rows.
 
-Worked example (tokens ``[5, 40, 7]``; the mask row of position 1 read by handle as
-``[-1, 3, 9]``, covered)::
+Worked example (tokens ``[5, 40, 7]``; the mask row of position 1 stored by handle as
+``[3, 9]``, read with ``labels`` as ``[40, 3, 9]``)::
 
-    with_labels([[-1, 3, 9]], coverage=[True], tokens=[40]) -> [[40, 3, 9]]
     inline row {9, 40, 3} at position 1, logprobs {9: -2.0, 40: -0.1, 3: -1.0}
       -> mask [40, 3, 9], logprobs [-0.1, -1.0, -2.0]
 """
@@ -20,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import torch
 
 from rollfeed.collate.errors import KeptSetError
 from rollfeed.payload import PayloadField, canonical_rows
@@ -74,12 +72,3 @@ def canonical_inline(
             field=name,
         )
     return rows.counts, values[rows.order]
-
-
-def with_labels(values: torch.Tensor, coverage: np.ndarray, tokens: np.ndarray) -> torch.Tensor:
-    """Rows ``values [n, W]`` of a ``label="omitted"`` field read by handle, with each covered
-    row's sampled token (``tokens [n]``: the token at the row's position) at column 0 (the
-    stored rows never hold it: the writer leaves it out)."""
-    out = values.numpy().copy()
-    out[coverage, 0] = tokens.astype(out.dtype)[coverage]
-    return torch.from_numpy(out)

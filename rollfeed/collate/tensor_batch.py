@@ -29,8 +29,15 @@ window (:mod:`rollfeed.payload.fields`): ``inputs`` -> ``[N, ...]`` at ``positio
 over the whole row.
 With ``fields_whole=True`` every field was read over the whole row instead (``[S, ...]``, labels
 fields at ``1 .. S``), for models that shard inside the forward. Fixed-width fields are
-``[n, *shape]`` at their stored dtype (routing ids stay ``uint8``); ragged fields are ``[n, W]``
-``int32``/``float32`` padded with the field's fill, ``W`` the same on every CP rank.
+``[n, *shape]`` at their stored dtype (routing ids stay ``uint8``); ragged fields are
+:class:`~rollfeed.payload.RaggedRows` of ``n`` rows of ``int32``/``float32`` values (a kept set
+with its sampled token first; a position nothing covers an empty row), or ``[n, width]`` padded
+with the field's fill when the collator was given a ``width``. Example: in the row above, kept
+sets ``{6, 2}`` recorded for token 6 (position 1) and ``{7}`` for token 7 (position 2); the mask
+is read over the ``labels`` window, so ``cp_rank 0`` (positions 0..2) holds the kept sets of
+positions 1, 2 and 3 (token 8 starts a sample: no label, an empty row)::
+
+    sampling_mask  offsets [0, 2, 3, 3]   values [6, 2, 7]     (rows [6, 2], [7], [])
 
 ``coverage`` holds, for every fixed-width ``inputs``-window field (routing ids and weights), a
 bool ``[n]`` that is True on the rows that came from recorded data and False on fill (padding, a
@@ -54,10 +61,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rollfeed.collate.token_checks import TokenChecks
+from rollfeed.payload import RaggedRows
 
 IGNORE_INDEX = -100
 
@@ -70,7 +79,7 @@ class TensorMicroBatch:
     loss_mask: ``[N]`` bool. advantages, inference_logprobs, temperatures: ``[N]`` float32.
     seq_lens: ``[num_samples]`` int32, real tokens per sample of the whole row.
     cu_seqlens: ``[num_slots + 1]`` int32, slot boundaries of the whole row (0 .. seq_len).
-    fields: field name -> tensor over the field's window (see module doc).
+    fields: field name -> tensor (ragged: RaggedRows) over the field's window (see module doc).
     coverage: fixed-width ``inputs`` field name -> ``[n]`` bool, recorded rows (see module doc).
     checks: plain-Python facts recorded on the CPU (see module doc), or None.
     """
@@ -89,7 +98,7 @@ class TensorMicroBatch:
     cp_rank: int
     cp_size: int
     cp_layout: str
-    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    fields: dict[str, torch.Tensor | RaggedRows] = field(default_factory=dict)
     fields_whole: bool = False
     coverage: dict[str, torch.Tensor] = field(default_factory=dict)
     checks: TokenChecks | None = None
@@ -104,16 +113,21 @@ class TensorMicroBatch:
         return self.num_samples == 0
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every tensor: the dataclass fields in declaration order, then ``fields`` and
-        ``coverage`` in order."""
+        """Every tensor: the dataclass fields in declaration order, then ``fields`` (a ragged
+        field's offsets, then values) and ``coverage`` in order."""
         top = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        fields = [
+            t
+            for v in self.fields.values()
+            for t in (v.tensors() if isinstance(v, RaggedRows) else (v,))
+        ]
         return [
             *(t for t in top if isinstance(t, torch.Tensor)),
-            *self.fields.values(),
+            *fields,
             *self.coverage.values(),
         ]
 
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TensorMicroBatch:
+    def apply(self, fn: Callable[[torch.Tensor], Any]) -> TensorMicroBatch:
         """A copy with ``fn`` applied to every tensor, in :meth:`tensors` order."""
         top = {
             f.name: fn(getattr(self, f.name))
@@ -123,7 +137,7 @@ class TensorMicroBatch:
         return dataclasses.replace(
             self,
             **top,
-            fields={k: fn(v) for k, v in self.fields.items()},
+            fields={k: map_field(v, fn) for k, v in self.fields.items()},
             coverage={k: fn(v) for k, v in self.coverage.items()},
         )
 
@@ -133,3 +147,8 @@ class TensorMicroBatch:
     def pin_memory(self) -> TensorMicroBatch:
         """Page-locked copy; ``DataLoader(pin_memory=True)`` calls this for custom batch types."""
         return self.apply(torch.Tensor.pin_memory)
+
+
+def map_field(value: torch.Tensor | RaggedRows | Any, fn: Callable[[Any], Any]) -> Any:
+    """``fn`` applied to a field's tensor, or to a ragged field's offsets and values."""
+    return value.apply(fn) if isinstance(value, RaggedRows) else fn(value)

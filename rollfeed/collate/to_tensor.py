@@ -8,9 +8,11 @@ call per micro batch (every field's ranges grouped per file), and
 cut from inline arrays with the same rules, so the two give bitwise equal tensors:
 
 - uncovered positions (padding, a sample's position 0 for ``labels`` fields, row position ``S``)
-  read as the field's fill;
-- a ragged field is ``[n, W]`` with ``W = max(1, widest row of the field in the micro batch)``
-  (after truncation and the ``labels`` clip), or ``width`` when given; the same on every CP rank;
+  read as the field's fill, and as empty rows of a ragged field;
+- a ragged field is :class:`~rollfeed.payload.RaggedRows` over the window (a kept set with its
+  sampled token first: the read puts it in the label slot), or ``[n, width]`` padded with the
+  fill when ``width`` is given; a row of the micro batch wider than ``width``, in the window or
+  not (every CP rank decides alike), is a :class:`~rollfeed.payload.PayloadWidthError`;
 - fixed-width inline fields keep their dtype (the writer stores the smallest integer dtype that
   holds values and fill, e.g. uint8 routing ids: give inline arrays that dtype to match).
 
@@ -29,11 +31,11 @@ import torch
 
 from rollfeed.collate.cp import field_ranges, ranges_index, rank_ranges
 from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
-from rollfeed.collate.kept_rows import canonical_inline, with_labels
+from rollfeed.collate.kept_rows import canonical_inline
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
-from rollfeed.payload import FieldRead, PayloadRoot, read_fields
+from rollfeed.payload import FieldRead, PayloadRoot, RaggedRows, read_fields
 from rollfeed.payload.errors import PayloadWidthError
 
 
@@ -70,41 +72,40 @@ def _inline_fixed(mb, name, spec, rows, idx) -> torch.Tensor:
     return torch.from_numpy(full[idx])
 
 
-def _inline_ragged(mb, name, spec, rows, idx, width) -> torch.Tensor:
+def _inline_ragged(mb, spec, rows, idx) -> tuple[RaggedRows, int, int | None]:
+    """The inline rows over the window (``idx``), with the widest inline row of the micro batch
+    (window or not) and its row position."""
+    lengths = np.zeros(mb.length + 1, np.int64)
     widest, where = 0, None
     for _, at, (counts, _) in rows:
+        lengths[at : at + len(counts)] = counts
         if counts.size and int(counts.max()) > widest:
             widest, where = int(counts.max()), at + int(np.argmax(counts))
-    if width is not None and widest > width:
-        raise PayloadWidthError(
-            f"a row holds {widest} values, wider than width={width}; raise width or pass None",
-            field=name,
-            pos=where,
-        )
-    W = width if width is not None else max(1, widest)
-    full = np.full((mb.length + 1, W), spec.fill, dtype=spec.ragged_dtype)
-    for _, at, (counts, values) in rows:
-        row = np.repeat(np.arange(at, at + len(counts)), counts)
-        col = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
-        full[row, col] = values
-    return torch.from_numpy(full[idx])
+    values = np.concatenate([v for *_, (_, v) in rows]).astype(spec.ragged_dtype, copy=False)
+    whole = RaggedRows.from_lengths(torch.from_numpy(lengths), torch.from_numpy(values))
+    return whole.take(torch.from_numpy(idx)), widest, where
 
 
-def _merge(name, spec, handle, inline, owned) -> torch.Tensor:
+def _merge(handle, inline, owned) -> torch.Tensor:
     """Inline rows where an inline sample sits, by-handle rows elsewhere (both read fill there)."""
-    if spec.ragged and handle.shape[1] != inline.shape[1]:
-        W = max(handle.shape[1], inline.shape[1])
-        handle, inline = (
-            torch.nn.functional.pad(t, (0, W - t.shape[1]), value=spec.fill)
-            for t in (handle, inline)
-        )
     dtype = torch.promote_types(handle.dtype, inline.dtype)
     keep = torch.from_numpy(owned).reshape(-1, *[1] * (handle.dim() - 1))
     return torch.where(keep, inline.to(dtype), handle.to(dtype))
 
 
-def _read_handles(mb, segments, ranges, *, whole, root, width, fields) -> dict[str, FieldRead]:
-    """Every by-handle field of the micro batch over its own window, in one read."""
+def _merge_rows(handle: RaggedRows, inline: RaggedRows, owned: np.ndarray) -> RaggedRows:
+    """Inline rows where an inline sample sits (``owned [n]``), by-handle rows elsewhere."""
+    n = handle.n_rows
+    both = RaggedRows(
+        torch.cat([handle.offsets, inline.offsets[1:] + handle.nnz]),
+        torch.cat([handle.values, inline.values]),
+    )
+    return both.take(torch.from_numpy(np.where(owned, np.arange(n) + n, np.arange(n))))
+
+
+def _read_handles(mb, segments, ranges, *, whole, root, fields) -> dict[str, FieldRead]:
+    """Every by-handle field of the micro batch over its own window, in one read; each kept
+    set's label slot holds the token sampled there."""
     if not segments:
         return {}
     if root is None:
@@ -113,37 +114,53 @@ def _read_handles(mb, segments, ranges, *, whole, root, width, fields) -> dict[s
             field=min(segments),
         )
     windows = {n: field_ranges(ranges, fields[n].window, mb.length, whole=whole) for n in segments}
+    tokens = np.zeros(mb.length + 1, np.int64)  # row position S: past the row, never covered
+    for sample, start in zip(mb.samples, mb.starts, strict=True):
+        tokens[start : start + len(sample)] = sample.token_ids
+    labels = {
+        n: tokens[ranges_index(w)] for n, w in windows.items() if fields[n].label == "omitted"
+    }
     every = [s for segs in segments.values() for s in segs]
-    return read_fields(every, windows, root=root, width=width, fields=fields)
+    return read_fields(every, windows, root=root, fields=fields, labels=labels)
 
 
-def _field(mb, reads, name, spec, ranges, *, whole, width) -> torch.Tensor:
+def _field(mb, reads, name, spec, ranges, *, whole, root, width):
     window = field_ranges(ranges, spec.window, mb.length, whole=whole)
     idx = ranges_index(window)
     labels = spec.window == "labels"
     rows = list(_rows(mb, name, labels))
-    inline = handle = None
-    if rows:
-        if spec.ragged:
-            inline = _inline_ragged(mb, name, spec, rows, idx, width)
-        else:
-            inline = _inline_fixed(mb, name, spec, rows, idx)
-    if name in reads:
-        handle = reads[name].values
-        if spec.label == "omitted":  # stored without each row's sampled token: put it back
-            tokens = np.zeros(mb.length + 1, np.int64)
-            for sample, start in zip(mb.samples, mb.starts, strict=True):
-                tokens[start : start + len(sample)] = sample.token_ids
-            cover = reads[name].coverage.numpy()
-            handle = with_labels(handle, cover, tokens[idx])
-    if inline is None:
-        return handle
-    if handle is None:
-        return inline
     owned = np.zeros(mb.length + 1, bool)
     for _, at, data in rows:
         owned[at : at + len(data[0] if isinstance(data, tuple) else data)] = True
-    return _merge(name, spec, handle, inline, owned[idx])
+    handle = reads[name].values if name in reads else None
+    if not spec.ragged:
+        inline = _inline_fixed(mb, name, spec, rows, idx) if rows else None
+        if inline is None or handle is None:
+            return handle if inline is None else inline
+        return _merge(handle, inline, owned[idx])
+    widest, where = (reads[name].widest, None) if name in reads else (0, None)
+    if rows:
+        inline, inline_widest, inline_where = _inline_ragged(mb, spec, rows, idx)
+        handle = inline if handle is None else _merge_rows(handle, inline, owned[idx])
+        if inline_widest > widest:
+            widest, where = inline_widest, inline_where
+    if width is not None and widest > width:
+        _width_error(mb, name, width, widest, where, root=root)
+    return handle
+
+
+def _width_error(mb, name, width, widest, where, *, root):
+    """A row of ``widest`` values wider than ``width``: an inline one at row position
+    ``where``, else a by-handle one, which the reader names (file, offset, position)."""
+    if where is None:
+        read_fields(
+            mb.segments[name], {name: (0, 1)}, root=root, width=width, fields=mb.config.fields
+        )
+    raise PayloadWidthError(
+        f"a row holds {widest} values, wider than width={width}; raise width or pass None",
+        field=name,
+        pos=where,
+    )
 
 
 def _coverage(mb, reads, name, spec, ranges, *, whole) -> torch.Tensor:
@@ -175,7 +192,8 @@ def to_tensor_micro_batch(
         micro_batch: a planned micro batch (``prepare_batch`` or ``place_micro_batch``).
         cp_rank: this rank's ``cp`` coordinate, in ``[0, cp_size)`` (else BatchConfigError).
         root: payload root for by-handle fields (not needed when every field is inline).
-        width: static ragged width (default: the micro batch's widest row).
+        width: ragged fields as ``[n, width]`` padded with their fill (default: as
+            :class:`~rollfeed.payload.RaggedRows`).
         whole_fields: read every field over the whole row (models that shard in the forward).
 
     ``checks`` records the largest and smallest token id and the first invalid temperature of a
@@ -205,16 +223,15 @@ def to_tensor_micro_batch(
     pos = np.arange(S) - np.repeat(cu[:-1], np.diff(cu))
     segments = mb.segments
     names = sorted({*segments, *(k for s in mb.samples for k in s.fields)})
-    reads = _read_handles(
-        mb, segments, ranges, whole=whole_fields, root=root, width=width, fields=fields
-    )
+    reads = _read_handles(mb, segments, ranges, whole=whole_fields, root=root, fields=fields)
     out, coverage = {}, {}
     for name in names:
-        t = _field(mb, reads, name, fields[name], ranges, whole=whole_fields, width=width)
+        spec = fields[name]
+        t = _field(mb, reads, name, spec, ranges, whole=whole_fields, root=root, width=width)
         if t is not None:
             out[name] = t
-        if t is not None and not fields[name].ragged and fields[name].window == "inputs":
-            coverage[name] = _coverage(mb, reads, name, fields[name], ranges, whole=whole_fields)
+        if t is not None and not spec.ragged and spec.window == "inputs":
+            coverage[name] = _coverage(mb, reads, name, spec, ranges, whole=whole_fields)
     checks = token_checks(
         mb,
         idx,
@@ -226,6 +243,10 @@ def to_tensor_micro_batch(
         support=out.get(SUPPORT_FIELD),
         support_whole=whole_fields,
     )
+    if width is not None:  # the padded form, checked against width above
+        for name, t in out.items():
+            if isinstance(t, RaggedRows):
+                out[name] = t.padded(width, fill=fields[name].fill)
     return TensorMicroBatch(
         input_ids=torch.from_numpy(ids[idx]),
         position_ids=torch.from_numpy(pos[idx]),

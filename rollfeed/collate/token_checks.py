@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from rollfeed.collate.micro_batch import MicroBatch
+from rollfeed.payload import RaggedRows
 
 # The payload field whose values are token ids: the recorded sampling support.
 SUPPORT_FIELD = "sampling_mask"
@@ -101,15 +101,15 @@ def token_checks(
     has_label: np.ndarray,
     loss_mask: np.ndarray,
     temperatures: np.ndarray,
-    support: torch.Tensor | None,
+    support: RaggedRows | None,
     support_whole: bool,
 ) -> TokenChecks:
     """The :class:`TokenChecks` of the rank holding row positions ``idx [N]``.
 
     ``input_ids, labels, has_label, loss_mask, temperatures``: whole-row arrays ``[S]`` in label
-    coordinates (``has_label``: the row has a real label). ``support``: the support field as the
-    micro batch holds it, ``[N, W]`` at ``idx`` or ``[S, W]`` over the whole row
-    (``support_whole``), ``-1`` padded; ``None`` when absent.
+    coordinates (``has_label``: the row has a real label). ``support``: the support field's
+    rows, ``N`` at ``idx`` or ``S`` over the whole row (``support_whole``), ``-1`` an id not
+    recorded (a label slot left at the fill); ``None`` when absent.
     """
     candidates = [_extreme(mb, "input_ids", input_ids[idx], idx, np.argmax)]
     lows = [_extreme(mb, "input_ids", input_ids[idx], idx, np.argmin)]
@@ -118,13 +118,15 @@ def token_checks(
     lows.append(_extreme(mb, "labels", labels[label_pos], label_pos, np.argmin))
     scored = loss_mask[idx].copy()
     if support is not None:
-        ids = support.numpy()
-        rows_pos = np.arange(len(ids)) if support_whole else idx
+        offsets, ids = support.offsets.numpy(), support.values.numpy()
+        rows_pos = np.arange(support.n_rows) if support_whole else idx
         present = ids >= 0
         if present.any():
-            row, col = np.unravel_index(int(np.argmax(np.where(present, ids, -1))), ids.shape)
-            candidates.append(_locate(mb, SUPPORT_FIELD, int(ids[row, col]), int(rows_pos[row])))
-        with_support = present.any(axis=1)
+            k = int(np.argmax(np.where(present, ids, -1)))
+            row = int(np.searchsorted(offsets, k, side="right")) - 1
+            candidates.append(_locate(mb, SUPPORT_FIELD, int(ids[k]), int(rows_pos[row])))
+        row_of = np.repeat(np.arange(support.n_rows), np.diff(offsets))
+        with_support = np.bincount(row_of[present], minlength=support.n_rows) > 0
         scored |= with_support[idx] if support_whole else with_support
     found = [c for c in candidates if c is not None]
     low = [c for c in lows if c is not None]

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from rollfeed.collate import TensorMicroBatch
+from rollfeed.collate.tensor_batch import map_field
 
 KEEP = 4  # free buffers a worker keeps for reuse
 _ALIGN = 64
@@ -177,7 +178,7 @@ class Handover:
         return dataclasses.replace(
             tmb,
             **top,
-            fields={k: view(v) for k, v in tmb.fields.items()},
+            fields={k: map_field(v, view) for k, v in tmb.fields.items()},
             coverage={k: view(v) for k, v in tmb.coverage.items()},
         )
 

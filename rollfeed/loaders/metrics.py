@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rollfeed.collate import Sample, TensorMicroBatch
+from rollfeed.collate import RaggedRows, Sample, TensorMicroBatch
 from rollfeed.collate.token_checks import SUPPORT_FIELD
 
 PLAN_KEYS = (
@@ -68,7 +68,9 @@ def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float)
     by_handle = {seg.field for s in samples for seg in s.payload}
     support = tmb.fields.get(SUPPORT_FIELD)
     widths = np.zeros(1, np.int64)
-    if support is not None and support.numel():
+    if isinstance(support, RaggedRows) and support.n_rows:
+        widths = np.bincount(support.lengths().numpy())
+    elif support is not None and support.numel():
         widths = np.bincount((support >= 0).sum(dim=1).numpy())
     now = time.monotonic()
     return MicroBatchFacts(

@@ -24,10 +24,12 @@ from rollfeed.payload.errors import (
     PayloadStoreTimeoutError,
     PayloadTruncatedError,
     PayloadWidthError,
+    RaggedRowsError,
     UnknownFieldError,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
 from rollfeed.payload.format.label_rows import canonical_rows
+from rollfeed.payload.ragged_rows import RaggedRows
 from rollfeed.payload.read.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import PayloadSegment, RaggedLayout, clip_segments, shift_segments
@@ -59,6 +61,8 @@ __all__ = [
     "PayloadWidthError",
     "PayloadWriter",
     "RaggedLayout",
+    "RaggedRows",
+    "RaggedRowsError",
     "UnknownFieldError",
     "canonical_rows",
     "clip_segments",

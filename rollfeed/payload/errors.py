@@ -66,11 +66,17 @@ class PayloadWidthError(PayloadError):
     """A ragged row is wider than the caller's fixed ``width``."""
 
 
+class RaggedRowsError(PayloadError):
+    """A ragged value's offsets do not describe its values (not starting at 0, decreasing, not
+    ending at nnz), or a padded form, row selection or aligned values that do not fit its rows."""
+
+
 class PayloadOutputBoundError(PayloadError):
     """A read's output for one field would exceed the root's ``max_output_bytes``: ``rows``
-    window rows of ``width`` values each (a ragged field's padded ``[n, W]``, a fixed field's
-    row elements). Raised before anything that size is allocated; names the file and position of
-    the record that sets the width (a ragged field's widest row)."""
+    window rows of ``width`` values each (a ragged field's padded ``[n, W]`` when ``width=`` is
+    given, a fixed field's row elements), or a ragged field's ``n + 1`` offsets and its values.
+    Raised before anything that size is allocated; names the file and position of the record
+    that sets the width (a ragged field's widest row, or its first record)."""
 
     PLACE = ("file", "field", "offset", "pos", "rows", "width")
 

@@ -7,8 +7,9 @@ import json
 import urllib.request
 
 import numpy as np
+import torch
 
-from rollfeed.payload import read_field
+from rollfeed.payload import read_fields
 
 CUT = -9999.0  # vLLM's endpoints clamp -inf (an id the sampler's filters removed) to -9999
 
@@ -16,19 +17,18 @@ CUT = -9999.0  # vLLM's endpoints clamp -inf (an id the sampler's filters remove
 def read_kept(segments, root, lo, hi, sampled) -> list[dict[int, np.float32]]:
     """``{id: float32 logprob}`` of the kept set at each position of ``[lo, hi)``, read back.
 
-    ``sampled``: the sampled token of each position; the mask may store its ids without it (its
-    logprob row then holds it first), so it is put back where the logprob row says.
+    ``sampled``: the sampled token of each position; the mask stores its ids without it, and
+    the read puts it back first in each recorded row, where its logprob row holds its logprob.
     """
-    ids = read_field(segments, "sampling_mask", (lo, hi), root=root).numpy()
-    lps = read_field(segments, "sampling_mask_logprobs", (lo, hi), root=root).numpy()
-    assert lps.dtype == np.float32
+    windows = {"sampling_mask": (lo, hi), "sampling_mask_logprobs": (lo, hi)}
+    labels = {"sampling_mask": np.asarray(sampled, np.int64)}
+    got = read_fields(segments, windows, root=root, labels=labels)
+    ids, lps = got["sampling_mask"].values, got["sampling_mask_logprobs"].values
+    assert lps.dtype == torch.float32 and torch.equal(ids.offsets, lps.offsets)
     out = []
-    for row_ids, row_lps, y in zip(ids, lps, sampled, strict=True):
-        row_ids = row_ids[row_ids >= 0].tolist()
-        row_lps = row_lps[np.isfinite(row_lps)].tolist()
-        if len(row_lps) == len(row_ids) + 1:
-            row_ids = [int(y), *row_ids]
-        assert len(row_ids) == len(row_lps) and len(set(row_ids)) == len(row_ids)
+    for a, b in zip(ids.offsets[:-1].tolist(), ids.offsets[1:].tolist(), strict=True):
+        row_ids, row_lps = ids.values[a:b].tolist(), lps.values[a:b].numpy()
+        assert len(set(row_ids)) == len(row_ids)
         out.append({int(t): np.float32(lp) for t, lp in zip(row_ids, row_lps, strict=True)})
     return out
 

@@ -60,8 +60,10 @@ def test_round_trip_through_the_payload(tmp_path):
     assert {s.field for s in got.segments} == {"sampling_mask", "sampling_mask_logprobs"}
     assert all(s.pos == 7 and s.rows == 11 for s in got.segments)
     # The trainer reads masks over the labels window: row j holds token j + 1's kept set.
-    mask = read_field(got.segments, "sampling_mask", (1, T + 1), root=tmp_path)
-    mask_lp = read_field(got.segments, "sampling_mask_logprobs", (0, T), root=tmp_path)
+    mask = read_field(got.segments, "sampling_mask", (1, T + 1), root=tmp_path).padded()
+    mask_lp = read_field(got.segments, "sampling_mask_logprobs", (0, T), root=tmp_path).padded(
+        fill=-INF
+    )
     for i, row in enumerate(dicts):
         kept = sorted(t for t, lp in row.items() if lp > -INF)
         y = int(completion[i])  # the label: stored rows omit it, column 0 is its place
@@ -175,7 +177,7 @@ def test_multi_turn_prompt_start_deltas_stitch_into_the_full_routing(tmp_path):
     assert np.array_equal(back[forwarded], routing[forwarded])
     assert not back[~forwarded].any()
     got = read_fields(segments, {"sampling_mask": (0, 18)}, root=tmp_path)["sampling_mask"]
-    mask, covered = got.values, got.coverage.numpy()
+    mask, covered = got.values.padded(), got.coverage.numpy()
     sampled_at = np.r_[5:9, 12:18]
     assert covered[sampled_at].all() and not np.delete(covered, sampled_at).any()
     assert (mask[np.setdiff1d(np.arange(18), sampled_at)] == -1).all()
@@ -226,7 +228,7 @@ def test_repair_takes_tokens_out_of_the_loss(tmp_path):
     assert got.metrics["rows_repaired"] == 2 and got.metrics["rows_bound"] == 1
     np.testing.assert_allclose(got.inference_logprobs, [0.0, -0.1, -0.3, 0.0], rtol=1e-6)
     ref = support_from_logprob_rows(rows, completion, requested=3, policy="repair")
-    mask = read_field(got.segments, "sampling_mask", (1, 4), root=tmp_path)
+    mask = read_field(got.segments, "sampling_mask", (1, 4), root=tmp_path).padded()
     for i in range(3):  # stored rows omit the sampled token (the label)
         assert (
             sorted([completion[i], *mask[i][mask[i] >= 0].tolist()])

@@ -46,6 +46,13 @@ def engine_counts(url: str) -> dict[str, float]:
     return {k: value(v) for k, v in names.items()} | {"tokens": value("generation_tokens_total")}
 
 
+def started(url: str, before: dict[str, float], seen: dict[str, float]) -> bool:
+    """The engine is on a new request: it runs one, or has generated tokens since ``before``
+    (a poll can fall between two of its steps); ``seen`` keeps the last counts for the message."""
+    seen.update(engine_counts(url))
+    return seen["running"] >= 1 or seen["tokens"] > before["tokens"]
+
+
 def wait_for(check, *, timeout_s: float, step_s: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -104,7 +111,8 @@ def test_a_client_that_disconnects_cancels_its_generation(capture_server):
     with socket.create_connection((where.hostname, where.port)) as sock:
         head = f"POST {ROUTE} HTTP/1.1\r\nHost: {where.netloc}\r\nContent-Type: application/json"
         sock.sendall(f"{head}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-        assert wait_for(lambda: engine_counts(url)["running"] >= 1, timeout_s=120)
+        seen: dict[str, float] = {}
+        assert wait_for(lambda: started(url, before, seen), timeout_s=120), (before, seen)
     now = {}
 
     def cancelled() -> bool:
@@ -128,10 +136,15 @@ def test_server_killed_mid_request(client, capture_server, capsys):
         except CaptureServerError as err:
             errors.append(err)
 
+    before, seen = engine_counts(capture_server.url), {}
     thread = threading.Thread(target=long_request)
     thread.start()
     # The kill comes while the engine is on the request: seconds of work are left then.
-    assert wait_for(lambda: engine_counts(capture_server.url)["running"] >= 1, timeout_s=120)
+    assert wait_for(lambda: started(capture_server.url, before, seen), timeout_s=120), (
+        before,
+        seen,
+        errors,
+    )
     capture_server.kill()
     thread.join(timeout=60)
     assert not thread.is_alive()

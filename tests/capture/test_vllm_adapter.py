@@ -142,7 +142,8 @@ def test_request_output_with_two_completions(tmp_path):
     routed = read_field(got[1].segments, "routed_experts", (0, 4), root=tmp_path)
     assert routed[:3].tolist() == [[[1, 2]], [[3, 0]], [[2, 1]]] and not routed[3].any()
     mask = read_field(got[1].segments, "sampling_mask", (3, 4), root=tmp_path)
-    assert mask.tolist() == [[-1, 6]]  # {6, 9} without the sampled 9 (the label, column 0)
+    # {6, 9} without the sampled 9 (the label: its slot first, at -1 without labels=)
+    assert mask.offsets.tolist() == [0, 2] and mask.values.tolist() == [-1, 6]
     np.testing.assert_allclose(got[1].inference_logprobs, [0, 0, 0, -0.6], rtol=1e-6)
     with pytest.raises(CaptureError, match="finished"):
         capture_request_output(writer, SimpleNamespace(finished=False), config)

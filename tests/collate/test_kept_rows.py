@@ -1,5 +1,6 @@
-"""Kept sets in the micro batch: the label put back by handle, the canonical order inline, and a
-version-2 file (which kept the sampled token in the row) refused, naming its version."""
+"""Kept sets in the micro batch: the label put back by handle, the canonical order inline, as
+ragged rows (uncovered rows empty), and a version-2 file (which kept the sampled token in the
+row) refused, naming its version."""
 
 import json
 import shutil
@@ -10,7 +11,6 @@ import pytest
 import torch
 
 from rollfeed.collate import KeptSetError, PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
-from rollfeed.collate.kept_rows import with_labels
 from rollfeed.payload import PayloadSegment, PayloadWriter
 
 FIXTURE = Path(__file__).parents[1] / "payload" / "fixtures"
@@ -24,17 +24,9 @@ def _tokens(T: int) -> dict:
     )
 
 
-def _tensors(sample: Sample, root=None):
+def _tensors(sample: Sample, root=None, width=None):
     (mb,) = prepare_batch([sample], PlanConfig(seq_len=8), dp_size=1)[0]
-    return to_tensor_micro_batch(mb, cp_rank=0, root=root)
-
-
-def test_with_labels_follows_the_worked_example():
-    rows = torch.tensor([[-1, 3, 9], [-1, -1, -1], [-1, 40, -1]], dtype=torch.int32)
-    covered = np.array([True, False, True])
-    got = with_labels(rows, covered, np.array([40, 5, 7]))
-    assert got.tolist() == [[40, 3, 9], [-1, -1, -1], [7, 40, -1]]
-    assert rows[0, 0] == -1  # the read's tensor is left as it was
+    return to_tensor_micro_batch(mb, cp_rank=0, root=root, width=width)
 
 
 def test_by_handle_and_inline_kept_sets_give_the_same_canonical_rows(tmp_path):
@@ -57,12 +49,24 @@ def test_by_handle_and_inline_kept_sets_give_the_same_canonical_rows(tmp_path):
     a, b = _tensors(inline), _tensors(Sample(tokens, **_tokens(4), payload=segs), tmp_path)
     for name in ("sampling_mask", "sampling_mask_logprobs"):
         assert a.fields[name].dtype == b.fields[name].dtype
-        assert torch.equal(a.fields[name], b.fields[name]), name
-    # labels window: row j holds the kept set of token j + 1, the sampled token first
-    assert a.fields["sampling_mask"][:3].tolist() == [[40, 3, 9], [7, -1, -1], [5, 1, -1]]
-    lp = a.fields["sampling_mask_logprobs"][1:4].numpy()  # sequence window: own positions
-    want = np.float32([[-0.1, -1.0, -2.0], [0.0, -np.inf, -np.inf], [-0.2, -1.7, -np.inf]])
-    np.testing.assert_array_equal(lp, want)
+        assert a.fields[name].equal(b.fields[name]), name
+    # labels window: row j holds the kept set of token j + 1, the sampled token first; the row
+    # of position S (past the sample) is empty
+    mask = a.fields["sampling_mask"]
+    assert mask.offsets.tolist() == [0, 3, 4, 6, 6]
+    assert mask.values.tolist() == [40, 3, 9, 7, 5, 1]
+    lp = a.fields["sampling_mask_logprobs"]  # sequence window: own positions, 0 has none
+    assert lp.offsets.tolist() == [0, 0, 3, 4, 6]
+    want = np.float32([-0.1, -1.0, -2.0, 0.0, -0.2, -1.7])
+    np.testing.assert_array_equal(lp.values.numpy(), want)
+    padded = _tensors(Sample(tokens, **_tokens(4), payload=segs), tmp_path, width=4)
+    assert padded.fields["sampling_mask"].tolist() == [
+        [40, 3, 9, -1],
+        [7, -1, -1, -1],
+        [5, 1, -1, -1],
+        [-1, -1, -1, -1],
+    ]
+    assert torch.equal(padded.fields["sampling_mask"], mask.padded(4))
 
 
 def test_an_inline_kept_set_without_its_sampled_token_is_refused():

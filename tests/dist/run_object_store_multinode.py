@@ -17,7 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rollfeed.collate import PlanConfig
+from rollfeed.collate import PlanConfig, RaggedRows
 from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from tests.dist.launch import run_rank
 from tests.loaders.common import SEQ_LEN
@@ -30,6 +30,8 @@ def _owned(tmb):
     def own(v):
         if isinstance(v, torch.Tensor):
             return v.clone()
+        if isinstance(v, RaggedRows):
+            return v.apply(torch.Tensor.clone)
         return {k: own(x) for k, x in v.items()} if isinstance(v, dict) else v
 
     return dataclasses.replace(

@@ -22,7 +22,6 @@ import torch.distributed as dist
 
 from rollfeed.collate import (
     PlanConfig,
-    RaggedRows,
     Sample,
     prepare_batch,
     to_tensor_micro_batch,
@@ -103,11 +102,6 @@ def make_samples(seed: int) -> list[Sample]:
     return samples
 
 
-def ragged(tmb):  # type: ignore[no-untyped-def]
-    mask = RaggedRows.from_padded(tmb.fields["sampling_mask"], fill=-1)
-    return dataclasses.replace(tmb, fields={**tmb.fields, "sampling_mask": mask})
-
-
 def scores_of(scorer: PolicyScorer, tmb):  # type: ignore[no-untyped-def]
     out = scorer.score(tmb, return_kept_logprobs=True)
     support, mask = micro_batch_rows(tmb)
@@ -147,8 +141,8 @@ def run_cp(layout: str, cp: CPGroup, single: PolicyScorer, scorer: PolicyScorer)
         make_samples(5), PlanConfig(seq_len=48, cp_size=2, cp_layout=layout), dp_size=1
     )[0]
     one = dataclasses.replace(mb.config, cp_size=1, cp_layout="contiguous")
-    whole = ragged(to_tensor_micro_batch(dataclasses.replace(mb, config=one), cp_rank=0))
-    tmb = ragged(to_tensor_micro_batch(mb, cp_rank=cp.rank))
+    whole = to_tensor_micro_batch(dataclasses.replace(mb, config=one), cp_rank=0)
+    tmb = to_tensor_micro_batch(mb, cp_rank=cp.rank)
     coef = torch.linspace(0.5, 1.5, mb.length, dtype=torch.float64)
     out1, kept1 = scores_of(single, whole)
     out, kept = scores_of(scorer, tmb)

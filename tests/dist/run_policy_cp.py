@@ -56,14 +56,6 @@ def whole_row(mb: MicroBatch):
     return to_tensor_micro_batch(dataclasses.replace(mb, config=one), cp_rank=0)
 
 
-def ragged(tmb):  # type: ignore[no-untyped-def]
-    """The micro batch with its sampling mask as RaggedRows (as the read gives it)."""
-    mask = tmb.fields["sampling_mask"]
-    if isinstance(mask, torch.Tensor):
-        mask = RaggedRows.from_padded(mask, fill=-1)
-    return dataclasses.replace(tmb, fields={**tmb.fields, "sampling_mask": mask})
-
-
 def kept_term(kept: RaggedRows, weights: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(kept.values), kept.values * weights, 0).sum()
 
@@ -83,7 +75,7 @@ def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
     w = loss_weights(mb.length, seed=3)
 
     single = PolicyScorer(build(seed=21), compute_entropy=True, entropy_requires_grad=True)
-    whole = ragged(whole_row(mb))
+    whole = whole_row(mb)
     one = single.score(whole, return_kept_logprobs=True)
     whole_support = whole.fields["sampling_mask"]
     kw = torch.randn(whole_support.nnz, generator=torch.Generator().manual_seed(4)).double()
@@ -105,7 +97,7 @@ def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
     scorer = PolicyScorer(
         model, cp=cp, compute_entropy=True, entropy_requires_grad=True, **tp_options
     )
-    tmb = ragged(to_tensor_micro_batch(mb, cp_rank=cp.rank))
+    tmb = to_tensor_micro_batch(mb, cp_rank=cp.rank)
     out = scorer.score(tmb, return_kept_logprobs=True)
     # This rank's rows: its window of the whole row, slot for slot.
     own = whole_support.take(tmb.positions)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from rollfeed.collate import PlanConfig, TensorMicroBatch, prepare_batch, to_tensor_micro_batch
-from rollfeed.payload import PayloadRoot, PayloadWriter
+from rollfeed.payload import PayloadRoot, PayloadWriter, RaggedRows
 from tests.collate.gen import make_batch
 
 SEQ_LEN = 48  # a multiple of 2 * 4 (zigzag with cp 4)
@@ -35,7 +35,10 @@ def reference(samples, *, dp_size, cp_size, cp_layout, root, seq_len=SEQ_LEN, **
     return out, plan
 
 
-def tensor_bytes(t: torch.Tensor) -> tuple:
+def tensor_bytes(t: torch.Tensor | RaggedRows) -> tuple:
+    """dtype, shape and bytes (a ragged field's: of its offsets and of its values)."""
+    if isinstance(t, RaggedRows):
+        return (*tensor_bytes(t.offsets), *tensor_bytes(t.values))
     return (t.dtype, tuple(t.shape), t.contiguous().numpy().tobytes())
 
 

@@ -20,8 +20,12 @@ from typing import Any
 
 import torch
 
+from rollfeed.payload import RaggedRows
 
-def _tensor(t: torch.Tensor) -> tuple:
+
+def _tensor(t: torch.Tensor | RaggedRows) -> tuple:
+    if isinstance(t, RaggedRows):  # a ragged field: its offsets, then its values
+        return (*_tensor(t.offsets), *_tensor(t.values))
     return (t.dtype, tuple(t.shape), t.contiguous().numpy().tobytes())
 
 

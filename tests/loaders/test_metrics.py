@@ -41,7 +41,7 @@ def _expected(ref, plan, taken: int) -> dict:
     reference: the planner's counts, and the reference tensors themselves."""
     tmbs = ref[:taken]
     masks = [t.fields["sampling_mask"] for t in tmbs if "sampling_mask" in t.fields]
-    widths = np.concatenate([(m >= 0).sum(1).numpy() for m in masks])
+    widths = np.concatenate([m.lengths().numpy() for m in masks])
     widths = widths[widths > 0]
     keys = ("samples", "tokens", "truncated", "truncated_tokens", "dropped", "padding_fraction")
     out = {k: plan.metrics[k] for k in keys}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from rollfeed.collate import BatchConfigError, PlanConfig
+from rollfeed.collate import BatchConfigError, PlanConfig, RaggedRows
 from rollfeed.loaders import (
     LoaderConfig,
     MicroBatchCollator,
@@ -129,6 +129,7 @@ def test_share_as_one_storage_keeps_values_in_one_buffer(data):
     assert tmb.fields  # by-handle fields present
     shared = share_as_one_storage(tmb)
     assert_bitwise(shared, tmb, "shared")
-    tensors = [shared.input_ids, shared.loss_mask, shared.cu_seqlens, *shared.fields.values()]
+    tensors = [shared.input_ids, shared.loss_mask, shared.cu_seqlens, *shared.tensors()]
+    assert any(isinstance(v, RaggedRows) for v in shared.fields.values())
     ptrs = {t.untyped_storage().data_ptr() for t in tensors}
     assert len(ptrs) == 1 and shared.input_ids.is_shared()

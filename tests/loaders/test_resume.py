@@ -20,6 +20,7 @@ from rollfeed.loaders import (
 )
 from rollfeed.loaders.build import build_dataloader
 from rollfeed.loaders.step_files import write_step_file
+from rollfeed.payload import RaggedRows
 from tests.collate.gen import inline_batch
 from tests.loaders.common import SEQ_LEN, write_batch
 from tests.loaders.resume import check_resume, tmb_key
@@ -174,6 +175,12 @@ def test_resume_key_sees_every_tensor_of_a_micro_batch(step_dir):
     for name in names:
         assert tmb_key(dataclasses.replace(t, **{name: changed(getattr(t, name))})) != key, name
     for name, value in t.fields.items():
-        fields = {**t.fields, name: changed(value)}
-        assert tmb_key(dataclasses.replace(t, fields=fields)) != key, name
+        if not isinstance(value, RaggedRows):
+            fields = {**t.fields, name: changed(value)}
+            assert tmb_key(dataclasses.replace(t, fields=fields)) != key, name
+            continue
+        for part in value.tensors():  # a ragged field: its offsets, then its values
+            new = value.apply(lambda x, part=part: changed(x) if x is part else x)
+            fields = {**t.fields, name: new}
+            assert tmb_key(dataclasses.replace(t, fields=fields)) != key, name
     assert tmb_key(dataclasses.replace(t, cp_rank=t.cp_rank + 1)) != key

@@ -25,7 +25,7 @@ def _micro_batch():
     plan = prepare_batch(samples, PlanConfig(seq_len=40, pad_to_multiple_of=8), dp_size=1)
     (mb,) = plan[0]
     tmb = to_tensor_micro_batch(mb, cp_rank=0)
-    rows = RaggedRows.from_padded(tmb.fields["sampling_mask"], fill=-1)
+    rows = tmb.fields["sampling_mask"]
     # Widen one scored row to WIDE distinct ids, its label first.
     lengths, parts = rows.lengths().clone(), []
     wide = int(((rows.lengths() > 0) & (tmb.labels >= 0)).nonzero()[3, 0])

@@ -52,22 +52,18 @@ def _expected(tmb) -> list[list[float]]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
-@pytest.mark.parametrize("form", ["padded", "ragged"])
+@pytest.mark.parametrize("form", ["ragged", "padded", "trimmed"])
 def test_rows_align_slot_for_slot_with_the_kept_sets(layout: str, form: str) -> None:
     (mb,) = prepare_batch(
         _samples(), PlanConfig(seq_len=8, cp_size=2, cp_layout=layout), dp_size=1
     )[0]
     for rank in range(2):
-        tmb = to_tensor_micro_batch(mb, cp_rank=rank)
-        if form == "ragged":
-            f = tmb.fields
-            fields = {
-                "sampling_mask": RaggedRows.from_padded(f["sampling_mask"], fill=-1),
-                # trailing -inf slots are trimmed here: the rows must be re-aligned
-                "sampling_mask_logprobs": RaggedRows.from_padded(
-                    f["sampling_mask_logprobs"], fill=-math.inf
-                ),
-            }
+        tmb = to_tensor_micro_batch(mb, cp_rank=rank, width=4 if form == "padded" else None)
+        if form == "trimmed":  # trailing -inf slots trimmed: the rows must be re-aligned
+            lp = tmb.fields["sampling_mask_logprobs"]
+            trimmed = RaggedRows.from_padded(lp.padded(fill=-math.inf), fill=-math.inf)
+            assert trimmed.nnz < lp.nnz
+            fields = {**tmb.fields, "sampling_mask_logprobs": trimmed}
             tmb = dataclasses.replace(tmb, fields=fields)
         support, mask = micro_batch_rows(tmb)
         assert torch.equal(mask.offsets, support.offsets)
@@ -84,7 +80,7 @@ def test_rows_align_slot_for_slot_with_the_kept_sets(layout: str, form: str) -> 
 def test_a_field_of_another_window_is_refused() -> None:
     (mb,) = prepare_batch(_samples(), PlanConfig(seq_len=8, cp_size=1), dp_size=1)[0]
     tmb = to_tensor_micro_batch(mb, cp_rank=0)
-    cut = {**tmb.fields, "sampling_mask_logprobs": tmb.fields["sampling_mask_logprobs"][:5]}
+    cut = {**tmb.fields, "sampling_mask_logprobs": tmb.fields["sampling_mask_logprobs"].rows(0, 5)}
     with pytest.raises(
         ObjectiveInputError, match=f"must hold the micro batch's {tmb.seq_len} rows"
     ):

@@ -30,7 +30,8 @@ WIDTHS = (None, 300)
 
 def _files(workdir: Path, rng: np.random.Generator):
     """``(label, root, segs, regions, fields)`` per file: ``fields[name]`` the values per output
-    row and their bytes (a ragged field's ``W``, its label column included)."""
+    row, their bytes and a ragged field's row lengths (``W`` its widest, the label's slot
+    included)."""
     from rollfeed.payload import PayloadWriter
 
     out = []
@@ -43,7 +44,8 @@ def _files(workdir: Path, rng: np.random.Generator):
         with PayloadWriter(base, group="g", name="w") as w:
             segs = write_request(w, arrays, regions)
         W = int(counts.max())  # the sampled token's column included
-        out.append((f"a kept set of {wide}", base, segs, regions, {"sampling_mask": (W, 4)}))
+        fields = {"sampling_mask": (W, 4, counts)}
+        out.append((f"a kept set of {wide}", base, segs, regions, fields))
     for row in ROW_BYTES:
         rows = rng.integers(1, 200, (3, 1, row))
         counts = np.ones(3, np.int64)
@@ -53,7 +55,8 @@ def _files(workdir: Path, rng: np.random.Generator):
         base = workdir / f"rows{row}"
         with PayloadWriter(base, group="g", name="w") as w:
             segs = write_request(w, arrays, regions)
-        out.append((f"rows of {row} bytes", base, segs, regions, {"routed_experts": (row, 1)}))
+        fields = {"routed_experts": (row, 1, None)}
+        out.append((f"rows of {row} bytes", base, segs, regions, fields))
     return out
 
 
@@ -67,15 +70,20 @@ def family_bounds(tally: Tally, workdir: Path, rng: np.random.Generator) -> None
     )
 
     for label, base, segs, regions, fields in _files(workdir, rng):
-        for name, (values, itemsize) in fields.items():
+        for name, (values, itemsize, counts) in fields.items():
             for n in WINDOWS:
                 for bound in BOUNDS:
                     for width in WIDTHS if name == "sampling_mask" else (None,):
-                        cells = values if width is None else width
-                        size = n * cells * itemsize
-                        if bound >= size > ALLOC_BOUND // 16:
-                            continue  # a legitimate read this large: the oracle's copies of it
-                            # (several times its size) would pass the allocation bound
+                        if counts is None:
+                            size = n * values * itemsize
+                        elif width is None:  # ragged: offsets, and the window's values
+                            size = 8 * (n + 1) + itemsize * int(counts[:n].sum())
+                        else:
+                            size = n * width * itemsize
+                        padded = n * (values if width is None else width) * itemsize
+                        if bound >= size and padded > ALLOC_BOUND // 16:
+                            continue  # a legitimate read this large: the oracle's padded copies
+                            # of it (several times its size) would pass the allocation bound
                         for checked in (False, True):
                             root = PayloadRoot(
                                 base, retries=0, max_output_bytes=bound, verify_checksums=checked

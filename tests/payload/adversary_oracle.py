@@ -162,7 +162,17 @@ def check_read(out, segs, name: str, ranges, regions: dict) -> None:
         if any(s.field == name for s in segs):
             raise Wrong(f"{name}: read returned None although segments carry the field")
         return
-    got = out.numpy()
+    from rollfeed.payload import RaggedRows
+
+    lengths = None
+    if isinstance(out, RaggedRows):  # compared padded (NumPy: no torch threads under the limits)
+        offsets, values = out.offsets.numpy(), out.values.numpy()
+        lengths = np.diff(offsets)
+        got = np.full((len(lengths), max(1, lengths.max(initial=0))), FILL[name], values.dtype)
+        row = np.repeat(np.arange(len(lengths)), lengths)
+        got[row, np.arange(len(values)) - offsets[row]] = values
+    else:
+        got = out.numpy()
     flat = got.reshape(len(got), -1) if got.ndim else got.reshape(1, 1)
     canary = CANARY[name]
     if name == "sampling_mask":
@@ -184,6 +194,9 @@ def check_read(out, segs, name: str, ranges, regions: dict) -> None:
     if (cover > 1).any():
         p = int(positions[np.argmax(cover > 1)])
         raise Wrong(f"{name}: overlapping segments at position {p} were not refused")
+    if lengths is not None and lengths[owner < 0].any():
+        p = int(positions[owner < 0][np.argmax(lengths[owner < 0] > 0)])
+        raise Wrong(f"{name}: an uncovered position ({p}) holds values")
     fill = FILL[name]
     free = flat[owner < 0]
     if free.size and not _same(free, np.full(free.shape, fill)):
@@ -192,11 +205,13 @@ def check_read(out, segs, name: str, ranges, regions: dict) -> None:
     for k, s in enumerate(live):
         at = np.flatnonzero(owner == k)
         if len(at):
-            _check_rows(flat[at], s, positions[at], regions, name, fill)
+            held = None if lengths is None else lengths[at]
+            _check_rows(flat[at], s, positions[at], regions, name, fill, held)
 
 
-def _check_rows(got: np.ndarray, s, positions: np.ndarray, regions: dict, name: str, fill) -> None:
-    """Rows ``got`` ``[k, W]`` read at ``positions`` from segment ``s``, against the writer's."""
+def _check_rows(got: np.ndarray, s, positions, regions: dict, name: str, fill, lengths) -> None:
+    """Rows ``got`` ``[k, W]`` read at ``positions`` from segment ``s``, against the writer's;
+    ``lengths``: each ragged row's length as read (``None``: read padded)."""
     reg = regions.get((s.file, s.offset))
     r = s.first + positions - s.pos
     if reg is None or reg.field != name or r.min() < 0 or r.max() >= reg.rows:
@@ -218,6 +233,9 @@ def _check_rows(got: np.ndarray, s, positions: np.ndarray, regions: dict, name: 
             )
         return
     counts, lead = reg.counts[r], reg.lead
+    if lengths is not None and (lengths != counts + lead).any():
+        bad = int(positions[np.argmax(lengths != counts + lead)])
+        raise Wrong(f"{name}: the row at position {bad} holds a length the writer did not give")
     if counts.max(initial=0) + lead > got.shape[1]:
         raise Wrong(f"{name}: width {got.shape[1]} < the widest written row {counts.max()}")
     starts = (np.cumsum(reg.counts) - reg.counts)[r]

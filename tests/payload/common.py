@@ -6,8 +6,9 @@ several writers. Plain references of what a read must return are in
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-from rollfeed.payload import PayloadRoot, PayloadWriter, shift_segments
+from rollfeed.payload import PayloadRoot, PayloadWriter, RaggedRows, shift_segments
 
 GROUP = "step_000001"
 
@@ -35,7 +36,8 @@ def kept_sets(rng: np.random.Generator, counts, high: int = 50_000, sampled=None
 
 def stored(counts, ids):
     """What a ``label="omitted"`` region stores of canonical kept sets: ``(counts - 1, ids
-    without each row's first)``; read back at columns 1.. (column 0: the fill)."""
+    without each row's first)``; read back after each row's label slot (the label given, or the
+    fill)."""
     counts = np.asarray(counts, np.int64)
     return counts - 1, np.delete(np.asarray(ids), np.cumsum(counts) - counts)
 
@@ -69,3 +71,11 @@ def packed_micro_batch(tmp_path, rng, *, files=3, samples=7, unit=4, clip=True):
     for w in writers:
         w.close()
     return segs, cu
+
+
+def same_read(a, b) -> bool:
+    """Two reads of one field hold bitwise the same values: both :class:`RaggedRows` with equal
+    offsets and values (dtype included), or both tensors of one dtype and equal elements."""
+    if isinstance(a, RaggedRows) or isinstance(b, RaggedRows):
+        return isinstance(a, RaggedRows) and isinstance(b, RaggedRows) and a.equal(b)
+    return a.dtype == b.dtype and torch.equal(a, b)

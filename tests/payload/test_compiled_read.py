@@ -5,7 +5,6 @@ planned reader's answer or typed error."""
 
 import numpy as np
 import pytest
-import torch
 
 from rollfeed.collate.cp import field_ranges, rank_ranges
 from rollfeed.payload import (
@@ -13,13 +12,14 @@ from rollfeed.payload import (
     PayloadRoot,
     PayloadWidthError,
     PayloadWriter,
+    RaggedRows,
     read_fields,
     shift_segments,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS
 from rollfeed.payload.read import compiled_read
 from rollfeed.payload.read.compiled_read import read_compiled
-from tests.payload.common import kept_sets
+from tests.payload.common import kept_sets, same_read
 
 FIELDS = ("routed_experts", "routed_expert_weights", "sampling_mask", "sampling_mask_logprobs")
 # Largest kept id per sample: the writer stores the ids as uint8, uint16, uint24 or int32.
@@ -95,26 +95,45 @@ def test_the_install_built_the_kernel():
     assert compiled_read.COMPILED
 
 
+def same_as_planned(fast, slow, where) -> None:
+    """A kernel read (``read_compiled``'s answer) is bitwise the planned reader's
+    (``read_fields``'): fields, values with their dtype and shape (a ragged field's offsets and
+    values), coverage and widest row."""
+    assert list(fast) == list(slow), where
+    for name, (values, coverage, widest) in fast.items():
+        want = slow[name].values
+        if isinstance(want, RaggedRows):
+            offsets, values = values
+            assert np.array_equal(offsets, want.offsets.numpy()), (name, where)
+            want = want.values
+        want = want.numpy()
+        assert values.dtype == want.dtype and values.shape == want.shape, (name, where)
+        assert np.array_equal(values.view(np.uint8), want.view(np.uint8)), (name, where)
+        assert np.array_equal(coverage, slow[name].coverage.numpy()), (name, where)
+        assert widest == slow[name].widest, (name, where)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_kernel_reads_bitwise_what_the_planned_reader_reads(tmp_path, planned, seed):
     rng = np.random.default_rng(seed)
     segs, total = micro_batch(tmp_path, rng)
     root = PayloadRoot(tmp_path)
-    for ranges in windows(rng, total):
+    for k, ranges in enumerate(windows(rng, total)):
+        wanted = dict.fromkeys(FIELDS, ranges)
+        n = sum(hi - lo for lo, hi in ranges)
+        # every other window: the mask's label slots hold given tokens
+        labels = {"sampling_mask": rng.integers(0, 1 << 30, n)} if k % 2 else {}
         for width in (None, 400):
-            fast = read_compiled(segs, dict.fromkeys(FIELDS, ranges), root, width, PAYLOAD_FIELDS)
+            fast = read_compiled(segs, wanted, root, width, PAYLOAD_FIELDS, labels)
             assert fast is not None, f"declined {ranges}"
-            slow = planned(segs, dict.fromkeys(FIELDS, ranges), root=root, width=width)
-            assert list(fast) == list(slow)
-            for name, (values, coverage) in fast.items():
-                want = slow[name].values.numpy()
-                assert values.dtype == want.dtype and values.shape == want.shape, name
-                assert np.array_equal(values.view(np.uint8), want.view(np.uint8)), name
-                assert np.array_equal(coverage, slow[name].coverage.numpy()), name
+            slow = planned(segs, wanted, root=root, width=width, labels=labels)
+            same_as_planned(fast, slow, (ranges, width))
+            assert isinstance(slow["sampling_mask"].values, RaggedRows) == (width is None)
             # and read_fields hands out the kernel's read
-            got = read_fields(segs, dict.fromkeys(FIELDS, ranges), root=root, width=width)
+            got = read_fields(segs, wanted, root=root, width=width, labels=labels)
             for name in got:
-                assert torch.equal(got[name].values, slow[name].values)
+                assert same_read(got[name].values, slow[name].values), name
+                assert got[name].widest == slow[name].widest
 
 
 def test_one_read_syscall_per_file_for_all_fields(tmp_path):
@@ -122,9 +141,9 @@ def test_one_read_syscall_per_file_for_all_fields(tmp_path):
     segs, total = micro_batch(tmp_path, rng, files=2, samples=2)  # none clipped: read whole
     root = PayloadRoot(tmp_path)
     wanted = {key: [(0, total)] for key in ("routed_experts", "sampling_mask")}
-    assert read_compiled(segs, wanted, root, None, PAYLOAD_FIELDS) is not None  # files open
+    assert read_compiled(segs, wanted, root, None, PAYLOAD_FIELDS, {}) is not None  # files open
     own = -_read_syscalls() + (before := _read_syscalls())  # reading the counter reads too
-    assert read_compiled(segs, wanted, root, None, PAYLOAD_FIELDS) is not None
+    assert read_compiled(segs, wanted, root, None, PAYLOAD_FIELDS, {}) is not None
     # per file: routing header and rows, (its checksum table), mask header, index and values
     assert _read_syscalls() - before - own == len({s.file for s in segs})
 
@@ -162,7 +181,7 @@ def test_a_mutated_record_is_declined_wherever_the_planned_reader_refuses_it(tmp
             ]
         for update in mutants:
             mutated = [*segs[:i], s.model_copy(update=update), *segs[i + 1 :]]
-            fast = read_compiled(mutated, wanted, root, None, PAYLOAD_FIELDS)
+            fast = read_compiled(mutated, wanted, root, None, PAYLOAD_FIELDS, {})
             try:
                 slow = planned(mutated, wanted, root=root)
             except PayloadError:
@@ -170,10 +189,7 @@ def test_a_mutated_record_is_declined_wherever_the_planned_reader_refuses_it(tmp
                 cases += 1
                 continue
             if fast is not None:  # both read it: the same bytes
-                for name, (values, coverage) in fast.items():
-                    want = slow[name].values.numpy()
-                    assert np.array_equal(values.view(np.uint8), want.view(np.uint8)), update
-                    assert np.array_equal(coverage, slow[name].coverage.numpy()), update
+                same_as_planned(fast, slow, (i, update))
     assert cases > 100  # the mutations do reach the checks
 
 
@@ -182,9 +198,11 @@ def test_reads_the_kernel_does_not_take_are_declined_and_read_as_planned(tmp_pat
     segs, total = micro_batch(tmp_path, rng, files=2, samples=4)
     wanted = {key: [(0, total)] for key in FIELDS}
     checking = PayloadRoot(tmp_path, verify_checksums=True)
-    assert read_compiled(segs, wanted, checking, None, PAYLOAD_FIELDS) is None
+    assert read_compiled(segs, wanted, checking, None, PAYLOAD_FIELDS, {}) is None
     placeholders = [s.model_copy(update={"rows": 0}) for s in segs]
-    assert read_compiled(placeholders, wanted, PayloadRoot(tmp_path), None, PAYLOAD_FIELDS) is None
+    assert (
+        read_compiled(placeholders, wanted, PayloadRoot(tmp_path), None, PAYLOAD_FIELDS, {}) is None
+    )
     root = PayloadRoot(tmp_path)
     for reads in (
         lambda: read_fields(placeholders, wanted, root=root),
@@ -194,13 +212,25 @@ def test_reads_the_kernel_does_not_take_are_declined_and_read_as_planned(tmp_pat
         with pytest.MonkeyPatch.context() as m:
             m.setattr(compiled_read, "_window", None)
             want = reads()
-        assert all(torch.equal(got[k].values, want[k].values) for k in want)
+        assert list(got) == list(want)
+        assert all(same_read(got[k].values, want[k].values) for k in want)
 
 
 def test_a_row_wider_than_the_static_width_is_the_planned_readers_error(tmp_path, planned):
     rng = np.random.default_rng(6)
     segs, total = micro_batch(tmp_path, rng, files=1, samples=4)
     wanted = {"sampling_mask": [(0, total)]}
-    assert read_compiled(segs, wanted, PayloadRoot(tmp_path), 8, PAYLOAD_FIELDS) is None
+    assert read_compiled(segs, wanted, PayloadRoot(tmp_path), 8, PAYLOAD_FIELDS, {}) is None
     with pytest.raises(PayloadWidthError):
         read_fields(segs, wanted, root=tmp_path, width=8)
+    with pytest.raises(PayloadWidthError):
+        planned(segs, wanted, root=tmp_path, width=8)
+    # at the records' widest row the kernel takes it, and reads what the planned reader reads
+    widest = planned(segs, wanted, root=tmp_path)["sampling_mask"].widest
+    assert widest == 300  # a row of 300 kept ids (its sampled token's slot included)
+    fast = read_compiled(segs, wanted, PayloadRoot(tmp_path), widest, PAYLOAD_FIELDS, {})
+    assert fast is not None
+    same_as_planned(fast, planned(segs, wanted, root=tmp_path, width=widest), widest)
+    assert (
+        read_compiled(segs, wanted, PayloadRoot(tmp_path), widest - 1, PAYLOAD_FIELDS, {}) is None
+    )

@@ -10,16 +10,19 @@ import torch
 
 from rollfeed.collate.cp import field_ranges, rank_ranges
 from rollfeed.payload import (
+    PayloadInputError,
     PayloadMissingFileError,
     PayloadRoot,
     PayloadWriter,
+    RaggedRows,
     read_field,
     read_fields,
     shift_segments,
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS
 from rollfeed.payload.read import compiled_read
-from tests.payload.common import FIELDS, kept_sets, packed_micro_batch
+from tests.payload.common import FIELDS, fast_root, kept_sets, packed_micro_batch, same_read
+from tests.payload.reference import row_lists
 
 
 def reference_coverage(segs, field, ranges) -> np.ndarray:
@@ -52,12 +55,19 @@ def test_read_fields_equals_read_field_over_cp_windows_and_random_ranges(tmp_pat
         assert set(got) == set(FIELDS)
         for f in FIELDS:
             one = read_field(segs, f, per_field[f], root=root)
-            assert got[f].values.dtype == one.dtype and torch.equal(got[f].values, one), f
+            assert same_read(got[f].values, one), f
             want = reference_coverage(segs, f, per_field[f])
             assert got[f].coverage.dtype == torch.bool
             np.testing.assert_array_equal(got[f].coverage.numpy(), want)
-            fill = PAYLOAD_FIELDS[f].fill
-            assert (one[~got[f].coverage] == fill).all()
+            spec = PAYLOAD_FIELDS[f]
+            covered = got[f].coverage
+            if spec.ragged:  # uncovered rows empty
+                assert not one.lengths()[~covered].any(), f
+                if spec.label == "omitted":  # each covered row's label slot, at the fill
+                    assert (one.lengths()[covered] >= 1).all(), f
+                    assert (one.values[one.offsets[:-1][covered]] == spec.fill).all(), f
+            else:
+                assert (one[~covered] == spec.fill).all()
 
 
 def test_fields_no_segment_carries_are_left_out(tmp_path):
@@ -69,12 +79,16 @@ def test_fields_no_segment_carries_are_left_out(tmp_path):
     assert read_field(only_mask, "routed_experts", (0, 4), root=tmp_path) is None
 
 
-def test_placeholders_only_read_as_fill_with_no_coverage(tmp_path):
+def test_placeholders_only_read_as_empty_rows_with_no_coverage(tmp_path):
     rng = np.random.default_rng(1)
     segs, _ = packed_micro_batch(tmp_path, rng, samples=2)
     empty = [s.model_copy(update={"rows": 0, "file": "g/gone.rfp"}) for s in segs]
     got = read_fields(empty, {"sampling_mask": (0, 3)}, root=tmp_path)["sampling_mask"]
-    assert got.values.tolist() == [[-1]] * 3 and not got.coverage.any()
+    assert isinstance(got.values, RaggedRows) and got.values.dtype == torch.int32
+    assert got.values.offsets.tolist() == [0, 0, 0, 0] and got.values.nnz == 0
+    assert got.coverage.tolist() == [False] * 3 and got.widest == 0
+    padded = read_fields(empty, {"sampling_mask": (0, 3)}, root=tmp_path, width=2)
+    assert padded["sampling_mask"].values.tolist() == [[-1, -1]] * 3
 
 
 def test_two_fields_of_one_file_take_one_preadv_per_file(tmp_path, monkeypatch):
@@ -90,7 +104,7 @@ def test_two_fields_of_one_file_take_one_preadv_per_file(tmp_path, monkeypatch):
     # per file: routing header, rows, (its checksum table), mask header, index, values: one call
     assert len(calls) == len(set(calls)) == 3
     for f in windows:
-        assert torch.equal(got[f].values, read_field(segs, f, windows[f], root=tmp_path))
+        assert same_read(got[f].values, read_field(segs, f, windows[f], root=tmp_path))
 
 
 def test_an_error_names_the_field_whose_file_it_is(tmp_path):
@@ -185,3 +199,75 @@ def test_coverage_of_records_side_by_side_with_gaps_and_clipped_windows(tmp_path
         want = reference_coverage(segs, "routed_experts", ranges)
         np.testing.assert_array_equal(got.coverage.numpy(), want)
         assert (got.values[~got.coverage] == PAYLOAD_FIELDS["routed_experts"].fill).all()
+
+
+def _mask_records(tmp_path):
+    """Two mask records (kept sets of 1..4 ids, the sampled token first) at positions 1..6 and
+    9..12, written by one writer; returns the records and each position's kept set."""
+    rng = np.random.default_rng(8)
+    kept: dict[int, list[int]] = {}
+    segs = []
+    with PayloadWriter(tmp_path, group="g", name="labels") as w:
+        for at, rows in ((1, 5), (9, 3)):
+            counts = rng.integers(1, 5, rows)
+            ids, sampled = kept_sets(rng, counts, 5000)
+            written = w.write({"sampling_mask": (counts, ids)}, pos=0, sampled=sampled)
+            segs += shift_segments(written, at)
+            starts = np.cumsum(counts) - counts
+            for r in range(rows):
+                kept[at + r] = ids[starts[r] : starts[r] + counts[r]].tolist()
+    return segs, kept
+
+
+LABEL_WINDOW = [(0, 14), (10, 12), (2, 3)]  # uncovered rows, and rows listed twice
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["compiled", "planned"])
+def test_labels_fill_each_covered_rows_label_slot_and_uncovered_rows_stay_empty(tmp_path, checked):
+    segs, kept = _mask_records(tmp_path)
+    root = fast_root(tmp_path, verify_checksums=checked)
+    positions = [p for lo, hi in LABEL_WINDOW for p in range(lo, hi)]
+    tokens = 100_000 + np.arange(len(positions))  # one per window row, a repeat its own
+    labels = {"sampling_mask": tokens}
+    fast = compiled_read.read_compiled(
+        segs, {"sampling_mask": LABEL_WINDOW}, root, None, PAYLOAD_FIELDS, labels
+    )
+    assert (fast is None) == checked  # the path the parameter names is the one taken
+    got = read_fields(segs, {"sampling_mask": LABEL_WINDOW}, root=root, labels=labels)
+    got = got["sampling_mask"]
+    want = [
+        [int(t), *kept[p][1:]] if p in kept else [] for p, t in zip(positions, tokens, strict=True)
+    ]
+    assert got.values.dtype == torch.int32 and row_lists(got.values) == want
+    assert got.coverage.tolist() == [p in kept for p in positions]
+    assert got.widest == max(len(k) for k in kept.values())
+    # a row's sampled token as its label gives back the kept set as written
+    sampled = torch.tensor([kept[p][0] if p in kept else -5 for p in positions], dtype=torch.int32)
+    again = read_fields(
+        segs, {"sampling_mask": LABEL_WINDOW}, root=root, labels={"sampling_mask": sampled}
+    )
+    assert row_lists(again["sampling_mask"].values) == [kept.get(p, []) for p in positions]
+    padded = read_fields(segs, {"sampling_mask": LABEL_WINDOW}, root=root, width=5, labels=labels)
+    want_padded = [(row + [-1] * 5)[:5] for row in want]
+    assert padded["sampling_mask"].values.tolist() == want_padded
+    plain = read_fields(segs, {"sampling_mask": LABEL_WINDOW}, root=root)["sampling_mask"]
+    assert row_lists(plain.values) == [[-1, *kept[p][1:]] if p in kept else [] for p in positions]
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["compiled", "planned"])
+def test_labels_that_do_not_fit_the_read_are_input_errors(tmp_path, checked):
+    segs, _ = _mask_records(tmp_path)
+    root = fast_root(tmp_path, verify_checksums=checked)
+    n = sum(hi - lo for lo, hi in LABEL_WINDOW)
+    windows = {"sampling_mask": LABEL_WINDOW, "sampling_mask_logprobs": (0, 4)}
+    for bad in (
+        {"sampling_mask": np.arange(n - 1)},  # a token short
+        {"sampling_mask": np.arange(n + 1)},  # a token over
+        {"sampling_mask": np.arange(n, dtype=np.float32)},
+        {"sampling_mask": np.arange(n).reshape(1, n)},
+        {"sampling_mask_logprobs": np.arange(4)},  # a field without a label slot
+        {"routed_experts": np.arange(4)},  # a field not read here
+    ):
+        with pytest.raises(PayloadInputError) as err:
+            read_fields(segs, windows, root=root, labels=bad)
+        assert err.value.field == next(iter(bad)), bad

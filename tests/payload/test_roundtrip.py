@@ -12,14 +12,26 @@ from rollfeed.payload import (
     PAYLOAD_FIELDS,
     PayloadField,
     PayloadRoot,
+    PayloadWidthError,
     PayloadWriter,
+    RaggedRows,
     clip_segments,
     read_field,
+    read_fields,
     register_field,
     shift_segments,
 )
 from tests.payload.common import kept_sets, stored
-from tests.payload.reference import dense_fixed, dense_ragged, read_fixed_ref, read_ragged_ref
+from tests.payload.reference import (
+    dense_fixed,
+    dense_ragged,
+    padded_ref,
+    read_fixed_ref,
+    read_ragged_ref,
+    row_lists,
+    widest_ref,
+    window_positions,
+)
 
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -83,11 +95,28 @@ def test_ragged_mask_round_trip(tmp_path, case, mean):
                 segs += w.write({"sampling_mask": (counts[a:b], vals)}, a, sampled=sampled[a:b])
     segs = shift_segments(clip_segments(segs, lo, hi), delta)
     rows = dense_ragged(length + delta, [(delta, *stored(counts, values))])
-    covered = range(delta + lo, delta + min(hi, length))
-    got = read_field(segs, "sampling_mask", ranges, root=tmp_path)
-    want = read_ragged_ref(rows, ranges, -1, np.int32, covered, lead=1)
-    assert got.dtype == torch.int32
-    np.testing.assert_array_equal(got.numpy(), want)
+    covered = range(delta + lo, delta + min(hi, length))  # the records' live positions
+    tokens = rng.integers(0, high, len(window_positions(ranges)))
+    labels = {"sampling_mask": tokens}
+    got = read_fields(segs, {"sampling_mask": ranges}, root=tmp_path, labels=labels)
+    got = got["sampling_mask"]
+    offsets, want = read_ragged_ref(rows, ranges, np.int32, covered, lead=1, labels=tokens)
+    assert isinstance(got.values, RaggedRows) and got.values.dtype == torch.int32
+    assert got.values.equal(RaggedRows(torch.from_numpy(offsets), torch.from_numpy(want)))
+    widest = widest_ref(rows, covered, lead=1)
+    assert got.widest == widest
+    plain = read_field(segs, "sampling_mask", ranges, root=tmp_path)  # label slots at the fill
+    fill_offsets, fill_want = read_ragged_ref(rows, ranges, np.int32, covered, lead=1)
+    assert plain.equal(RaggedRows(torch.from_numpy(fill_offsets), torch.from_numpy(fill_want)))
+    if widest:  # width= pads the same rows, and refuses a width below the records' widest row
+        padded = read_fields(
+            segs, {"sampling_mask": ranges}, root=tmp_path, width=widest, labels=labels
+        )["sampling_mask"]
+        assert padded.values.dtype == torch.int32 and padded.widest == widest
+        np.testing.assert_array_equal(padded.values.numpy(), padded_ref(offsets, want, widest, -1))
+        if widest > 1:
+            with pytest.raises(PayloadWidthError):
+                read_field(segs, "sampling_mask", ranges, root=tmp_path, width=widest - 1)
 
 
 def test_kept_sets_are_stored_in_canonical_order_and_their_logprobs_follow(tmp_path):
@@ -112,12 +141,13 @@ def test_kept_sets_are_stored_in_canonical_order_and_their_logprobs_follow(tmp_p
     mask = next(s for s in segs if s.field == "sampling_mask")
     assert mask.dtype == "uint24" and mask.ragged.values == 4  # 6, 9 | 300, 70000
     got = read_field(segs, "sampling_mask", (0, 6), root=tmp_path)
-    want = [[-1] * 3, [-1] * 3, [-1] * 3, [-1, 6, 9], [-1, 300, 70_000], [-1] * 3]
-    assert got.tolist() == want
+    assert got.dtype == torch.int32
+    assert row_lists(got) == [[], [], [-1], [-1, 6, 9], [-1, 300, 70_000], []]
     got = read_field(segs, "sampling_mask_logprobs", (0, 6), root=tmp_path)
-    inf = -np.inf
-    want = [[inf] * 3] * 2 + [[-0.0, inf, inf], [-0.4, -1.6, -1.9], [-0.2, -2.3, -3.1], [inf] * 3]
-    np.testing.assert_array_equal(got.numpy(), np.array(want, np.float32))
+    assert got.dtype == torch.float32 and got.offsets.tolist() == [0, 0, 0, 1, 4, 7, 7]
+    want = np.array([-0.0, -0.4, -1.6, -1.9, -0.2, -2.3, -3.1], np.float32)
+    np.testing.assert_array_equal(got.values.numpy(), want)
+    assert np.signbit(got.values.numpy()[0])  # the sampled token's -0.0 as given
     w_got = read_field(segs, "routed_expert_weights", (1, 4), root=tmp_path)
     assert w_got.dtype == torch.float32
     np.testing.assert_array_equal(
@@ -140,7 +170,10 @@ def test_registered_fields_round_trip_without_other_changes(tmp_path):
             pos={"token_entropy_topk": 1, "tool_call_id": 0},
         )
     rag = read_field(segs, "token_entropy_topk", (0, 4), root=tmp_path, fields=table)
-    np.testing.assert_array_equal(rag.numpy(), [[0.5, 0.5], [0.25, 1.5], [-3.0, 0.5], [0.5, 0.5]])
+    assert rag.dtype == torch.float32 and row_lists(rag) == [[], [0.25, 1.5], [-3.0], []]
+    padded = read_field(segs, "token_entropy_topk", (0, 4), root=tmp_path, fields=table, width=3)
+    want = [[0.5] * 3, [0.25, 1.5, 0.5], [-3.0, 0.5, 0.5], [0.5] * 3]  # the field's own fill
+    np.testing.assert_array_equal(padded.numpy(), np.array(want, np.float32))
     fixed = read_field(segs, "tool_call_id", (0, 4), root=tmp_path, fields=table)
     assert fixed.dtype == torch.int16  # smallest dtype holding -7 .. 1000
     np.testing.assert_array_equal(fixed.numpy()[:, 0], [3, -2, 1000, -7])
@@ -155,7 +188,7 @@ def test_register_field_refuses_a_conflicting_definition():
         PayloadField(fill=0, window="outputs")
 
 
-def test_absent_field_is_none_and_placeholder_is_width_one_fill(tmp_path):
+def test_absent_field_is_none_and_placeholders_read_as_empty_rows(tmp_path):
     with PayloadWriter(tmp_path) as w:
         segs = w.write(
             {"sampling_mask": (np.array([2, 1]), np.array([5, 6, 7]))}, 3, sampled=np.array([6, 7])
@@ -163,8 +196,11 @@ def test_absent_field_is_none_and_placeholder_is_width_one_fill(tmp_path):
     assert read_field(segs, "routed_experts", (0, 4), root=tmp_path) is None
     placeholder = clip_segments(segs, 0, 3)
     assert placeholder[0].rows == 0
-    got = read_field(placeholder, "sampling_mask", (0, 4), root=tmp_path)
-    assert torch.equal(got, torch.full((4, 1), -1, dtype=torch.int32))
+    got = read_fields(placeholder, {"sampling_mask": (0, 4)}, root=tmp_path)["sampling_mask"]
+    assert got.values.dtype == torch.int32 and got.values.offsets.tolist() == [0] * 5
+    assert got.values.nnz == 0 and got.widest == 0 and not got.coverage.any()
+    fixed = read_field(placeholder, "sampling_mask", (0, 4), root=tmp_path, width=2)
+    assert torch.equal(fixed, torch.full((4, 2), -1, dtype=torch.int32))
 
 
 def test_width_is_taken_over_all_segment_rows_not_the_window(tmp_path):
@@ -174,11 +210,18 @@ def test_width_is_taken_over_all_segment_rows_not_the_window(tmp_path):
             pos=0,
             sampled=np.array([0, 1, 6]),
         )
-    narrow = read_field(segs, "sampling_mask", (2, 3), root=tmp_path)
-    assert narrow.shape == (1, 5) and narrow[0].tolist() == [-1] * 5  # label column + 4
-    assert read_field(segs, "sampling_mask", (1, 2), root=tmp_path)[0].tolist() == [-1, 2, 3, 4, 5]
+    # rows [0], [1, 2, 3, 4, 5], [6]: stored without their sampled token, read after its slot
+    narrow = read_fields(segs, {"sampling_mask": (2, 3)}, root=tmp_path)["sampling_mask"]
+    assert row_lists(narrow.values) == [[-1]]  # the window's row: its label slot only
+    assert narrow.widest == 5  # the records' widest row (label slot + 4), outside the window
+    wide = read_fields(segs, {"sampling_mask": (1, 2)}, root=tmp_path)["sampling_mask"]
+    assert row_lists(wide.values) == [[-1, 2, 3, 4, 5]] and wide.widest == 5
     fixed = read_field(segs, "sampling_mask", (2, 3), root=tmp_path, width=8)
-    assert fixed.shape == (1, 8)
+    assert fixed.tolist() == [[-1] * 8]
+    assert read_field(segs, "sampling_mask", (2, 3), root=tmp_path, width=5).shape == (1, 5)
+    with pytest.raises(PayloadWidthError) as err:  # the window's row fits; row 1 does not
+        read_field(segs, "sampling_mask", (2, 3), root=tmp_path, width=4)
+    assert err.value.pos == 1 and err.value.file == segs[0].file
 
 
 def test_mixed_integer_widths_widen_losslessly(tmp_path):

@@ -72,8 +72,9 @@ typedef struct {
     const char *key;
     Py_ssize_t key_len;
     int ragged, lead, allowed;
-    int64_t width;  /* -1: the widest row */
-    int64_t out_width;  /* ragged: W of the last read */
+    int64_t width;   /* -1: any; else the widest a row of its records may be */
+    int64_t widest;  /* ragged: the widest row of its records, label slot included */
+    Py_buffer labels; /* lead: n int64 tokens for the label slots (.buf NULL: the fill) */
     unsigned char fills[N_DTYPES][8];
     int64_t *lo, *hi;
     Py_ssize_t nranges;
@@ -220,6 +221,7 @@ static PyObject *get(PyObject *dict, int key) {
 static void plan_free(Plan *p) {
     for (Py_ssize_t i = 0; i < p->nfields; i++) {
         Py_XDECREF(p->fields[i].name);
+        if (p->fields[i].labels.buf != NULL) PyBuffer_Release(&p->fields[i].labels);
         free(p->fields[i].lo);
         free(p->fields[i].recs);
     }
@@ -238,13 +240,14 @@ static void Plan_dealloc(Plan *p) {
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
-/* spec: (name, ragged, lead, allowed, fills, ranges, width). 0 taken, 1 declined, -1 error. */
+/* spec: (name, ragged, lead, allowed, fills, ranges, width, labels): labels None or n int64
+ * (C-contiguous). 0 taken, 1 declined, -1 error. */
 static int parse_spec(PyObject *spec, Field *f) {
-    PyObject *name, *fills, *ranges;
+    PyObject *name, *fills, *ranges, *labels;
     int ragged, lead, allowed;
     long long width;
-    if (!PyArg_ParseTuple(spec, "UpiiSOL", &name, &ragged, &lead, &allowed, &fills, &ranges,
-                          &width))
+    if (!PyArg_ParseTuple(spec, "UpiiSOLO", &name, &ragged, &lead, &allowed, &fills, &ranges,
+                          &width, &labels))
         return -1;
     if (PyBytes_GET_SIZE(fills) != N_DTYPES * 8) {
         PyErr_SetString(PyExc_ValueError, "fills: 8 bytes per dtype code");
@@ -284,6 +287,11 @@ static int parse_spec(PyObject *spec, Field *f) {
         if (ok && __builtin_add_overflow(f->n, f->hi[i] - f->lo[i], &f->n)) ok = 0;
     }
     Py_DECREF(seq);
+    if (ok && labels != Py_None) {
+        if (PyObject_GetBuffer(labels, &f->labels, PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        if (!lead || f->labels.itemsize != 8 || f->labels.len != 8 * f->n) ok = 0;
+    }
     return ok ? 0 : 1;
 }
 
@@ -622,30 +630,28 @@ static int decode_rows(const Rec *r, const unsigned char *idx, int64_t *counts, 
 }
 
 /* The loops below stay out of line: inlined into Plan_read, GCC 12 compiles them several times
- * slower (the fill loop measured 180 us against 50 us for 1.2 MB). */
-static void __attribute__((noinline)) fill32(int32_t *restrict out, int64_t n, int32_t value) {
-    for (int64_t i = 0; i < n; i++) out[i] = value;
-}
+ * slower (a fill loop measured 180 us against 50 us for 1.2 MB). */
 
-/* Rows of one piece into [m, W] cells (at column `lead`, the rest left at the fill): row i
- * holds cn[i] values starting at value st[i] - st[0] of raw (stored as `size`-byte
- * little-endian integers: 1, 2, 3; 4 is int32 or float32, copied as is).
+/* Rows of one piece into the output's values: row i holds cn[i] values starting at value
+ * st[i] - st[0] of raw (stored as `size`-byte little-endian integers: 1, 2, 3; 4 is int32 or
+ * float32, copied as is), landing from out[dst[i] - dst[0] + lead] on (dst: the output offsets
+ * of the piece's rows; `lead` 1 leaves each row's label slot to the caller).
  *
  * Branch-free over values, not rows (most rows hold 0-2 values, and a loop per row paid a
- * mispredicted exit each): value v of row i lands at cell i * W + (v - st[i]) = v + g[i] with
- * g[i] = i * W - st[i], so a difference array holding g[i] - g[i - 1] at each row's first value,
+ * mispredicted exit each): value v of row i lands at v + g[i] with g[i] = dst[i] - dst[0] + lead
+ * - (st[i] - st[0]), so a difference array holding g[i] - g[i - 1] at each row's first value,
  * summed as the values go, gives every destination (empty rows add at the same place as the
  * next row; diff holds one more entry for trailing empty rows). 16k rows: 25 us, against
  * 100-145 us a row at a time. */
 #define SCATTER_ROWS(NAME, SIZE, LOAD)                                                        \
     static void __attribute__((noinline))                                                     \
-    NAME(int32_t *restrict out, int64_t W, const int64_t *restrict cn,                         \
-         const int64_t *restrict st, int64_t m, const unsigned char *restrict raw,             \
-         int64_t *restrict diff) {                                                            \
-        int64_t s0 = st[0], total = st[m - 1] + cn[m - 1] - s0, prev = 0, acc = 0;            \
+    NAME(int32_t *restrict out, const int64_t *restrict dst, int64_t lead,                    \
+         const int64_t *restrict cn, const int64_t *restrict st, int64_t m,                   \
+         const unsigned char *restrict raw, int64_t *restrict diff) {                         \
+        int64_t s0 = st[0], d0 = dst[0], total = st[m - 1] + cn[m - 1] - s0, prev = 0, acc = 0; \
         memset(diff, 0, sizeof(int64_t) * (total + 1));                                       \
         for (int64_t i = 0; i < m; i++) {                                                     \
-            int64_t g = i * W - (st[i] - s0);                                                 \
+            int64_t g = dst[i] - d0 + lead - (st[i] - s0);                                    \
             diff[st[i] - s0] += g - prev;                                                     \
             prev = g;                                                                         \
         }                                                                                     \
@@ -660,18 +666,29 @@ SCATTER_ROWS(rows_u16, 2, q[0] | q[1] << 8)
 SCATTER_ROWS(rows_u24, 3, q[0] | q[1] << 8 | q[2] << 16)
 SCATTER_ROWS(rows_32, 4, (int32_t)(q[0] | q[1] << 8 | q[2] << 16 | (uint32_t)q[3] << 24))
 
-static void scatter_rows(int32_t *out, int64_t W, const int64_t *cn, const int64_t *st, int64_t m,
-                         const unsigned char *raw, int64_t *diff, int dtype) {
+static void scatter_rows(int32_t *out, const int64_t *dst, int64_t lead, const int64_t *cn,
+                         const int64_t *st, int64_t m, const unsigned char *raw, int64_t *diff,
+                         int dtype) {
     switch (dtype) {
     case 0:
-        return rows_u8(out, W, cn, st, m, raw, diff);
+        return rows_u8(out, dst, lead, cn, st, m, raw, diff);
     case 2:
-        return rows_u16(out, W, cn, st, m, raw, diff);
+        return rows_u16(out, dst, lead, cn, st, m, raw, diff);
     case CODE_UINT24:
-        return rows_u24(out, W, cn, st, m, raw, diff);
+        return rows_u24(out, dst, lead, cn, st, m, raw, diff);
     default: /* int32, float32: the bits as stored */
-        return rows_32(out, W, cn, st, m, raw, diff);
+        return rows_32(out, dst, lead, cn, st, m, raw, diff);
     }
+}
+
+/* Each row's label slot (out[dst[i]]) at its label, or at the fill. */
+static void __attribute__((noinline)) put_labels(int32_t *restrict out,
+                                                 const int64_t *restrict dst, int64_t m,
+                                                 const int64_t *restrict labels, int32_t fill) {
+    if (labels == NULL)
+        for (int64_t i = 0; i < m; i++) out[dst[i]] = fill;
+    else
+        for (int64_t i = 0; i < m; i++) out[dst[i]] = (int32_t)labels[i];
 }
 
 /* Overlap of live record r with window range i: rows [a, b) in positions, or 0 when none. */
@@ -681,22 +698,25 @@ static int piece(const Field *f, const Rec *r, Py_ssize_t i, int64_t *a, int64_t
     return *a < *b;
 }
 
-/* (name, values, coverage, dtype code, row shape) of a field read. */
-static PyObject *field_result(const Field *f, PyObject *values, PyObject *coverage) {
+/* (name, values, coverage, dtype code, row shape, offsets, widest) of a field read: a fixed
+ * field's offsets None and widest 0, a ragged field's row shape (). */
+static PyObject *field_result(const Field *f, PyObject *values, PyObject *coverage,
+                              PyObject *offsets) {
     const Rec *z = &f->recs[0];
     int ragged_code = f->allowed & (1 << CODE_FLOAT32) ? CODE_FLOAT32 : CODE_INT32;
-    PyObject *shape = PyTuple_New(f->ragged ? 1 : z->ndim);
+    PyObject *shape = PyTuple_New(f->ragged ? 0 : z->ndim);
     if (shape == NULL) return NULL;
     for (int k = 0; k < PyTuple_GET_SIZE(shape); k++) {
-        PyObject *dim = PyLong_FromLongLong(f->ragged ? f->out_width : z->dims[k]);
+        PyObject *dim = PyLong_FromLongLong(z->dims[k]);
         if (dim == NULL) {
             Py_DECREF(shape);
             return NULL;
         }
         PyTuple_SET_ITEM(shape, k, dim);
     }
-    return Py_BuildValue("(OOOiN)", f->name, values, coverage,
-                         f->ragged ? ragged_code : z->dtype, shape);
+    return Py_BuildValue("(OOOiNOL)", f->name, values, coverage,
+                         f->ragged ? ragged_code : z->dtype, shape, offsets ? offsets : Py_None,
+                         (long long)(f->ragged ? f->widest : 0));
 }
 
 /* One read in progress: the plan, the files as the lease opened them, and every buffer. */
@@ -706,7 +726,7 @@ typedef struct {
     unsigned char *hbuf, *ibuf, *vbuf, *v2buf; /* headers, CSR indexes, values whole / in part */
     int64_t *counts, *starts;                  /* the rows of every ragged record read */
     int64_t *diff, diff_cap;                   /* scatter_rows' scratch */
-    PyObject **values, **coverage;             /* per field: the outputs (bytearrays) */
+    PyObject **values, **coverage, **offsets;  /* per field: the outputs (bytearrays) */
     int64_t max_output;                        /* bytes one field's values may take */
     Ranges rs;
 } Read;
@@ -830,13 +850,55 @@ nomem:
     return FAILED;
 }
 
+/* Runs BODY for each piece of a ragged record of field f the window reads: positions [a, b),
+ * landing at output rows from `row` on, its rows from ri to `last` in counts / starts, its
+ * values [v0, v1) of the region's. */
+#define FOR_FIELD_PIECES(rd, f, BODY)                                                         \
+    for (Py_ssize_t j = (f)->first_live; j < (f)->nrecs; j++) {                               \
+        Rec *r = &(f)->recs[j];                                                               \
+        int64_t at = 0, a, b;                                                                 \
+        for (Py_ssize_t k = 0; k < (f)->nranges; at += (f)->hi[k] - (f)->lo[k], k++) {        \
+            if (!piece((f), r, k, &a, &b)) continue;                                          \
+            int64_t row = at + a - (f)->lo[k], ri = r->row_base + a - r->pos;                 \
+            int64_t last = ri + b - a - 1;                                                    \
+            int64_t v0 = (rd)->starts[ri], v1 = (rd)->starts[last] + (rd)->counts[last];      \
+            (void)row, (void)v0, (void)v1;                                                    \
+            BODY                                                                              \
+        }                                                                                     \
+    }
+
+/* The same for every ragged field (field index i, field f). */
+#define FOR_RAGGED_PIECES(rd, BODY)                                                           \
+    for (Py_ssize_t i = 0; i < (rd)->p->nfields; i++) {                                       \
+        Field *f = &(rd)->p->fields[i];                                                       \
+        if (f->ragged) FOR_FIELD_PIECES(rd, f, BODY)                                          \
+    }
+
+/* A ragged field's output rows: covered rows hold their values after the label slot (lead),
+ * uncovered rows are empty; offsets [n + 1] made, values [nnz] and coverage allocated. */
+static int ragged_output(Read *rd, Py_ssize_t i) {
+    Field *f = &rd->p->fields[i];
+    int64_t bytes, n = f->n, *off;
+    if (__builtin_mul_overflow(n + 1, 8, &bytes)) return DECLINED;
+    if (bytes > rd->max_output) return DECLINED; /* the planned reader's bound error */
+    if ((rd->offsets[i] = new_bytearray(bytes)) == NULL) return FAILED;
+    off = (int64_t *)PyByteArray_AS_STRING(rd->offsets[i]);
+    memset(off, 0, bytes);
+    FOR_FIELD_PIECES(rd, f, {
+        for (int64_t t = 0; t < b - a; t++) off[row + t + 1] = rd->counts[ri + t] + f->lead;
+    })
+    for (int64_t k = 1; k <= n; k++) off[k] += off[k - 1];
+    if (off[n] > (rd->max_output - bytes) / 4) return DECLINED;
+    return new_output(rd, i, 4 * off[n]);
+}
+
 /* Every record read held to its region header; the CSR indexes decoded; each ragged field's
- * width W, and its output. */
+ * widest row, and its output. */
 static int hold_to_headers(Read *rd) {
     Plan *p = rd->p;
     for (Py_ssize_t i = 0; i < p->nfields; i++) {
         Field *f = &p->fields[i];
-        int64_t widest = 0, cells;
+        int64_t widest = 0;
         for (Py_ssize_t j = 0; j < f->nrecs; j++) {
             Rec *r = &f->recs[j];
             if (!r->read) continue;
@@ -848,36 +910,13 @@ static int hold_to_headers(Read *rd) {
                 return DECLINED;
         }
         if (!f->ragged || f->nrecs == 0) continue;
-        int64_t W = widest + f->lead;
-        if (f->width >= 0 && W > f->width) return DECLINED; /* the planned reader's error */
-        f->out_width = W = f->width >= 0 ? f->width : (W > 1 ? W : 1);
-        if (__builtin_mul_overflow(f->n, 4 * W, &cells)) return DECLINED;
-        if (cells > rd->max_output) return DECLINED; /* the planned reader's bound error */
-        if (new_output(rd, i, cells) < 0) return FAILED;
+        f->widest = widest + f->lead;
+        if (f->width >= 0 && f->widest > f->width) return DECLINED; /* the planned reader's */
+        int verdict = ragged_output(rd, i);
+        if (verdict != TAKEN) return verdict;
     }
     return TAKEN;
 }
-
-/* Runs BODY for each piece of a ragged record (field i, record r) the window reads: positions
- * [a, b), landing at output rows from `row` on, its rows from ri to `last` in counts / starts,
- * its values [v0, v1) of the region's. */
-#define FOR_RAGGED_PIECES(rd, BODY)                                                           \
-    for (Py_ssize_t i = 0; i < (rd)->p->nfields; i++) {                                       \
-        Field *f = &(rd)->p->fields[i];                                                       \
-        if (!f->ragged) continue;                                                             \
-        for (Py_ssize_t j = f->first_live; j < f->nrecs; j++) {                               \
-            Rec *r = &f->recs[j];                                                             \
-            int64_t at = 0, a, b;                                                             \
-            for (Py_ssize_t k = 0; k < f->nranges; at += f->hi[k] - f->lo[k], k++) {          \
-                if (!piece(f, r, k, &a, &b)) continue;                                        \
-                int64_t row = at + a - f->lo[k], ri = r->row_base + a - r->pos;               \
-                int64_t last = ri + b - a - 1;                                                \
-                int64_t v0 = rd->starts[ri], v1 = rd->starts[last] + rd->counts[last];        \
-                (void)row;                                                                    \
-                BODY                                                                          \
-            }                                                                                 \
-        }                                                                                     \
-    }
 
 /* The values of records read in part, now that their index says where they lie. */
 static int second_pass(Read *rd) {
@@ -900,21 +939,14 @@ nomem:
     return FAILED;
 }
 
-/* Ragged rows at column `lead` of [n, W], every other cell at the fill; fixed gaps at it. */
+/* Ragged rows into their values, label slots put; fixed gaps at the fill. */
 static int fill(Read *rd) {
     Plan *p = rd->p;
     for (Py_ssize_t i = 0; i < p->nfields; i++) {
         Field *f = &p->fields[i];
-        if (f->nrecs == 0) continue;
+        if (f->nrecs == 0 || f->ragged) continue;
         char *cov = PyByteArray_AS_STRING(rd->coverage[i]);
         char *dst = PyByteArray_AS_STRING(rd->values[i]);
-        if (f->ragged) {
-            int code = f->allowed & (1 << CODE_FLOAT32) ? CODE_FLOAT32 : CODE_INT32;
-            int32_t value;
-            memcpy(&value, f->fills[code], 4);
-            fill32((int32_t *)dst, f->n * f->out_width, value);
-            continue;
-        }
         const Rec *z = &f->recs[0];
         int64_t rb = row_bytes(z), isz = ITEMSIZE[z->dtype];
         for (int64_t row = 0; row < f->n; row++)
@@ -938,11 +970,18 @@ static int fill(Read *rd) {
             rd->diff_cap = 2 * (v1 - v0 + 1);
             if ((rd->diff = malloc(sizeof(int64_t) * rd->diff_cap)) == NULL) goto nomem;
         }
+        int32_t *out = (int32_t *)PyByteArray_AS_STRING(rd->values[i]);
+        const int64_t *dst = (const int64_t *)PyByteArray_AS_STRING(rd->offsets[i]) + row;
         memset(PyByteArray_AS_STRING(rd->coverage[i]) + row, 1, b - a);
-        scatter_rows((int32_t *)PyByteArray_AS_STRING(rd->values[i]) + row * f->out_width +
-                         f->lead,
-                     f->out_width, rd->counts + ri, rd->starts + ri, b - a,
-                     src + size * (v0 - origin), rd->diff, r->dtype);
+        if (v1 > v0)
+            scatter_rows(out + dst[0], dst, f->lead, rd->counts + ri, rd->starts + ri, b - a,
+                         src + size * (v0 - origin), rd->diff, r->dtype);
+        if (f->lead) {
+            int32_t value;
+            memcpy(&value, f->fills[CODE_INT32], 4);
+            const int64_t *labels = f->labels.buf ? (const int64_t *)f->labels.buf + row : NULL;
+            put_labels(out, dst, b - a, labels, value);
+        }
     })
     return TAKEN;
 nomem:
@@ -955,7 +994,7 @@ static PyObject *results(Read *rd) {
     for (Py_ssize_t i = 0; out != NULL && i < rd->p->nfields; i++) {
         Field *f = &rd->p->fields[i];
         if (f->nrecs == 0) continue;
-        PyObject *item = field_result(f, rd->values[i], rd->coverage[i]);
+        PyObject *item = field_result(f, rd->values[i], rd->coverage[i], rd->offsets[i]);
         if (item == NULL || PyList_Append(out, item) < 0) Py_CLEAR(out);
         Py_XDECREF(item);
     }
@@ -971,9 +1010,11 @@ static PyObject *Plan_read(Plan *p, PyObject *args) {
     int *fds = malloc((nfiles ? nfiles : 1) * sizeof(int));
     int64_t *cols = malloc(3 * (nfiles ? nfiles : 1) * sizeof(int64_t));
     Read rd = {.p = p, .values = calloc(nf, sizeof(PyObject *)),
-               .coverage = calloc(nf, sizeof(PyObject *)), .max_output = max_output};
+               .coverage = calloc(nf, sizeof(PyObject *)),
+               .offsets = calloc(nf, sizeof(PyObject *)), .max_output = max_output};
     int verdict = FAILED;
-    if (fds == NULL || cols == NULL || rd.values == NULL || rd.coverage == NULL) {
+    if (fds == NULL || cols == NULL || rd.values == NULL || rd.coverage == NULL ||
+        rd.offsets == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1013,12 +1054,14 @@ static PyObject *Plan_read(Plan *p, PyObject *args) {
         Py_INCREF(result);
     }
 done:
-    for (Py_ssize_t i = 0; rd.values && rd.coverage && i < p->nfields; i++) {
+    for (Py_ssize_t i = 0; rd.values && rd.coverage && rd.offsets && i < p->nfields; i++) {
         Py_XDECREF(rd.values[i]);
         Py_XDECREF(rd.coverage[i]);
+        Py_XDECREF(rd.offsets[i]);
     }
     free(rd.values);
     free(rd.coverage);
+    free(rd.offsets);
     free(fds);
     free(cols);
     free(rd.hbuf);

@@ -21,9 +21,9 @@ Worked example (routing ``[T, 2]`` uint8 over positions 0..4 from a record at 2.
 1..3 from a record at 1..3)::
 
     read_compiled(segs, {"routed_experts": [(0, 4)], "sampling_mask": [(1, 3)]}, root, None,
-                  PAYLOAD_FIELDS)
-    -> {"routed_experts": (uint8 [4, 2], bool [4]: F F T T),
-        "sampling_mask": (int32 [2, W], bool [2]: T T)}      or None (declined)
+                  PAYLOAD_FIELDS, {"sampling_mask": tokens})
+    -> {"routed_experts": (uint8 [4, 2], bool [4]: F F T T, 0),
+        "sampling_mask": ((int64 [3], int32 [nnz]), bool [2]: T T, widest)}  or None (declined)
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import numpy as np
 from rollfeed.payload.errors import PayloadError
 from rollfeed.payload.fields import PayloadField
 from rollfeed.payload.format.layout import DTYPE_CODES, RAGGED_INT_DTYPES
+from rollfeed.payload.read.read_plan import padded_rows
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import FLOAT_DTYPES, INTEGER_DTYPES, PayloadSegment
 
@@ -82,9 +83,12 @@ def read_compiled(
     root: PayloadRoot,
     width: int | None,
     fields: Mapping[str, PayloadField],
-) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    labels: Mapping[str, np.ndarray],
+) -> dict[str, tuple[np.ndarray | tuple[np.ndarray, np.ndarray], np.ndarray, int]] | None:
     """Every field of ``windows`` (checked ranges) that some segment carries, as ``(values,
-    coverage)`` (shapes as :class:`~rollfeed.payload.FieldRead`), or ``None`` when declined."""
+    coverage, widest)`` (as :class:`~rollfeed.payload.FieldRead`; a ragged field's values
+    ``(offsets, values)`` unless ``width`` pads them), or ``None`` when declined. ``labels``: a
+    ``label="omitted"`` field's tokens, one per window row, for its label slots."""
     store = root.store
     if _window is None or not store.descriptors or root.verify_checksums:
         return None
@@ -93,7 +97,13 @@ def read_compiled(
     for name, ranges in windows.items():
         if name not in fields:
             return None
-        specs.append((name, *_kernel_spec(fields[name]), ranges, wide))
+        spec = fields[name]
+        n = sum(hi - lo for lo, hi in ranges)
+        if spec.ragged and width is not None and n * width * 4 > root.max_output_bytes:
+            return None  # the planned reader's bound error
+        tokens = labels.get(name)
+        tokens = None if tokens is None else np.ascontiguousarray(tokens, np.int64)
+        specs.append((name, *_kernel_spec(spec), ranges, wide, tokens))
     plan = _window.plan(segments, tuple(specs))
     if plan is None or not plan.files:
         return None
@@ -107,10 +117,14 @@ def read_compiled(
         got = plan.read(lease.entries, bound, root.max_output_bytes)  # type: ignore[attr-defined]
     if got is None:
         return None
-    return {
-        name: (
-            np.frombuffer(values, DTYPE_CODES[code]).reshape(len(coverage), *row),
-            np.frombuffer(coverage, bool),
-        )
-        for name, values, coverage, code, row in got
-    }
+    out = {}
+    for name, values, coverage, code, row, offsets, widest in got:
+        array = np.frombuffer(values, DTYPE_CODES[code])
+        if offsets is None:
+            array = array.reshape(len(coverage), *row)
+        elif width is None:
+            array = (np.frombuffer(offsets, np.int64), array)
+        else:
+            array = padded_rows(np.frombuffer(offsets, np.int64), array, width, fields[name].fill)
+        out[name] = (array, np.frombuffer(coverage, bool), widest)
+    return out

@@ -6,8 +6,18 @@ Planned once (:class:`RaggedJob`), then run as steps that hand their reads to th
 1. each record's index (all its rows: the width ``W`` depends on them, not only on the window)
    with its region header, and the values of the regions the window reads whole
    (:mod:`rollfeed.payload.read.ragged_index`);
-2. the window's values of clipped regions, placed into ``[n, W]``; a checking read reads the
-   whole values blocks of the window's rows, checks them, then copies the window's values out.
+2. the window's values of clipped regions; a checking read reads the whole values blocks of the
+   window's rows, checks them, then copies the window's values out.
+
+The result is the window's rows as CSR, ``offsets [n + 1]`` int64 and ``values [nnz]``: a covered
+row holds its stored values, after the label's slot for a ``label="omitted"`` field (the given
+label of the row, or the fill); an uncovered row is empty. With ``width`` it is ``[n, width]``
+instead, each row left-aligned and padded with the fill. Example (``label="omitted"``, window of
+3 rows, the record covering rows 0 and 1 with stored rows ``[3, 9]`` and ``[]``, labels
+``[40, 41, 42]``)::
+
+    offsets [0, 3, 4, 4]   values [40, 3, 9, 41]       (width=3: [[40, 3, 9], [41, -1, -1],
+                                                                  [-1, -1, -1]])
 """
 
 from __future__ import annotations
@@ -25,9 +35,11 @@ from rollfeed.payload.read.ragged_index import IndexStep
 from rollfeed.payload.read.read_plan import (
     FieldFiles,
     check_output,
+    check_rows_output,
     coverage,
     inside,
     overlaps,
+    padded_rows,
     spread,
 )
 from rollfeed.payload.read.regions import check_file_ids
@@ -46,11 +58,15 @@ class RaggedJob:
         spec: PayloadField,
         width: int | None,
         bound: int,
+        labels: np.ndarray | None = None,
     ) -> None:
         self.ranges, self.n, self.name, self.spec, self.width = ranges, n, name, spec, width
-        self.bound, self.itemsize = bound, spec.ragged_dtype.itemsize
-        # W >= max(1, width): refused here already when even that is past the bound
-        check_output(t, 0, name, n, width or 1, self.itemsize, bound, int(t.pos[0]))
+        self.bound, self.itemsize, self.labels = bound, spec.ragged_dtype.itemsize, labels
+        # refused here already when even the offsets, or [n, width], are past the bound
+        if width is None:
+            check_rows_output(t, name, n, 0, self.itemsize, bound)
+        else:
+            check_output(t, 0, name, n, width, self.itemsize, bound, int(t.pos[0]))
         live = t.rows > 0
         self.empty = not live.any()  # placeholders only: nothing is read, nothing they claim used
         if not live.all():  # placeholders are not read: their files need not be opened
@@ -72,10 +88,12 @@ class RaggedJob:
             self.kinds = sorted(set(zip(*cols, strict=True)))
 
     def steps(self, files: FieldFiles, check: bool) -> Generator[Reads, None, np.ndarray]:
-        """Yield the batches to read, one at a time; return the rows ``[n, W]``."""
+        """Yield the batches to read, one at a time; return ``(offsets, values)`` (or ``[n,
+        width]``) and the widest row of the records, label included (module doc)."""
         spec, t = self.spec, self.t
         if self.empty:
-            return np.full((self.n, self.width or 1), spec.fill, spec.ragged_dtype)
+            offsets, values = np.zeros(self.n + 1, np.int64), np.zeros(0, spec.ragged_dtype)
+            return self._shaped(offsets, values), 0
         check_file_ids(t, files.file_id[t.file_idx])
         indexes = []
         for cb, block, code in self.kinds:
@@ -91,7 +109,7 @@ class RaggedJob:
         return (yield from self._gather(decoded, files, check))
 
     def _gather(self, decoded, files: FieldFiles, check: bool):
-        """Step 2: ``[n, W]`` from the decoded indexes; values of clipped regions read now."""
+        """Step 2: the rows from the decoded indexes; values of clipped regions read now."""
         n, spec, width = self.n, self.spec, self.width
         lead = int(spec.label == "omitted")  # column 0 is the label's, filled by the caller
         widest = max(int(d.index.counts.max()) for d in decoded) + lead
@@ -109,8 +127,8 @@ class RaggedJob:
                 offset=s.offset,
                 pos=pos,
             )
-        W = width if width is not None else max(1, widest)
-        check_output(d.table, i, self.name, n, W, self.itemsize, self.bound, pos)
+        if width is not None:
+            check_output(d.table, i, self.name, n, width, self.itemsize, self.bound, pos)
         # The window's values in window-row order, so that one scatter places them all. Values
         # of whole regions are already in memory; the others take one read per intersection.
         row_counts = np.zeros(n, np.int64)
@@ -129,6 +147,8 @@ class RaggedJob:
                     (d, seg, at + a - lo, v0, v1 - v0, t.first[seg] + a - t.pos[seg], b - a)
                 )
         value_base = np.concatenate([[0], np.cumsum(row_counts)])
+        nnz = int(value_base[-1]) + lead * int(self.coverage.sum())  # before anything that size
+        check_rows_output(self.t, self.name, n, nnz, self.itemsize, self.bound)
         values = _held_run(pieces, value_base)  # the common case: one run of held values
         clipped = []
         for d, seg, first_row, v0, count, row, rows in pieces if values is None else []:
@@ -148,12 +168,27 @@ class RaggedJob:
             yield from _clipped_values(clipped, values, files)
         elif clipped:
             yield from _checked_values(clipped, values, files, self.name)
-        out = np.full((n, W), spec.fill, spec.ragged_dtype)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(row_counts + lead * self.coverage, out=offsets[1:])
+        nnz = int(offsets[-1])
+        if not lead:  # the window's values are the rows' values, in order
+            # a copy: a run of held values is a view into every value of their regions
+            out = values.copy() if values is not None else np.zeros(0, spec.ragged_dtype)
+            return self._shaped(offsets, out), widest
+        out = np.empty(nnz, spec.ragged_dtype)
+        firsts = offsets[:-1][self.coverage]
+        out[firsts] = spec.fill if self.labels is None else self.labels[self.coverage]
         if values is not None and values.size:
-            # value k of row r lands at flat index r * W + lead + (k - value_base[r])
-            first = np.arange(lead, n * W, W) - value_base[:-1]
-            out.reshape(-1)[np.repeat(first, row_counts) + np.arange(values.size)] = values
-        return out
+            # value k of row r lands at offsets[r] + 1 + (k - value_base[r])
+            first = offsets[:-1] + 1 - value_base[:-1]
+            out[np.repeat(first, row_counts) + np.arange(values.size)] = values
+        return self._shaped(offsets, out), widest
+
+    def _shaped(self, offsets: np.ndarray, values: np.ndarray):
+        """The rows as read (``width=None``), or ``[n, width]`` padded with the fill."""
+        if self.width is None:
+            return offsets, values
+        return padded_rows(offsets, values, self.width, self.spec.fill)
 
 
 def _held_run(pieces, value_base: np.ndarray) -> np.ndarray | None:

@@ -158,6 +158,39 @@ def check_output(
     )
 
 
+def check_rows_output(
+    t: RecordTable, name: str, n: int, nnz: int, itemsize: int, bound: int
+) -> None:
+    """Refuse a ragged field's output of ``n`` rows (``n + 1`` int64 offsets) and ``nnz``
+    values of ``itemsize`` bytes past ``bound`` bytes, before it is allocated (a window that
+    lists the same rows many times)."""
+    total = 8 * (n + 1) + nnz * itemsize
+    if total <= bound:
+        return
+    s = t.segs[0]
+    raise PayloadOutputBoundError(
+        f"{n} rows holding {nnz} values would take {total} bytes (offsets and values), more "
+        f"than max_output_bytes={bound}; read fewer rows, or raise the root's max_output_bytes",
+        file=s.file,
+        field=name,
+        offset=s.offset,
+        pos=int(t.pos[0]),
+        rows=n,
+    )
+
+
+def padded_rows(offsets: np.ndarray, values: np.ndarray, width: int, fill) -> np.ndarray:
+    """``[n, width]``: CSR rows (``offsets [n + 1]``, ``values [nnz]``, none longer than
+    ``width``) left-aligned, the rest at ``fill``. Example: ``[0, 2, 2]``, ``[7, 3]``, width 3 ->
+    ``[[7, 3, f], [f, f, f]]``."""
+    n = len(offsets) - 1
+    out = np.full((n, width), fill, values.dtype)
+    lengths = np.diff(offsets)
+    first = np.arange(0, n * width, width) - offsets[:-1]  # value k of row r: r * width + k - off
+    out.reshape(-1)[np.repeat(first, lengths) + np.arange(values.size)] = values
+    return out
+
+
 def slots(buf: np.ndarray) -> np.ndarray:
     """Byte offset of each row of a 2-D buffer: ``[len(buf)]``."""
     return np.arange(len(buf), dtype=np.int64) * buf.shape[1]

@@ -32,9 +32,18 @@ covers positions 1..3)::
     got["routed_experts"].coverage -> [False, False, True, True]
     got["sampling_mask"].coverage  -> [True, True, False, False]   (positions 1, 2 of 1..4)
 
-Ragged fields come back as ``[n, W]`` padded with the fill, where ``W = max(1, widest row among
-all rows of the given segments)`` (not only the window), so every CP rank passing the same
-micro batch's segments gets the same ``W``; or ``width`` for static shapes.
+Ragged fields come back as :class:`~rollfeed.payload.RaggedRows` (``offsets [n + 1]``, ``values
+[nnz]``): a covered row holds its stored values, an uncovered row is empty. A ``label="omitted"``
+field (the sampling mask) holds each covered row's label slot first: the token ``labels=`` gives
+for that row, or the fill. With ``width=`` they come back as ``[n, width]`` padded with the fill
+instead, and a row of any record wider than ``width`` (the window's or not: every CP rank given
+the same segments decides alike) is a :class:`~rollfeed.payload.PayloadWidthError`::
+
+    got = read_fields(segs, {"sampling_mask": (1, 4)}, root=r, labels={"sampling_mask": tok})
+    got["sampling_mask"].values   -> RaggedRows  offsets [0, 3, 4, 4]  values [t1, 3, 9, t2]
+    got["sampling_mask"].widest   -> 3   (the records' widest row, its label slot included)
+    read_field(segs, "sampling_mask", (1, 4), root=r, width=4)
+        -> [[-1, 3, 9, -1], [-1, -1, -1, -1], [-1, -1, -1, -1]]
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ import torch
 
 from rollfeed.payload.errors import PayloadError, PayloadInputError
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field
+from rollfeed.payload.ragged_rows import RaggedRows
 from rollfeed.payload.read.checks import field_segments
 from rollfeed.payload.read.compiled_read import read_compiled
 from rollfeed.payload.read.fixed_read import FixedJob
@@ -58,20 +68,26 @@ from rollfeed.payload.segment import PayloadSegment
 from rollfeed.payload.stores.store import Reads, StoreLease
 
 Window = tuple[int, int] | Sequence[tuple[int, int]]
+_INT32 = np.iinfo(np.int32)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FieldRead:
     """One field over a window of ``n`` rows.
 
-    ``values``: fixed width ``[n, *shape]`` at the stored dtype, ragged ``[n, W]`` int32 /
-    float32; ``coverage``: bool ``[n]``, True where a record's row was read, False where the
-    field's fill stands (no record covers the position). Inline fields build the same coverage
-    from the rows each sample carries (:func:`rollfeed.collate.to_tensor_micro_batch`).
+    ``values``: fixed width ``[n, *shape]`` at the stored dtype; ragged
+    :class:`~rollfeed.payload.RaggedRows` of int32 / float32 values, or ``[n, width]`` when a
+    width was given (module doc); ``coverage``: bool ``[n]``, True where a record's row was read,
+    False where the field's fill stands (no record covers the position). Inline fields build the
+    same coverage from the rows each sample carries
+    (:func:`rollfeed.collate.to_tensor_micro_batch`). ``widest``: a ragged field's widest row
+    among every row of its records (not only the window's), its label slot included; 0 for a
+    fixed field.
     """
 
-    values: torch.Tensor
+    values: torch.Tensor | RaggedRows
     coverage: torch.Tensor
+    widest: int = 0
 
 
 def _ranges(window: Window, field: str) -> list[tuple[int, int]]:
@@ -96,6 +112,7 @@ def read_fields(
     root: PayloadRoot | str | os.PathLike[str],
     width: int | None = None,
     fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
+    labels: Mapping[str, np.ndarray | torch.Tensor] | None = None,
 ) -> dict[str, FieldRead]:
     """Read every field of ``windows`` over its own window from ``segments`` in one go.
 
@@ -107,8 +124,11 @@ def read_fields(
             ``labels`` window for the mask.
         root: the payload root (a path, or a :class:`PayloadRoot` for its read policy: retries,
             descriptor cache, threads, ``verify_checksums``).
-        width: static width of every ragged field (default: each one's widest row).
+        width: read every ragged field as ``[n, width]`` padded with its fill (default: as
+            :class:`~rollfeed.payload.RaggedRows`).
         fields: the field registry.
+        labels: ``label="omitted"`` field -> ``[n]`` integer tokens, one per window row: each
+            covered row's label slot holds it (default: the fill).
 
     Returns ``{field: FieldRead}`` for each field of ``windows`` that some segment carries (a
     field no segment carries is left out). Errors are typed :class:`PayloadError`\\ s naming the
@@ -117,11 +137,16 @@ def read_fields(
     if width is not None and (isinstance(width, bool) or width < 1):
         raise PayloadInputError(f"width must be >= 1 (or None), got {width}")
     proot = as_root(root)
-    fast = _compiled(segments, windows, proot, width, fields)
+    tokens = _labels(labels or {}, windows, fields)
+    fast = _compiled(segments, windows, proot, width, fields, tokens)
     if fast is not None:
         return {
-            name: FieldRead(values=torch.from_numpy(values), coverage=torch.from_numpy(covered))
-            for name, (values, covered) in fast.items()
+            name: FieldRead(
+                values=_values(values, width, fields[name]),
+                coverage=torch.from_numpy(covered),
+                widest=widest,
+            )
+            for name, (values, covered, widest) in fast.items()
         }
     jobs: dict[str, FixedJob | RaggedJob] = {}
     for name, window in windows.items():
@@ -134,7 +159,7 @@ def read_fields(
         try:
             bound = proot.max_output_bytes
             jobs[name] = (
-                RaggedJob(t, ranges, n, name, spec, width, bound)
+                RaggedJob(t, ranges, n, name, spec, width, bound, tokens.get(name))
                 if spec.ragged
                 else FixedJob(t, ranges, n, name, spec, bound)
             )
@@ -151,13 +176,17 @@ def read_fields(
             raise
         owner = next((n for n, job in jobs.items() if err.file in _needed(job)), None)
         raise err.with_place(field=owner) from None
-    return {
-        name: FieldRead(
-            values=torch.from_numpy(_shaped(out[name], job)),
-            coverage=torch.from_numpy(job.coverage),
+    reads = {}
+    for name, job in jobs.items():
+        if isinstance(job, FixedJob):
+            values, widest = torch.from_numpy(out[name].reshape(job.n, *job.shape)), 0
+        else:
+            rows, widest = out[name]
+            values = torch.from_numpy(rows) if width is not None else _rows(*rows)
+        reads[name] = FieldRead(
+            values=values, coverage=torch.from_numpy(job.coverage), widest=widest
         )
-        for name, job in jobs.items()
-    }
+    return reads
 
 
 def read_field(
@@ -169,36 +198,90 @@ def read_field(
     width: int | None = None,
     fields: Mapping[str, PayloadField] = PAYLOAD_FIELDS,
     dtype: torch.dtype | None = None,
-) -> torch.Tensor | None:
+    labels: np.ndarray | torch.Tensor | None = None,
+) -> torch.Tensor | RaggedRows | None:
     """Read ``field`` over ``window`` from ``segments``: :func:`read_fields` for one field.
 
     window: ``(lo, hi)`` or a list of ``(lo, hi)`` ranges, read in order (n = total length).
-    Returns fixed width ``[n, *shape]`` at the stored dtype (or ``dtype``); ragged ``[n, W]`` int32
-    / float32 padded with fill; ``None`` when no segment carries the field.
+    Returns fixed width ``[n, *shape]`` at the stored dtype (or ``dtype``); ragged
+    :class:`~rollfeed.payload.RaggedRows` of int32 / float32 values (or ``dtype``), or ``[n,
+    width]`` padded with fill; ``None`` when no segment carries the field. ``labels``: a
+    ``label="omitted"`` field's token per window row, for each covered row's label slot.
     """
-    got = read_fields(segments, {field: window}, root=root, width=width, fields=fields)
+    got = read_fields(
+        segments,
+        {field: window},
+        root=root,
+        width=width,
+        fields=fields,
+        labels=None if labels is None else {field: labels},
+    )
     if field not in got:
         return None
     values = got[field].values
-    return values if dtype is None else values.to(dtype)
+    if dtype is None:
+        return values
+    if isinstance(values, RaggedRows):
+        return values.with_values(values.values.to(dtype))
+    return values.to(dtype)
 
 
-def _compiled(segments, windows, root: PayloadRoot, width, fields):
+def _compiled(segments, windows, root: PayloadRoot, width, fields, tokens):
     """The compiled read of the common case (:mod:`rollfeed.payload.read.compiled_read`), or
     ``None``: the planned read below then does it, and raises whatever is wrong."""
     try:
         ranges = {name: _ranges(window, name) for name, window in windows.items()}
     except PayloadError:
         return None
-    return read_compiled(segments, ranges, root, width, fields)
+    return read_compiled(segments, ranges, root, width, fields, tokens)
+
+
+def _labels(labels, windows, fields) -> dict[str, np.ndarray]:
+    """``labels`` as int64 arrays, each ``[n]`` tokens in int32 for the ``n`` window rows of a
+    ``label="omitted"`` field of ``windows``."""
+    out = {}
+    for name, tokens in labels.items():
+        if name not in windows or lookup_field(name, fields).label != "omitted":
+            raise PayloadInputError(
+                "labels= gives the label slot of a label='omitted' field read here",
+                field=name,
+            )
+        array = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+        if array.ndim != 1 or array.dtype.kind not in "iu":
+            raise PayloadInputError(
+                f"labels must be [n] integer tokens, got {array.dtype}{list(array.shape)}",
+                field=name,
+            )
+        n = sum(hi - lo for lo, hi in _ranges(windows[name], name))
+        if len(array) != n:
+            raise PayloadInputError(
+                f"labels holds {len(array)} tokens for {n} window rows", field=name
+            )
+        if array.size and not (_INT32.min <= array.min() and array.max() <= _INT32.max):
+            raise PayloadInputError(
+                "labels must be token ids that fit int32 (the ids' dtype), got "
+                f"{int(array.min())}..{int(array.max())}",
+                field=name,
+            )
+        out[name] = array.astype(np.int64, copy=False)
+    return out
+
+
+def _rows(offsets: np.ndarray, values: np.ndarray) -> RaggedRows:
+    """A read's rows, made by a reader that made them sound (not checked again)."""
+    return RaggedRows.trusted(torch.from_numpy(offsets), torch.from_numpy(values))
+
+
+def _values(values, width: int | None, spec: PayloadField) -> torch.Tensor | RaggedRows:
+    """A compiled read's values as the planned reader gives them: fixed rows and padded ragged
+    rows as they are, ragged rows as RaggedRows."""
+    if not spec.ragged or width is not None:
+        return torch.from_numpy(values)
+    return _rows(*values)
 
 
 def _needed(job: FixedJob | RaggedJob) -> list[str]:
     return [job.file_list[i] for i in job.files.tolist()]
-
-
-def _shaped(out: np.ndarray, job: FixedJob | RaggedJob) -> np.ndarray:
-    return out.reshape(job.n, *job.shape) if isinstance(job, FixedJob) else out
 
 
 def _drive(

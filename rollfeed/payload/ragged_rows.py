@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rollfeed.collate.errors import RaggedRowsError
+from rollfeed.payload.errors import RaggedRowsError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,15 @@ class RaggedRows:
                 f"got first {int(off[0])}, last {int(off[-1])}"
                 + (f", a decrease after row {bad}" if bad is not None else "")
             )
+
+    @classmethod
+    def trusted(cls, offsets: torch.Tensor, values: torch.Tensor) -> RaggedRows:
+        """Rows not checked again: for a maker that guarantees them (the payload reader, which
+        checked every index it decoded, and :meth:`apply`); anything else uses ``RaggedRows()``."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "offsets", offsets)
+        object.__setattr__(out, "values", values)
+        return out
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, values: torch.Tensor) -> RaggedRows:
@@ -171,9 +180,11 @@ class RaggedRows:
         """``(offsets, values)``."""
         return self.offsets, self.values
 
-    def apply(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> RaggedRows:
-        """A copy with ``fn`` applied to the offsets and the values."""
-        return RaggedRows(fn(self.offsets), fn(self.values))
+    def apply(self, fn: Callable[[torch.Tensor], Any]) -> RaggedRows:
+        """A copy with ``fn`` applied to the offsets and the values, not checked again: ``fn``
+        moves or copies bytes (a device, pinned or shared buffer), it does not change rows. (A
+        loader's hand-over maps the two to buffer slots this way, and back.)"""
+        return RaggedRows.trusted(fn(self.offsets), fn(self.values))
 
     def to(self, *args: Any, **kwargs: Any) -> RaggedRows:
         """Device moves only (``dtype`` would change the offsets too): ``rows.to("cuda")``."""
