@@ -271,3 +271,22 @@ def test_labels_that_do_not_fit_the_read_are_input_errors(tmp_path, checked):
         with pytest.raises(PayloadInputError) as err:
             read_fields(segs, windows, root=root, labels=bad)
         assert err.value.field == next(iter(bad)), bad
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["compiled", "planned"])
+def test_a_covered_rows_label_past_int32_is_refused_naming_its_position(tmp_path, checked):
+    """Ids are int32: a covered row's label that does not fit is an input error (the compiled
+    read declines, the planned reader names the position), never wrapped; an uncovered row's
+    label is never used, so it is not held to that."""
+    segs, kept = _mask_records(tmp_path)
+    root = fast_root(tmp_path, verify_checksums=checked)
+    positions = [p for lo, hi in LABEL_WINDOW for p in range(lo, hi)]
+    tokens = np.arange(len(positions), dtype=np.int64)
+    tokens[positions.index(0)] = 2**31 + 5  # position 0: no record covers it
+    windows = {"sampling_mask": LABEL_WINDOW}
+    read_fields(segs, windows, root=root, labels={"sampling_mask": tokens})
+    k = positions.index(min(kept) + 1)
+    tokens[k] = -(2**31) - 1
+    with pytest.raises(PayloadInputError, match="does not fit") as err:
+        read_fields(segs, windows, root=root, labels={"sampling_mask": tokens})
+    assert (err.value.field, err.value.pos) == ("sampling_mask", positions[k])

@@ -74,7 +74,7 @@ typedef struct {
     int ragged, lead, allowed;
     int64_t width;   /* -1: any; else the widest a row of its records may be */
     int64_t widest;  /* ragged: the widest row of its records, label slot included */
-    Py_buffer labels; /* lead: n int64 tokens for the label slots (.buf NULL: the fill) */
+    Py_buffer labels; /* lead: n int32 or int64 tokens for the label slots (.buf NULL: fill) */
     unsigned char fills[N_DTYPES][8];
     int64_t *lo, *hi;
     Py_ssize_t nranges;
@@ -240,8 +240,8 @@ static void Plan_dealloc(Plan *p) {
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
-/* spec: (name, ragged, lead, allowed, fills, ranges, width, labels): labels None or n int64
- * (C-contiguous). 0 taken, 1 declined, -1 error. */
+/* spec: (name, ragged, lead, allowed, fills, ranges, width, labels): labels None or n int32 or
+ * int64 (C-contiguous, native). 0 taken, 1 declined, -1 error. */
 static int parse_spec(PyObject *spec, Field *f) {
     PyObject *name, *fills, *ranges, *labels;
     int ragged, lead, allowed;
@@ -290,7 +290,8 @@ static int parse_spec(PyObject *spec, Field *f) {
     if (ok && labels != Py_None) {
         if (PyObject_GetBuffer(labels, &f->labels, PyBUF_C_CONTIGUOUS) < 0)
             return -1;
-        if (!lead || f->labels.itemsize != 8 || f->labels.len != 8 * f->n) ok = 0;
+        Py_ssize_t size = f->labels.itemsize;
+        if (!lead || (size != 4 && size != 8) || f->labels.len != size * f->n) ok = 0;
     }
     return ok ? 0 : 1;
 }
@@ -681,14 +682,26 @@ static void scatter_rows(int32_t *out, const int64_t *dst, int64_t lead, const i
     }
 }
 
-/* Each row's label slot (out[dst[i]]) at its label, or at the fill. */
-static void __attribute__((noinline)) put_labels(int32_t *restrict out,
-                                                 const int64_t *restrict dst, int64_t m,
-                                                 const int64_t *restrict labels, int32_t fill) {
-    if (labels == NULL)
+/* Each row's label slot (out[dst[i]]) at its label (`size`-byte integers; NULL: the fill).
+ * 0, or 1 for a label an int32 id cannot hold (the planned reader's error). */
+static int __attribute__((noinline)) put_labels(int32_t *restrict out, const int64_t *restrict dst,
+                                                int64_t m, const void *labels, int size,
+                                                int32_t fill) {
+    if (labels == NULL) {
         for (int64_t i = 0; i < m; i++) out[dst[i]] = fill;
-    else
-        for (int64_t i = 0; i < m; i++) out[dst[i]] = (int32_t)labels[i];
+    } else if (size == 4) {
+        const int32_t *l = labels;
+        for (int64_t i = 0; i < m; i++) out[dst[i]] = l[i];
+    } else {
+        const int64_t *l = labels;
+        int64_t bad = 0;
+        for (int64_t i = 0; i < m; i++) {
+            bad |= l[i] != (int32_t)l[i];
+            out[dst[i]] = (int32_t)l[i];
+        }
+        return bad != 0;
+    }
+    return 0;
 }
 
 /* Overlap of live record r with window range i: rows [a, b) in positions, or 0 when none. */
@@ -979,8 +992,9 @@ static int fill(Read *rd) {
         if (f->lead) {
             int32_t value;
             memcpy(&value, f->fills[CODE_INT32], 4);
-            const int64_t *labels = f->labels.buf ? (const int64_t *)f->labels.buf + row : NULL;
-            put_labels(out, dst, b - a, labels, value);
+            int size = (int)f->labels.itemsize;
+            const char *labels = f->labels.buf ? (const char *)f->labels.buf + size * row : NULL;
+            if (put_labels(out, dst, b - a, labels, size, value)) return DECLINED;
         }
     })
     return TAKEN;

@@ -88,7 +88,8 @@ def read_compiled(
     """Every field of ``windows`` (checked ranges) that some segment carries, as ``(values,
     coverage, widest)`` (as :class:`~rollfeed.payload.FieldRead`; a ragged field's values
     ``(offsets, values)`` unless ``width`` pads them), or ``None`` when declined. ``labels``: a
-    ``label="omitted"`` field's tokens, one per window row, for its label slots."""
+    ``label="omitted"`` field's tokens (int32 or int64), one per window row, for its label
+    slots."""
     store = root.store
     if _window is None or not store.descriptors or root.verify_checksums:
         return None
@@ -101,9 +102,7 @@ def read_compiled(
         n = sum(hi - lo for lo, hi in ranges)
         if spec.ragged and width is not None and n * width * 4 > root.max_output_bytes:
             return None  # the planned reader's bound error
-        tokens = labels.get(name)
-        tokens = None if tokens is None else np.ascontiguousarray(tokens, np.int64)
-        specs.append((name, *_kernel_spec(spec), ranges, wide, tokens))
+        specs.append((name, *_kernel_spec(spec), ranges, wide, labels.get(name)))
     plan = _window.plan(segments, tuple(specs))
     if plan is None or not plan.files:
         return None

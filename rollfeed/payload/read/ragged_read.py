@@ -26,7 +26,7 @@ from collections.abc import Generator
 
 import numpy as np
 
-from rollfeed.payload.errors import PayloadWidthError
+from rollfeed.payload.errors import PayloadInputError, PayloadWidthError
 from rollfeed.payload.fields import PayloadField
 from rollfeed.payload.format.checksum import check_blocks, unique_blocks
 from rollfeed.payload.format.values import decode_into, spare
@@ -176,13 +176,29 @@ class RaggedJob:
             out = values.copy() if values is not None else np.zeros(0, spec.ragged_dtype)
             return self._shaped(offsets, out), widest
         out = np.empty(nnz, spec.ragged_dtype)
-        firsts = offsets[:-1][self.coverage]
-        out[firsts] = spec.fill if self.labels is None else self.labels[self.coverage]
+        out[offsets[:-1][self.coverage]] = self._labels()
         if values is not None and values.size:
             # value k of row r lands at offsets[r] + 1 + (k - value_base[r])
             first = offsets[:-1] + 1 - value_base[:-1]
             out[np.repeat(first, row_counts) + np.arange(values.size)] = values
         return self._shaped(offsets, out), widest
+
+    def _labels(self):
+        """The label of each covered row (the fill when none were given); a label an int32 id
+        cannot hold is a :class:`~rollfeed.payload.PayloadInputError` naming its position."""
+        if self.labels is None:
+            return self.spec.fill
+        labels = self.labels[self.coverage]
+        bad = labels != labels.astype(np.int32)
+        if bad.any():
+            k = int(np.flatnonzero(self.coverage)[np.argmax(bad)])
+            raise PayloadInputError(
+                f"label {int(labels[np.argmax(bad)])} of window row {k} does not fit the ids' "
+                "int32",
+                field=self.name,
+                pos=int(np.concatenate([np.arange(lo, hi) for lo, hi in self.ranges])[k]),
+            )
+        return labels
 
     def _shaped(self, offsets: np.ndarray, values: np.ndarray):
         """The rows as read (``width=None``), or ``[n, width]`` padded with the fill."""

@@ -68,7 +68,7 @@ from rollfeed.payload.segment import PayloadSegment
 from rollfeed.payload.stores.store import Reads, StoreLease
 
 Window = tuple[int, int] | Sequence[tuple[int, int]]
-_INT32 = np.iinfo(np.int32)
+_LABEL_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,8 +237,9 @@ def _compiled(segments, windows, root: PayloadRoot, width, fields, tokens):
 
 
 def _labels(labels, windows, fields) -> dict[str, np.ndarray]:
-    """``labels`` as int64 arrays, each ``[n]`` tokens in int32 for the ``n`` window rows of a
-    ``label="omitted"`` field of ``windows``."""
+    """``labels`` as int32 / int64 arrays, each ``[n]`` tokens for the ``n`` window rows of a
+    ``label="omitted"`` field of ``windows`` (the readers refuse a covered row's label that does
+    not fit the ids' int32)."""
     out = {}
     for name, tokens in labels.items():
         if name not in windows or lookup_field(name, fields).label != "omitted":
@@ -257,13 +258,9 @@ def _labels(labels, windows, fields) -> dict[str, np.ndarray]:
             raise PayloadInputError(
                 f"labels holds {len(array)} tokens for {n} window rows", field=name
             )
-        if array.size and not (_INT32.min <= array.min() and array.max() <= _INT32.max):
-            raise PayloadInputError(
-                "labels must be token ids that fit int32 (the ids' dtype), got "
-                f"{int(array.min())}..{int(array.max())}",
-                field=name,
-            )
-        out[name] = array.astype(np.int64, copy=False)
+        if array.dtype not in _LABEL_DTYPES:  # the readers take these as they are
+            array = array.astype(np.int64)
+        out[name] = np.ascontiguousarray(array)
     return out
 
 
