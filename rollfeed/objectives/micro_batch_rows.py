@@ -6,8 +6,9 @@
 ``j`` is the token at position ``positions[j] + 1``, so its mask logprobs are row
 ``positions[j] + 1`` of the field (none for ``positions[j] + 1 = S``, one past the row).
 
-Either field may be :class:`~rollfeed.collate.RaggedRows` or padded (``[n, W]``, ids padded with
-``-1``, logprobs with ``-inf``); a padded kept set is taken as rows of ``W`` slots, as the scorers
+Either field is :class:`~rollfeed.collate.RaggedRows` (as the collator gives it) or padded
+(``[n, W]`` from a collator given ``width=``, ids padded with ``-1``, logprobs with ``-inf``);
+a padded kept set is taken as rows of ``W`` slots, as the scorers
 take it, so the rows align with :attr:`rollfeed.models.SupportScores.kept_logprobs`.
 
 Example, ``S = 4``, cp 1: ``sampling_mask = [[6, 2], [7, -1], [-1, -1], [-1, -1]]``,

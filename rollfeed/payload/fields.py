@@ -13,9 +13,10 @@ position and the value kind (an ``int`` fill means integer values, a ``float`` f
 Kept sets (``label``): the sampled token of a position is always a member of that position's kept
 set, and the trainer already has it as the label. A field declared ``label="omitted"`` (the
 sampling mask) therefore stores each row without it: the other ids in ascending order, so a
-singleton costs no value at all. It is read back as ``[n, W]`` with column 0 left at the fill;
-:func:`rollfeed.collate.to_tensor_micro_batch` (the layer that knows the labels) puts the row's
-sampled token there. Every row's canonical order is the sampled token first, then the others
+singleton costs no value at all. It is read back with a label slot first in each row, holding
+the token the reader is given (``read_fields(labels=)``) or the fill;
+:func:`rollfeed.collate.to_tensor_micro_batch` (the layer that knows the labels) gives the row's
+sampled token. Every row's canonical order is the sampled token first, then the others
 ascending; a field declared ``label="first"`` (the mask logprobs) holds one value per id of the
 ``"omitted"`` field's row and is stored whole in that order. The writer applies the order (it is
 given the sampled tokens), and so does the inline path (:func:`rollfeed.payload.canonical_rows`).
@@ -51,10 +52,11 @@ class PayloadField:
     """How one per-token field is stored and read.
 
     ``ragged=False``: fixed width, each row ``[*shape]``; read back as ``[n, *shape]``.
-    ``ragged=True``: a variable-length row per token (CSR); read back as ``[n, W]`` padded with
-    fill, values ``int32`` for an int fill and ``float32`` for a float fill.
+    ``ragged=True``: a variable-length row per token (CSR); read back as
+    :class:`~rollfeed.payload.RaggedRows` (or ``[n, width]`` padded with fill), values ``int32``
+    for an int fill and ``float32`` for a float fill.
     ``label`` (ragged only; module doc): ``"omitted"`` for kept-set ids stored without the
-    sampled token (read back with column 0 at fill, for the label), ``"first"`` for values
+    sampled token (read back with a label slot first in each row), ``"first"`` for values
     aligned with them (the sampled token's value first); ``None`` for rows stored as given.
     """
 

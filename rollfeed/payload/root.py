@@ -48,12 +48,12 @@ class PayloadRoot:
     more at each end of a window and costs the checksum pass (``python -m rollfeed.bench payload``
     prints it).
     ``max_output_bytes``: the most bytes one field's values may take in one read (default
-    1 GiB): a fixed field's ``[n, *shape]``, a ragged field's padded ``[n, W]`` (``W`` the widest
-    row of its records, or ``width``). A read past it raises
+    1 GiB): a fixed field's ``[n, *shape]``, a ragged field's offsets and values, or its padded
+    ``[n, width]`` when a width is asked for. A read past it raises
     :class:`~rollfeed.payload.errors.PayloadOutputBoundError` before that output is allocated:
     a few MiB of one file can claim tens of GiB (one row of a million kept ids read over a
-    16,384-row window is 61 GiB padded). A ragged form of the output would count its ids and
-    row offsets against the same bound.
+    16,384-row window at ``width=10**6`` is 61 GiB; ragged, the same window lists one row many
+    times only when asked to).
     """
 
     def __init__(

@@ -111,7 +111,7 @@ class RaggedJob:
     def _gather(self, decoded, files: FieldFiles, check: bool):
         """Step 2: the rows from the decoded indexes; values of clipped regions read now."""
         n, spec, width = self.n, self.spec, self.width
-        lead = int(spec.label == "omitted")  # column 0 is the label's, filled by the caller
+        lead = int(spec.label == "omitted")  # each covered row's first slot is its label's
         widest = max(int(d.index.counts.max()) for d in decoded) + lead
         d = next(d for d in decoded if int(d.index.counts.max()) + lead == widest)
         row = int(np.argmax(d.index.counts))
