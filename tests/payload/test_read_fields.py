@@ -290,3 +290,28 @@ def test_a_covered_rows_label_past_int32_is_refused_naming_its_position(tmp_path
     with pytest.raises(PayloadInputError, match="does not fit") as err:
         read_fields(segs, windows, root=root, labels={"sampling_mask": tokens})
     assert (err.value.field, err.value.pos) == ("sampling_mask", positions[k])
+
+
+def test_a_window_listing_a_clipped_record_many_times_costs_its_output_on_the_planned_path(
+    tmp_path, monkeypatch
+):
+    """The planned reader reads a clipped record's values into a buffer of that piece's values
+    only: 64 listings of one 100k-id row cost a few times their output (25 MiB: int64 places
+    of each int32 value in the scatters), not 64 windows' worth (1.6 GB)."""
+    import tracemalloc
+
+    monkeypatch.setattr(compiled_read, "_window", None)
+    counts = np.array([1, 100_000, 1, 1])
+    ids = np.concatenate([np.arange(c) for c in counts]).astype(np.int32)
+    with PayloadWriter(tmp_path, group="g", name="w") as w:
+        segs = w.write({"sampling_mask": (counts, ids)}, pos=0, sampled=np.zeros(4, np.int64))
+    window = [(1, 3)] * 64  # the wide row and the next, clipped (not the whole record), 64 times
+    tracemalloc.start()
+    try:
+        got = read_field(segs, "sampling_mask", window, root=tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.nnz == 64 * (100_000 + 1)
+    assert got.values[:100_000].tolist() == [-1, *range(1, 100_000)]  # label slot, then ids
+    assert peak < 10 * got.nbytes, (peak, got.nbytes)

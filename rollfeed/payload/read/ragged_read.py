@@ -222,12 +222,14 @@ def _held_run(pieces, value_base: np.ndarray) -> np.ndarray | None:
 
 
 def _clipped_values(clipped, values: np.ndarray, files: FieldFiles):
-    """Step 2 for clipped regions: their window values, read as stored bytes at the window
-    values' places (one buffer per kind), then decoded into ``values``."""
+    """Step 2 for clipped regions: each piece's window values, read as stored bytes into a
+    buffer of its own values only (back to back), then decoded into their places in ``values``
+    (a window that lists a record many times costs its output, not that many windows)."""
     plans = []
     for d, seg, dst, v0, count, _, _ in clipped:
-        raw = np.zeros(d.size * values.size + spare(d.dtype), np.uint8)
-        plans.append((d, seg, dst, v0, count, raw))
+        local = np.cumsum(count) - count  # each run's place in this piece's buffer
+        raw = np.zeros(d.size * int(count.sum()) + spare(d.dtype), np.uint8)
+        plans.append((d, seg, dst, v0, count, local, raw))
     yield Reads.concat(
         [
             files.reads(
@@ -236,15 +238,15 @@ def _clipped_values(clipped, values: np.ndarray, files: FieldFiles):
                 d.size * count,
                 [raw],
                 0,
-                d.size * dst,
+                d.size * local,
             )
-            for d, seg, dst, v0, count, raw in plans
+            for d, seg, dst, v0, count, local, raw in plans
         ]
     )
-    for d, _, dst, _, count, raw in plans:
-        got = np.empty(values.size, values.dtype)
+    for d, _, dst, _, count, local, raw in plans:
+        got = np.empty(int(count.sum()), values.dtype)
         decode_into(got, raw, d.dtype)
-        _copy_runs(values, dst, got, dst, count)
+        _copy_runs(values, dst, got, local, count)
 
 
 def _checked_values(clipped, values: np.ndarray, files: FieldFiles, name: str):
