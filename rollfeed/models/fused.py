@@ -82,10 +82,11 @@ class _FusedHeadProjection(torch.autograd.Function):
         for s in range(0, pair_rows.shape[0], chunk):
             rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
             g = g_dots[s : s + chunk, None].to(acc)
+            # each gather is a fresh temporary: scaled in place
             if grad_h is not None:
-                add_rows(grad_h, rows, g * weight.index_select(0, ids).to(acc))
+                add_rows(grad_h, rows, weight.index_select(0, ids).to(acc).mul_(g))
             if grad_w is not None:
-                add_rows(grad_w, ids, g * hidden.index_select(0, rows).to(acc))
+                add_rows(grad_w, ids, hidden.index_select(0, rows).to(acc).mul_(g))
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk, acc):
             p = (logits - lse[sl, None]).exp()
             # d lse / d l = p;  d mean / d l = p · (1 + l − mean)
@@ -106,8 +107,10 @@ class _FusedHeadProjection(torch.autograd.Function):
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[c, H] · [c, H] → [c]`` as a batched GEMV (no ``[c, H]`` product temporary)."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+    """``[c, H] · [c, H] → [c]``; ``a`` is the caller's own temporary (a gather), multiplied in
+    place, so no second ``[c, H]`` is made. (A batched GEMV, ``bmm`` of ``[c, 1, H]`` by ``[c, H,
+    1]``, ran at ~1 GFLOP/s on CPU: 72 ms of a 300 ms heavy-tailed step.)"""
+    return a.mul_(b).sum(-1)
 
 
 def _fallback_chunks(
