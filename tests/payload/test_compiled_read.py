@@ -5,6 +5,7 @@ planned reader's answer or typed error."""
 
 import numpy as np
 import pytest
+import torch
 
 from rollfeed.collate.cp import field_ranges, rank_ranges
 from rollfeed.payload import (
@@ -102,10 +103,13 @@ def same_as_planned(fast, slow, where) -> None:
     assert list(fast) == list(slow), where
     for name, (values, coverage, widest) in fast.items():
         want = slow[name].values
-        if isinstance(want, RaggedRows):
-            offsets, values = values
-            assert np.array_equal(offsets, want.offsets.numpy()), (name, where)
-            want = want.values
+        if isinstance(values, tuple):  # ragged: offsets and values (padded by the reader)
+            rows = RaggedRows(*(torch.from_numpy(a) for a in values))
+            if isinstance(want, RaggedRows):
+                assert torch.equal(rows.offsets, want.offsets), (name, where)
+                values, want = rows.values.numpy(), want.values
+            else:
+                values = rows.padded(want.shape[1], fill=PAYLOAD_FIELDS[name].fill).numpy()
         want = want.numpy()
         assert values.dtype == want.dtype and values.shape == want.shape, (name, where)
         assert np.array_equal(values.view(np.uint8), want.view(np.uint8)), (name, where)

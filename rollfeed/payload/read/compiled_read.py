@@ -36,7 +36,6 @@ import numpy as np
 from rollfeed.payload.errors import PayloadError
 from rollfeed.payload.fields import PayloadField
 from rollfeed.payload.format.layout import DTYPE_CODES, RAGGED_INT_DTYPES
-from rollfeed.payload.read.read_plan import padded_rows
 from rollfeed.payload.root import PayloadRoot
 from rollfeed.payload.segment import FLOAT_DTYPES, INTEGER_DTYPES, PayloadSegment
 
@@ -87,9 +86,9 @@ def read_compiled(
 ) -> dict[str, tuple[np.ndarray | tuple[np.ndarray, np.ndarray], np.ndarray, int]] | None:
     """Every field of ``windows`` (checked ranges) that some segment carries, as ``(values,
     coverage, widest)`` (as :class:`~rollfeed.payload.FieldRead`; a ragged field's values
-    ``(offsets, values)`` unless ``width`` pads them), or ``None`` when declined. ``labels``: a
-    ``label="omitted"`` field's tokens (int32 or int64), one per window row, for its label
-    slots."""
+    ``(offsets, values)``, which the reader pads for ``width``), or ``None`` when declined.
+    ``labels``: a ``label="omitted"`` field's tokens (int32 or int64), one per window row, for
+    its label slots."""
     store = root.store
     if _window is None or not store.descriptors or root.verify_checksums:
         return None
@@ -121,9 +120,7 @@ def read_compiled(
         array = np.frombuffer(values, DTYPE_CODES[code])
         if offsets is None:
             array = array.reshape(len(coverage), *row)
-        elif width is None:
-            array = (np.frombuffer(offsets, np.int64), array)
         else:
-            array = padded_rows(np.frombuffer(offsets, np.int64), array, width, fields[name].fill)
+            array = (np.frombuffer(offsets, np.int64), array)
         out[name] = (array, np.frombuffer(coverage, bool), widest)
     return out

@@ -11,8 +11,9 @@ Planned once (:class:`RaggedJob`), then run as steps that hand their reads to th
 
 The result is the window's rows as CSR, ``offsets [n + 1]`` int64 and ``values [nnz]``: a covered
 row holds its stored values, after the label's slot for a ``label="omitted"`` field (the given
-label of the row, or the fill); an uncovered row is empty. With ``width`` it is ``[n, width]``
-instead, each row left-aligned and padded with the fill. Example (``label="omitted"``, window of
+label of the row, or the fill); an uncovered row is empty. With ``width`` (checked here against
+every row of the records, and against the output bound) the reader pads it to ``[n, width]``.
+Example (``label="omitted"``, window of
 3 rows, the record covering rows 0 and 1 with stored rows ``[3, 9]`` and ``[]``, labels
 ``[40, 41, 42]``)::
 
@@ -39,7 +40,6 @@ from rollfeed.payload.read.read_plan import (
     coverage,
     inside,
     overlaps,
-    padded_rows,
     spread,
 )
 from rollfeed.payload.read.regions import check_file_ids
@@ -88,12 +88,12 @@ class RaggedJob:
             self.kinds = sorted(set(zip(*cols, strict=True)))
 
     def steps(self, files: FieldFiles, check: bool) -> Generator[Reads, None, np.ndarray]:
-        """Yield the batches to read, one at a time; return ``(offsets, values)`` (or ``[n,
-        width]``) and the widest row of the records, label included (module doc)."""
+        """Yield the batches to read, one at a time; return ``(offsets, values)`` and the widest
+        row of the records, label included (module doc; the reader pads them for ``width``)."""
         spec, t = self.spec, self.t
         if self.empty:
             offsets, values = np.zeros(self.n + 1, np.int64), np.zeros(0, spec.ragged_dtype)
-            return self._shaped(offsets, values), 0
+            return (offsets, values), 0
         check_file_ids(t, files.file_id[t.file_idx])
         indexes = []
         for cb, block, code in self.kinds:
@@ -174,14 +174,14 @@ class RaggedJob:
         if not lead:  # the window's values are the rows' values, in order
             # a copy: a run of held values is a view into every value of their regions
             out = values.copy() if values is not None else np.zeros(0, spec.ragged_dtype)
-            return self._shaped(offsets, out), widest
+            return (offsets, out), widest
         out = np.empty(nnz, spec.ragged_dtype)
         out[offsets[:-1][self.coverage]] = self._labels()
         if values is not None and values.size:
             # value k of row r lands at offsets[r] + 1 + (k - value_base[r])
             first = offsets[:-1] + 1 - value_base[:-1]
             out[np.repeat(first, row_counts) + np.arange(values.size)] = values
-        return self._shaped(offsets, out), widest
+        return (offsets, out), widest
 
     def _labels(self):
         """The label of each covered row (the fill when none were given); a label an int32 id
@@ -199,12 +199,6 @@ class RaggedJob:
                 pos=int(np.concatenate([np.arange(lo, hi) for lo, hi in self.ranges])[k]),
             )
         return labels
-
-    def _shaped(self, offsets: np.ndarray, values: np.ndarray):
-        """The rows as read (``width=None``), or ``[n, width]`` padded with the fill."""
-        if self.width is None:
-            return offsets, values
-        return padded_rows(offsets, values, self.width, self.spec.fill)
 
 
 def _held_run(pieces, value_base: np.ndarray) -> np.ndarray | None:

@@ -179,18 +179,6 @@ def check_rows_output(
     )
 
 
-def padded_rows(offsets: np.ndarray, values: np.ndarray, width: int, fill) -> np.ndarray:
-    """``[n, width]``: CSR rows (``offsets [n + 1]``, ``values [nnz]``, none longer than
-    ``width``) left-aligned, the rest at ``fill``. Example: ``[0, 2, 2]``, ``[7, 3]``, width 3 ->
-    ``[[7, 3, f], [f, f, f]]``."""
-    n = len(offsets) - 1
-    out = np.full((n, width), fill, values.dtype)
-    lengths = np.diff(offsets)
-    first = np.arange(0, n * width, width) - offsets[:-1]  # value k of row r: r * width + k - off
-    out.reshape(-1)[np.repeat(first, lengths) + np.arange(values.size)] = values
-    return out
-
-
 def slots(buf: np.ndarray) -> np.ndarray:
     """Byte offset of each row of a 2-D buffer: ``[len(buf)]``."""
     return np.arange(len(buf), dtype=np.int64) * buf.shape[1]

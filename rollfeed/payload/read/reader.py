@@ -182,7 +182,7 @@ def read_fields(
             values, widest = torch.from_numpy(out[name].reshape(job.n, *job.shape)), 0
         else:
             rows, widest = out[name]
-            values = torch.from_numpy(rows) if width is not None else _rows(*rows)
+            values = _values(rows, width, job.spec)
         reads[name] = FieldRead(
             values=values, coverage=torch.from_numpy(job.coverage), widest=widest
         )
@@ -247,7 +247,7 @@ def _labels(labels, windows, fields) -> dict[str, np.ndarray]:
                 "labels= gives the label slot of a label='omitted' field read here",
                 field=name,
             )
-        array = tokens.numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
+        array = tokens.cpu().numpy() if isinstance(tokens, torch.Tensor) else np.asarray(tokens)
         if array.ndim != 1 or array.dtype.kind not in "iu":
             raise PayloadInputError(
                 f"labels must be [n] integer tokens, got {array.dtype}{list(array.shape)}",
@@ -264,17 +264,14 @@ def _labels(labels, windows, fields) -> dict[str, np.ndarray]:
     return out
 
 
-def _rows(offsets: np.ndarray, values: np.ndarray) -> RaggedRows:
-    """A read's rows, made by a reader that made them sound (not checked again)."""
-    return RaggedRows.trusted(torch.from_numpy(offsets), torch.from_numpy(values))
-
-
 def _values(values, width: int | None, spec: PayloadField) -> torch.Tensor | RaggedRows:
-    """A compiled read's values as the planned reader gives them: fixed rows and padded ragged
-    rows as they are, ragged rows as RaggedRows."""
-    if not spec.ragged or width is not None:
+    """A read's values as handed out: fixed rows as they are, ragged ``(offsets, values)`` as
+    RaggedRows (made sound by the reader: not checked again), padded to ``[n, width]`` when
+    a width is given (every row already held to it)."""
+    if not spec.ragged:
         return torch.from_numpy(values)
-    return _rows(*values)
+    rows = RaggedRows.trusted(torch.from_numpy(values[0]), torch.from_numpy(values[1]))
+    return rows if width is None else rows.padded(width, fill=spec.fill)
 
 
 def _needed(job: FixedJob | RaggedJob) -> list[str]:
