@@ -18,7 +18,12 @@ Example request (JSON)::
      "sampling": {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_tokens": 64, "seed": 3}}
 
 answered with one completion per ``n``: ``{"token_ids": [...], "logprobs": [...],
-"finish_reason": "length", "new_prompt_len": 3, "trainable": [...], "segments": [...]}``.
+"finish_reason": "length", "new_prompt_len": 3, "trainable": [...], "segments": [...]}``, and
+the ``temperature`` the engine sampled with.
+
+vLLM's ``/v1/completions`` and ``/v1/chat/completions`` capture a request whose ``vllm_xargs``
+hold :data:`XARG_GROUP` (and optionally :data:`XARG_CONVERSATION`, :data:`XARG_POLICY`); the
+answer is vLLM's with one more field, :data:`CAPTURE_FIELD`: a :class:`TurnCapture`.
 """
 
 from __future__ import annotations

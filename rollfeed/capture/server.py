@@ -6,11 +6,17 @@ and the rest) around vLLM's ``AsyncLLM`` and adds two routes (:mod:`rollfeed.cap
 
 - ``POST /rollfeed/v1/generate``: token ids in, completion ids, sampled logprobs, finish reason
   and segment records out (:class:`~rollfeed.capture.route.CaptureRoute`);
-- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks.
+- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks;
 
-Start-up: the engine runs with ``logprobs_mode="processed_logprobs"`` unless told otherwise, and
-an explicit other mode (or ``--logits-processors``) is refused with a
-:class:`~rollfeed.capture.CaptureModeError` naming the flag, before the model loads. The writers
+and captures through vLLM's ``/v1/completions`` and ``/v1/chat/completions`` a request whose
+``vllm_xargs`` name a group (:mod:`rollfeed.capture.openai_http`); any other request there is
+vLLM's own, byte for byte.
+
+Start-up: a ``--model`` that is neither a path nor a Hugging Face repo id is a
+:class:`~rollfeed.capture.ModelPathError` naming it; the engine runs with
+``logprobs_mode="processed_logprobs"`` unless told otherwise, and an explicit other mode (or
+``--logits-processors``) is refused with a :class:`~rollfeed.capture.CaptureModeError` naming the
+flag, before the model loads. The writers
 ``fsync`` each write by default (``--fsync always``): trainers on other nodes read the bytes.
 Records name files relative to ``--payload-root``, which every trainer reaches by the same root.
 
