@@ -152,7 +152,8 @@ def capture_endpoint(original: ASGI, capture: OpenAICapture, kind: str) -> ASGI:
             await original(scope, _replay(raw, receive), answer.send)
         except Exception as err:  # vLLM's handler let an engine error through
             raised = err
-        pending = capture.close(key)
+        finally:  # also when the request is cancelled: nothing stays pending
+            pending = capture.close(key)
         if pending.error is not None:
             await _send_json(send, *_error(pending.error))
             return
