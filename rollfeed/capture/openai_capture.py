@@ -163,10 +163,16 @@ class OpenAICapture:
                     engine, ask, place, prompt, params, request_id, args, kwargs
                 )
                 completion = list(output.outputs[0].token_ids)
+                response = await asyncio.to_thread(  # an fsync never stalls the event loop
+                    self.route.capture_output,
+                    ask.group,
+                    output,
+                    ask.config,
+                    prompt_start=place.prompt_start,
+                    temperature=params.temperature,
+                )
                 pending.result = TurnCapture(
-                    **await asyncio.to_thread(
-                        self._capture, ask, place, output, params.temperature
-                    ),
+                    **dict(response),
                     group=ask.group,
                     conversation=ask.conversation,
                     sample=place.sample,
@@ -209,14 +215,6 @@ class OpenAICapture:
                 "the engine ended the request without a finished output", request=request_id
             )
         return final
-
-    def _capture(
-        self, ask: CaptureAsk, place: TurnPlace, output: Any, temperature: float
-    ) -> dict[str, Any]:
-        response = self.route.capture_output(
-            ask.group, output, ask.config, prompt_start=place.prompt_start, temperature=temperature
-        )
-        return dict(response)
 
 
 def _prompt_ids(engine: Any, prompt: Any) -> Sequence[int]:
