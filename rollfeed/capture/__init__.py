@@ -15,6 +15,9 @@ hands out segment records). vLLM is imported only when asked for
   (:class:`CaptureRoute`; :class:`GenerateRequest` in, :class:`GenerateResponse` of
   :class:`CompletionRecord`\\ s out, :class:`ServerInfo`) in vLLM's OpenAI-compatible server
   (its client, which turns answers into samples and step files, is :mod:`rollfeed.orchestrator`);
+  the same capture through vLLM's ``/v1/completions`` and ``/v1/chat/completions`` for a request
+  that names a group in ``vllm_xargs`` (:class:`TurnCapture` in its answer; multi-turn
+  conversations stitched into samples, :mod:`rollfeed.capture.conversations`);
 - :class:`CaptureError` and its family.
 """
 
@@ -23,12 +26,15 @@ from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import (
     CaptureError,
     CaptureModeError,
+    CaptureRequestError,
     CaptureServerError,
+    ModelPathError,
     RoutingShapeError,
     SamplingSettingsError,
     SupportBoundError,
     SupportMembershipError,
     TurnGapError,
+    TurnPrefixError,
     TurnRangeError,
 )
 from rollfeed.capture.kept_set import (
@@ -42,6 +48,7 @@ from rollfeed.capture.protocol import (
     GenerateRequest,
     GenerateResponse,
     ServerInfo,
+    TurnCapture,
 )
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.routing import align_routed_experts, routed_dtype
@@ -58,6 +65,7 @@ __all__ = [
     "CaptureConfig",
     "CaptureError",
     "CaptureModeError",
+    "CaptureRequestError",
     "CaptureRoute",
     "CaptureServerError",
     "CapturedCompletion",
@@ -65,6 +73,7 @@ __all__ = [
     "GenerateRequest",
     "GenerateResponse",
     "LogprobRows",
+    "ModelPathError",
     "RoutingShapeError",
     "SamplingSettingsError",
     "ServerInfo",
@@ -72,7 +81,9 @@ __all__ = [
     "SupportCapture",
     "SupportMembershipError",
     "Turn",
+    "TurnCapture",
     "TurnGapError",
+    "TurnPrefixError",
     "TurnRangeError",
     "align_routed_experts",
     "assemble_turns",

@@ -54,6 +54,22 @@ class TurnGapError(CaptureError):
     """Turn assembly found a gap in an ``inputs`` field's coverage under ``gap="raise"``."""
 
 
+class TurnPrefixError(CaptureError):
+    """A conversation's turn whose prompt does not extend the previous prompt and completion token
+    for token (a chat template that drops earlier reasoning, an edited history) under
+    ``policy="error"``; ``"repair"`` starts a new sample instead, counted."""
+
+
+class CaptureRequestError(CaptureError):
+    """A request to the OpenAI endpoints that names a capture group but asks for what the
+    capture cannot serve (streaming, several prompts, a malformed capture key)."""
+
+
+class ModelPathError(CaptureError):
+    """``serve --model`` names a local path that does not exist (and is no Hugging Face repo
+    id)."""
+
+
 class CaptureServerError(CaptureError):
     """A capture server refused a request (``status``: its HTTP status) or gave no answer
     (``status=None``: unreachable, or died mid-request); no record came back."""

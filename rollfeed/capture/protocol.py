@@ -18,7 +18,12 @@ Example request (JSON)::
      "sampling": {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_tokens": 64, "seed": 3}}
 
 answered with one completion per ``n``: ``{"token_ids": [...], "logprobs": [...],
-"finish_reason": "length", "new_prompt_len": 3, "trainable": [...], "segments": [...]}``.
+"finish_reason": "length", "new_prompt_len": 3, "trainable": [...], "segments": [...]}``, and
+the ``temperature`` the engine sampled with.
+
+vLLM's ``/v1/completions`` and ``/v1/chat/completions`` capture a request whose ``vllm_xargs``
+hold :data:`XARG_GROUP` (and optionally :data:`XARG_CONVERSATION`, :data:`XARG_POLICY`); the
+answer is vLLM's with one more field, :data:`CAPTURE_FIELD`: a :class:`TurnCapture`.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from rollfeed.payload import PayloadSegment
 
 ROUTE = "/rollfeed/v1/generate"
 INFO_ROUTE = "/rollfeed/v1/info"
+# Keys of ``vllm_xargs`` in a request to vLLM's OpenAI endpoints that ask for capture.
+XARG_GROUP = "rollfeed_group"
+XARG_CONVERSATION = "rollfeed_conversation"
+XARG_POLICY = "rollfeed_policy"
+XARGS = (XARG_GROUP, XARG_CONVERSATION, XARG_POLICY)
+XARG_PREFIX = "rollfeed_"
+CAPTURE_FIELD = "rollfeed"  # the answer's field holding the TurnCapture
 GROUP_BYTES = 255  # a file name's limit on common filesystems
 GROUP_RULE = (
     f"a group is 1 to {GROUP_BYTES} bytes of ASCII letters, digits, '.', '_' and '-', in "
@@ -111,13 +123,34 @@ class CompletionRecord(BaseModel):
 
 class GenerateResponse(BaseModel):
     """The answer to one :class:`GenerateRequest`: ``n`` completions, sent after their bytes are
-    durable (as the server's writer ``fsync`` policy defines it)."""
+    durable (as the server's writer ``fsync`` policy defines it). ``temperature``: the one the
+    engine sampled with (the trainer's; a temperature the engine would change is refused)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     request_id: str
     prompt_start: StrictInt
+    temperature: float
     completions: list[CompletionRecord]
+
+
+class TurnCapture(GenerateResponse):
+    """The ``rollfeed`` field of an answer of ``/v1/completions`` or ``/v1/chat/completions`` to a
+    request that named a group (:data:`XARG_GROUP` in ``vllm_xargs``).
+
+    A :class:`GenerateResponse` of the turn (positions relative to ``prompt_start``, as the
+    capture route's), plus where the turn goes: ``conversation`` (:data:`XARG_CONVERSATION`, or
+    None), the ``sample`` of that conversation it belongs to (0, then one more at each turn whose
+    prompt did not extend the previous prompt and completion token for token: ``restarted``) and
+    its ``turn`` in that sample. The turn's tokens are the answer's ``prompt_token_ids`` from
+    ``prompt_start`` on, then the completion's ``token_ids``.
+    """
+
+    group: str
+    conversation: str | None
+    sample: StrictInt = Field(ge=0)
+    turn: StrictInt = Field(ge=0)
+    restarted: bool
 
 
 class ServerInfo(BaseModel):

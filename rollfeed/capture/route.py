@@ -37,6 +37,7 @@ from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError, SamplingSettingsError
 from rollfeed.capture.protocol import CompletionRecord, GenerateRequest, GenerateResponse
 from rollfeed.capture.routing import routed_dtype
+from rollfeed.capture.settings import check_requested, check_unchanged
 from rollfeed.capture.vllm_adapter import (
     capture_request_output,
     check_engine,
@@ -127,10 +128,13 @@ class CaptureRoute:
                 f"sampling sets {owned}, which the capture route sets itself; leave them out"
             )
         _check_integers(request.sampling)
+        check_requested(request.sampling)  # before vLLM raises a low temperature to its floor
         kwargs = dict(request.sampling)
         if isinstance(kwargs.get("logit_bias"), dict):  # JSON object keys are strings
             kwargs["logit_bias"] = {int(k): v for k, v in kwargs["logit_bias"].items()}
         vllm = import_vllm()
+        from vllm.exceptions import VLLMClientError
+
         try:
             params = vllm.SamplingParams(
                 **kwargs,
@@ -139,9 +143,10 @@ class CaptureRoute:
                 output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
                 routed_experts_prompt_start=request.prompt_start,
             )
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, VLLMClientError) as err:
             raise SamplingSettingsError(f"vLLM refused the sampling parameters: {err}") from None
         check_sampling_params(params, config)
+        check_unchanged(request.sampling, params)
         return params
 
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
@@ -149,7 +154,7 @@ class CaptureRoute:
         config = self.config(request)
         params = self.sampling_params(request, config)
         check_engine(self.engine, config)
-        self._acquire(request.group)  # a group name that leaves the root is refused here
+        self.acquire(request.group)  # a group name that leaves the root is refused here
         try:
             request_id = f"rollfeed-{uuid.uuid4().hex}"
             final = None
@@ -160,22 +165,44 @@ class CaptureRoute:
                 raise CaptureError(
                     "the engine ended the request without a finished output", request=request_id
                 )
-            return await asyncio.to_thread(self.respond, request, final, config)
+            return await asyncio.to_thread(
+                self.capture_output,
+                request.group,
+                final,
+                config,
+                prompt_start=request.prompt_start,
+                temperature=params.temperature,
+            )
         finally:
-            self._release(request.group)
+            self.release(request.group)
 
     def respond(
         self, request: GenerateRequest, output: Any, config: CaptureConfig | None = None
     ) -> GenerateResponse:
         """Capture one finished ``RequestOutput`` of ``request`` into its group; the response."""
-        config = config or self.config(request)
-        writer = self._acquire(request.group)
+        return self.capture_output(
+            request.group,
+            output,
+            config or self.config(request),
+            prompt_start=request.prompt_start,
+            temperature=float(request.sampling.get("temperature", 1.0)),
+        )
+
+    def capture_output(
+        self,
+        group: str,
+        output: Any,
+        config: CaptureConfig,
+        *,
+        prompt_start: int,
+        temperature: float,
+    ) -> GenerateResponse:
+        """Capture one finished ``RequestOutput`` into ``group``'s writer; its records."""
+        writer = self.acquire(group)
         try:
-            captured = capture_request_output(
-                writer, output, config, prompt_start=request.prompt_start
-            )
+            captured = capture_request_output(writer, output, config, prompt_start=prompt_start)
         finally:
-            self._release(request.group)
+            self.release(group)
         completions = []
         for k, (completion, cap) in enumerate(zip(output.outputs, captured, strict=True)):
             new = cap.new_prompt_len
@@ -193,11 +220,14 @@ class CaptureRoute:
             )
         return GenerateResponse(
             request_id=str(getattr(output, "request_id", "")),
-            prompt_start=request.prompt_start,
+            prompt_start=prompt_start,
+            temperature=temperature,
             completions=completions,
         )
 
-    def _acquire(self, group: str) -> PayloadWriter:
+    def acquire(self, group: str) -> PayloadWriter:
+        """The writer of ``group``, held by one more request until :meth:`release` (a name that
+        leaves the root is refused here, before anything runs)."""
         with self._lock:
             entry = self._writers.pop(group, None)
             if entry is None:
@@ -213,7 +243,8 @@ class CaptureRoute:
             self._writers[group] = entry  # most recently used last
             return entry[0]
 
-    def _release(self, group: str) -> None:
+    def release(self, group: str) -> None:
+        """One request less holds ``group``'s writer; idle writers beyond the bound close."""
         with self._lock:
             self._writers[group][1] -= 1
             idle = [g for g, (_, users) in self._writers.items() if users == 0]

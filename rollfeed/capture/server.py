@@ -6,11 +6,17 @@ and the rest) around vLLM's ``AsyncLLM`` and adds two routes (:mod:`rollfeed.cap
 
 - ``POST /rollfeed/v1/generate``: token ids in, completion ids, sampled logprobs, finish reason
   and segment records out (:class:`~rollfeed.capture.route.CaptureRoute`);
-- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks.
+- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks;
 
-Start-up: the engine runs with ``logprobs_mode="processed_logprobs"`` unless told otherwise, and
-an explicit other mode (or ``--logits-processors``) is refused with a
-:class:`~rollfeed.capture.CaptureModeError` naming the flag, before the model loads. The writers
+and captures through vLLM's ``/v1/completions`` and ``/v1/chat/completions`` a request whose
+``vllm_xargs`` name a group (:mod:`rollfeed.capture.openai_http`); any other request there is
+vLLM's own, byte for byte.
+
+Start-up: a ``--model`` that is neither a path nor a Hugging Face repo id is a
+:class:`~rollfeed.capture.ModelPathError` naming it; the engine runs with
+``logprobs_mode="processed_logprobs"`` unless told otherwise, and an explicit other mode (or
+``--logits-processors``) is refused with a :class:`~rollfeed.capture.CaptureModeError` naming the
+flag, before the model loads. The writers
 ``fsync`` each write by default (``--fsync always``): trainers on other nodes read the bytes.
 Records name files relative to ``--payload-root``, which every trainer reaches by the same root.
 
@@ -35,12 +41,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from rollfeed.capture.config import CaptureConfig
-from rollfeed.capture.errors import CaptureError, CaptureModeError, SamplingSettingsError
+from rollfeed.capture.errors import CaptureModeError, ModelPathError
+from rollfeed.capture.openai_capture import OpenAICapture
+from rollfeed.capture.openai_http import error_status, install_openai_capture
 from rollfeed.capture.protocol import INFO_ROUTE, ROUTE, GenerateRequest, ServerInfo
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.vllm_adapter import check_engine, import_vllm
 from rollfeed.errors import RollfeedError
-from rollfeed.payload import PayloadPathError
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +131,27 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
             "--logits-processors: custom logits processors change logits the trainer cannot "
             "replay; serve without them"
         )
+    check_model_path(args.model)
     validate_parsed_serve_args(args)
     cpu_memory_default(args, rest, parser.get_default("gpu_memory_utilization"))
     return ours, args
+
+
+def check_model_path(model: str) -> None:
+    """Refuse a ``--model`` that is neither an existing path nor a Hugging Face repo id (a
+    directory that is not there: vLLM would end in the Hub client's ``HFValidationError``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if os.path.exists(model):
+        return
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        raise ModelPathError(
+            f"--model {model}: no such file or directory (and not a Hugging Face repo id "
+            "'name' or 'namespace/name'); pass the directory holding config.json and the weights"
+        ) from None
 
 
 def model_num_experts(model_config: Any) -> int | None:
@@ -148,13 +173,11 @@ async def _answer(route: CaptureRoute, request: GenerateRequest) -> Response:
     """The route's answer to a parsed request, refusals mapped to their HTTP status."""
     try:
         response = await route.generate(request)
-    except (SamplingSettingsError, CaptureModeError, PayloadPathError) as err:
-        return _error(400, err)  # settings, engine mode, or a group outside the root
-    except CaptureError as err:
-        return _error(422, err)
-    except RollfeedError as err:  # a payload write failed: no record is sent
-        logger.error("capture write failed: %s", err)
-        return _error(500, err)
+    except RollfeedError as err:  # settings, engine mode, a group outside the root: 400; ...
+        status = error_status(err)
+        if status == 500:  # a payload write failed: no record is sent
+            logger.error("capture write failed: %s", err)
+        return _error(status, err)
     return Response(response.model_dump_json(), media_type="application/json")
 
 
@@ -229,6 +252,7 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace) -> None:
         app = build_app(args, tasks, engine.model_config)
         await init_app_state(engine, app.state, args, tasks)
         app.include_router(capture_router(route, info))
+        install_openai_capture(app, OpenAICapture(route))
         logger.info(
             "capture route %s writes under %s (fsync=%s)", ROUTE, ours.payload_root, ours.fsync
         )
@@ -262,7 +286,7 @@ def main(argv: list[str]) -> int:
 
     try:
         ours, args = parse_serve_args(argv)
-    except (CaptureModeError, ImportError) as err:
+    except (CaptureModeError, ModelPathError, ImportError) as err:
         print(f"rollfeed serve: {err}", file=sys.stderr)
         return 2
     import uvloop

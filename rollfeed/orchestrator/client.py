@@ -17,7 +17,7 @@ An orchestrator in a few lines::
     sampling = {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_tokens": 256}
     samples = []
     for i, prompt in enumerate(prompts):
-        rollout = Rollout(temperature=1.0)
+        rollout = Rollout()   # the temperature the server sampled at
         rollout.add(prompt, client.generate(prompt, group="step_000042", sampling=sampling))
         rollout.add(tool_ids, client.turn(rollout, tool_ids, group="step_000042",
                                           sampling=sampling))   # a second turn
@@ -141,11 +141,15 @@ class Rollout:
     logprobs grow turn by turn; :meth:`sample` stitches the segments (``final_token``, ``gap``:
     see :func:`~rollfeed.capture.assemble_turns`).
 
+    ``temperature``: the one the sample records for the trainer; None (the default) takes the
+    temperature the server reports it sampled with, and every turn must report the one the
+    rollout has (a rollout asked at one temperature and sampled at another is refused).
+
     Example: a prompt of 3 tokens answered with 2, then 2 tool tokens answered with 2 ->
     ``token_ids`` of 9, loss mask ``[0,0,0,1,1,0,0,1,1]``, turns of lengths 5 and 4.
     """
 
-    def __init__(self, *, temperature: float = 1.0) -> None:
+    def __init__(self, *, temperature: float | None = None) -> None:
         self.temperature = temperature
         self.token_ids: list[int] = []
         self.loss_mask: list[bool] = []
@@ -164,6 +168,12 @@ class Rollout:
                 "prompt_start=len(rollout.token_ids) (CaptureClient.turn does)",
                 turn=turn,
             )
+        if self.temperature is not None and response.temperature != self.temperature:
+            raise CaptureError(
+                f"the server sampled this turn at temperature {response.temperature}, the "
+                f"rollout records {self.temperature}; the trainer must score at the sampler's",
+                turn=turn,
+            )
         if not 0 <= index < len(response.completions):
             raise CaptureError(
                 f"completion {index} of a response with {len(response.completions)}", turn=turn
@@ -175,6 +185,7 @@ class Rollout:
                 f"adds {len(new_ids)}",
                 turn=turn,
             )
+        self.temperature = response.temperature
         self.token_ids += [int(t) for t in new_ids] + c.token_ids
         self.loss_mask += [False] * len(new_ids) + c.trainable
         self.logprobs += [0.0] * len(new_ids) + c.logprobs
@@ -190,7 +201,7 @@ class Rollout:
         gap: Literal["drop", "raise"] = "drop",
     ) -> Sample:
         """The rollout as one :class:`Sample`: ``advantage`` per loss token, segments stitched."""
-        if not self.turns:
+        if not self.turns or self.temperature is None:
             raise CaptureError("a rollout needs at least one turn before it becomes a sample")
         segments, _ = assemble_turns(self.turns, final_token=final_token, gap=gap)
         mask = np.asarray(self.loss_mask, dtype=bool)

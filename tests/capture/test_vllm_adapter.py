@@ -89,7 +89,7 @@ def test_engine_checks():
     check_engine(engine(), config)
     for bad, named in (
         ({"logprobs_mode": "raw_logprobs"}, "processed_logprobs"),
-        ({"max_logprobs": 4}, "max_logprobs=4"),
+        ({"max_logprobs": 4}, "start the server with --max-logprobs 5 or more"),
         ({"logits_processors": ["my.Processor"]}, "logits processors"),
     ):
         with pytest.raises(CaptureModeError, match=named):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.capture.adversary_capture import family_capture_settings
 from tests.loaders.step_attacks import family_step_replace
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
@@ -105,6 +106,7 @@ FAMILIES = {
     "stores": family_stores,
     "bounds": family_bounds,
     "step_replace": family_step_replace,
+    "capture_settings": family_capture_settings,
 }
 
 
