@@ -54,12 +54,7 @@ from rollfeed.loaders.step_load import (
 from rollfeed.loaders.step_open import open_step
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.loaders.step_version import StepVersion, replaced_error
-from rollfeed.loaders.step_wait import (
-    describe_directory,
-    describe_steps,
-    misplaced_steps,
-    wait_for_step,
-)
+from rollfeed.loaders.step_wait import check_step_dir, wait_in_directory
 from rollfeed.payload.stores.store_url import is_store_url
 
 STEP_STRIDE = 1 << 32
@@ -115,7 +110,7 @@ class RolloutDataset(Dataset[Sample]):
                     f"{cache_steps}, {missing_index!r}"
                 )
             return self
-        _check_step_dir(os.path.abspath(directory))
+        check_step_dir(os.path.abspath(directory))
         if cache_steps < 1:
             raise LoaderConfigError(f"cache_steps must be >= 1, got {cache_steps}")
         if missing_index not in MISSING_INDEX:
@@ -292,32 +287,10 @@ class RolloutDataset(Dataset[Sample]):
         ``step`` on); a bounded, logged wait (:mod:`~rollfeed.loaders.step_wait`)."""
         if self._samples is not None:
             return step  # a list has every step
-        assert self.directory is not None
-        path = self._path(step)
         if self._store is not None:
-            if exact:
-                self._store.wait_for_step(step, timeout_s=timeout_s)
-                return step
-            store = self._store
-            where, describe = str(store.url), lambda: describe_steps(store.list_steps())
-        else:
-            directory = self.directory
-            where, describe = directory, lambda: describe_directory(directory)
-
-        def find() -> int | None:
-            if exact:  # lexists: a dangling symlink is found, and refused as the step is read
-                return step if os.path.lexists(path) else None
-            return next(iter(self.steps_from(step)), None)
-
-        return wait_for_step(
-            find,
-            step,
-            exact=exact,
-            where=where,
-            file=path,
-            describe=describe,
-            timeout_s=timeout_s,
-        )
+            return self._store.wait_for_step(step, timeout_s=timeout_s, exact=exact)
+        assert self.directory is not None
+        return wait_in_directory(self.directory, step, exact=exact, timeout_s=timeout_s)
 
     def step_indices(self, step: int) -> np.ndarray:
         """``[n]`` int64 dataset indices of step ``step``'s samples, in file (list) order."""
@@ -347,22 +320,3 @@ class RolloutDataset(Dataset[Sample]):
         """The version of step ``step``'s file that ``lengths(step)`` describes (``None`` for an
         in-memory list)."""
         return None if self._samples is not None else self._loaded(step).version
-
-
-def _check_step_dir(directory: str) -> None:
-    """A step directory that cannot be one is refused at build time (see ``from_step_dir``)."""
-    if not os.path.isdir(directory):
-        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
-        raise LoaderConfigError(
-            f"step directory {directory!r} {what}; pass the directory that holds (or will hold) "
-            "the step_NNNNNN.jsonl files (a producer's write_step_file makes it with its first "
-            "step: create it first to start a trainer before its producer)"
-        )
-    misplaced = misplaced_steps(directory)
-    if misplaced:
-        paths = [os.path.join(directory, name) for name, _ in misplaced]
-        held = "; ".join(f"{p} holds {what}" for p, (_, what) in zip(paths, misplaced, strict=True))
-        raise LoaderConfigError(
-            f"step directory {directory!r} holds no step file, but {held}: pass that directory, "
-            f"RolloutDataset.from_step_dir({paths[0]!r})"
-        )

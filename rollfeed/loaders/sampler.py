@@ -50,7 +50,7 @@ from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.plan_fingerprint import plan_fingerprint
-from rollfeed.loaders.state import SamplerState, continue_at, resume_point
+from rollfeed.loaders.state import SamplerState, continue_at, resume_point, step_gone
 from rollfeed.loaders.step_files import step_file_name
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_version import StepVersion
@@ -193,6 +193,8 @@ class MicroBatchSampler(Sampler[list[int]]):
         while True:
             found = self._pass_step(step)
             if found != step:  # a gap in the step files: nothing of the missing steps was seen
+                if consumed:
+                    step_gone(step, consumed, found, on_reshard=self.config.on_reshard, log=log)
                 step, consumed, counted = found, 0, None
             micro = self.step_micro_batches(step)
             identity, on_reshard = self._step_plan(step).identity, self.config.on_reshard

@@ -25,7 +25,8 @@ Checks, each failure a :class:`LoaderStateError` naming the step and what differ
   (``dp_size``, ``cp_size``) or other plan options (``plan``, the plan fingerprint
   :mod:`~rollfeed.loaders.plan_fingerprint`) is refused naming every difference
   (``"dp_size: 2 -> 1"``, ``"seq_len: 64 -> 128"``);
-- starting the pass of the interrupted step (:func:`continue_at`, once its step file is there):
+- starting the pass of the interrupted step (:func:`continue_at`, once its step file is there;
+  :func:`step_gone` when it has none but a later step has):
   the step holds the samples ``data`` names, and ``micro_batches`` is fewer than this rank's
   planned micro batches of it. A count at or past the plan is always refused (no state this loader
   saves has one), never a pass of nothing.
@@ -224,3 +225,20 @@ def continue_at(
             step=step,
         )
     return consumed
+
+
+def step_gone(step: int, consumed: int, found: int, *, on_reshard: Reshard, log: bool) -> None:
+    """A state counted ``consumed`` micro batches of ``step``, whose step file is gone (the next
+    one present is ``found``): its rest cannot be trained. :class:`LoaderStateError` under
+    ``on_reshard="error"``; under a policy the pass goes on at ``found`` (logged)."""
+    what = (
+        f"state was saved after {consumed} micro batches of step {step}, but step {step} has no "
+        f"step file now (the next one is step {found})"
+    )
+    if on_reshard == "error":
+        raise LoaderStateError(
+            f"{what}: its rest cannot be trained; put the step file back, or {_WAY_OUT}",
+            step=step,
+        )
+    if log:
+        logger.warning("%s: going on at step %d (on_reshard=%r)", what, found, on_reshard)

@@ -145,22 +145,30 @@ class StepStore:
             if tree.findtext(f"{_NS}IsTruncated") != "true" or not token:
                 return sorted(steps)
 
-    def wait_for_step(self, step: int, *, timeout_s: float, poll_s: float = 0.05) -> str:
-        """Name of step ``step``'s file once it exists; logs while it waits and raises
-        :class:`StepTimeoutError` after ``timeout_s`` (the store is polled, each request
-        within the client's own bounds: :mod:`rollfeed.loaders.step_wait`)."""
+    def wait_for_step(
+        self, step: int, *, timeout_s: float, exact: bool = True, poll_s: float = 0.05
+    ) -> int:
+        """Step ``step`` once its file exists (``exact=False``: the first step from ``step`` on
+        that has one); logs while it waits and raises :class:`StepTimeoutError` after
+        ``timeout_s`` (the store is polled, each request within the client's own bounds:
+        :mod:`rollfeed.loaders.step_wait`)."""
         name = step_file_name(step)
-        wait_for_step(
-            lambda: step if self.size(name) is not None else None,
+
+        def find() -> int | None:
+            if exact:
+                return step if self.size(name) is not None else None
+            return next((s for s in self.list_steps() if s >= step), None)
+
+        return wait_for_step(
+            find,
             step,
-            exact=True,
+            exact=exact,
             where=str(self.url),
             file=self.where(name),
             describe=lambda: describe_steps(self.list_steps()),
             timeout_s=timeout_s,
             poll_s=poll_s,
         )
-        return name
 
     def step_version(self, step: int) -> StepVersion:
         """Step ``step``'s object's version; :class:`StepMissingError` when it does not exist."""

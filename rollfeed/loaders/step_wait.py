@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollfeed.loaders.errors import StepTimeoutError
-from rollfeed.loaders.step_files import parse_step_name, step_file_name
+from rollfeed.loaders.errors import LoaderConfigError, StepTimeoutError
+from rollfeed.loaders.step_files import list_steps, parse_step_name, step_file_name
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_S = 30.0  # how often a wait logs again
@@ -49,7 +49,8 @@ def describe_steps(steps: list[int], *, newest_age_s: float | None = None) -> Fo
     if not steps:
         return Found(text="no step file named step_NNNNNN.jsonl", last=None)
     age = "" if newest_age_s is None else f"; the newest written {newest_age_s:.0f} s ago"
-    text = f"step files up to step {steps[-1]} ({len(steps)} files, from step {steps[0]}{age})"
+    files = f"{len(steps)} file{'s' if len(steps) > 1 else ''}"
+    text = f"step files up to step {steps[-1]} ({files}, from step {steps[0]}{age})"
     return Found(text=text, last=steps[-1])
 
 
@@ -155,3 +156,43 @@ def wait_for_step(
             waited = time.monotonic() - began
             logger.info("step %d present in %s after %.1f s", found, where, waited)
             return found
+
+
+def wait_in_directory(directory: str, step: int, *, exact: bool, timeout_s: float) -> int:
+    """:func:`wait_for_step` over a local step directory."""
+    path = os.path.join(directory, step_file_name(step))
+
+    def find() -> int | None:
+        if exact:  # lexists: a dangling symlink is found, and refused as the step is read
+            return step if os.path.lexists(path) else None
+        return next((s for s in list_steps(directory) if s >= step), None)
+
+    return wait_for_step(
+        find,
+        step,
+        exact=exact,
+        where=directory,
+        file=path,
+        describe=lambda: describe_directory(directory),
+        timeout_s=timeout_s,
+    )
+
+
+def check_step_dir(directory: str) -> None:
+    """Refuse at once a local step directory that cannot be one (``from_step_dir``): a missing
+    path or a file, or a directory without step files whose subfolder has some."""
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise LoaderConfigError(
+            f"step directory {directory!r} {what}; pass the directory that holds (or will hold) "
+            "the step_NNNNNN.jsonl files (a producer's write_step_file makes it with its first "
+            "step: create it first to start a trainer before its producer)"
+        )
+    misplaced = misplaced_steps(directory)
+    if misplaced:
+        paths = [os.path.join(directory, name) for name, _ in misplaced]
+        held = "; ".join(f"{p} holds {what}" for p, (_, what) in zip(paths, misplaced, strict=True))
+        raise LoaderConfigError(
+            f"step directory {directory!r} holds no step file, but {held}: pass that directory, "
+            f"RolloutDataset.from_step_dir({paths[0]!r})"
+        )
