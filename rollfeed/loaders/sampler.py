@@ -245,8 +245,7 @@ class MicroBatchSampler(Sampler[list[int]]):
         for the step file, skips a gap and holds the count to the step, as the pass would."""
         if state is None:
             state = self.state_dict()
-        data = state["data"]
-        counted = None if data is None else StepIdentity.from_dict(data)
+        counted = StepIdentity.from_dict(state["data"])
         _, start, micro = self._resume(state["step"], state["micro_batches"], counted, log=False)
         return len(micro) - start
 

@@ -12,14 +12,15 @@ was planned under and which samples it counted in::
      "data": {"samples": 13, "tokens": 480, "digest": "5c1d0e...(32 hex digits)"}}
     # step 7, its first 3 micro batches consumed, of the samples "data" names
     # (:mod:`~rollfeed.loaders.step_identity`); a finished step is saved as (step + 1, 0), and a
-    # state with no micro batch of its step consumed has "data": None
+    # state with no micro batch of its step consumed has "data": {"samples": 0, "tokens": 0,
+    # "digest": ""} (always a dict of these keys: one structure, as a DCP checkpoint needs)
 
 Checks, each failure a :class:`LoaderStateError` naming the step and what differs:
 
 - loading (:meth:`SamplerState.from_dict`): exactly these keys; ``step`` an int in
   ``[0, 2**31)`` (a dataset index is ``step * 2**32 + line`` in int64), ``micro_batches`` and
   ``seed`` ints in ``[0, 2**62)``, ``dp_size`` and ``cp_size`` ints >= 1 (no bools, floats or
-  strings); ``data`` present exactly when ``micro_batches`` > 0;
+  strings); ``data`` names samples exactly when ``micro_batches`` > 0;
 - loading (:func:`resume_point`): the seed is this sampler's (another seed is always refused: it is
   the run's order, not a shape to adapt to); a state saved under another world shape
   (``dp_size``, ``cp_size``) or other plan options (``plan``, the plan fingerprint
@@ -53,7 +54,7 @@ from typing import Any
 from rollfeed.loaders.config import Reshard
 from rollfeed.loaders.errors import LoaderStateError
 from rollfeed.loaders.plan_fingerprint import FINGERPRINT_KEYS, fingerprint_differences
-from rollfeed.loaders.step_identity import StepIdentity
+from rollfeed.loaders.step_identity import NO_SAMPLES, StepIdentity
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 3
@@ -71,7 +72,7 @@ _WAY_OUT = (
 class SamplerState:
     """Where a sampler stands, what it planned under and which samples it counted in; see the
     module doc. ``data`` is ``None`` when ``micro_batches`` is 0 (and for a migrated version 2
-    state, which cannot say)."""
+    state, which cannot say); :meth:`to_dict` writes it as ``NO_SAMPLES`` then."""
 
     step: int
     micro_batches: int
@@ -84,7 +85,7 @@ class SamplerState:
 
     def to_dict(self) -> dict[str, Any]:
         counts = {k: getattr(self, k) for k in _COUNTS}
-        data = None if self.data is None else self.data.to_dict()
+        data = dict(NO_SAMPLES) if self.data is None else self.data.to_dict()
         return {"version": STATE_VERSION, **counts, "plan": dict(self.plan), "data": data}
 
     @classmethod
@@ -124,15 +125,14 @@ class SamplerState:
             )
         data = None
         if not migrated:
-            if (state["data"] is None) != (values["micro_batches"] == 0):
+            data = StepIdentity.from_dict(state["data"])
+            if (data is None) != (values["micro_batches"] == 0):
                 raise LoaderStateError(
                     "sampler state data must name the samples of the step exactly when some of "
                     f"its micro batches were consumed (micro_batches={values['micro_batches']}, "
                     f"data={state['data']!r}); pass the dict that state_dict() returned",
                     step=values["step"],
                 )
-            if state["data"] is not None:
-                data = StepIdentity.from_dict(state["data"])
         return cls(**values, plan=dict(plan), data=data, version=version)
 
 

@@ -35,6 +35,9 @@ from rollfeed.payload.format.checksum import crc
 
 _HEX = re.compile(r"^[0-9a-f]{32}$")
 _KEYS = ("samples", "tokens", "digest")
+# What a state at a step boundary holds: no samples counted. Always a dict of the same keys, so
+# the state keeps one structure (a DCP checkpoint loads into a state of the same structure).
+NO_SAMPLES: dict[str, Any] = {"samples": 0, "tokens": 0, "digest": ""}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,18 +67,24 @@ class StepIdentity:
         return {k: getattr(self, k) for k in _KEYS}
 
     @classmethod
-    def from_dict(cls, value: object) -> StepIdentity:
-        """A state's ``data`` entry; :class:`LoaderStateError` unless it is what
-        :meth:`to_dict` gives."""
+    def from_dict(cls, value: object) -> StepIdentity | None:
+        """A state's ``data`` entry (``None`` for :data:`NO_SAMPLES`); :class:`LoaderStateError`
+        unless it is what :meth:`to_dict` gives or :data:`NO_SAMPLES`."""
         ok = isinstance(value, Mapping) and set(value) == set(_KEYS)
         if ok:
-            counts = (value["samples"], value["tokens"])
+            assert isinstance(value, Mapping)
+            counts, digest = (value["samples"], value["tokens"]), value["digest"]
             ok = all(type(v) is int and 0 <= v < 1 << 62 for v in counts)
-            ok = ok and isinstance(value["digest"], str) and bool(_HEX.match(value["digest"]))
+            ok = ok and isinstance(digest, str) and bool(_HEX.match(digest) or digest == "")
+            if ok and digest == "":
+                if counts == (0, 0):
+                    return None
+                ok = False
         if not ok:
             raise LoaderStateError(
                 f"sampler state data must be {{'samples': int, 'tokens': int, 'digest': 32 hex "
-                f"digits}}, got {value!r}; pass the dict that state_dict() returned"
+                f"digits}}, or {NO_SAMPLES} at a step boundary, got {value!r}; pass the dict "
+                "that state_dict() returned"
             )
         assert isinstance(value, Mapping)
         return cls(samples=value["samples"], tokens=value["tokens"], digest=value["digest"])

@@ -102,6 +102,8 @@ def crafted(state: dict, planned: int, other: dict) -> list[tuple[str, object]]:
     data = state["data"]
     for what, value in [
         ("None mid-step", None),
+        ("no samples mid-step", {"samples": 0, "tokens": 0, "digest": ""}),
+        ("no digest, some samples", {**data, "digest": ""}),
         ("a list", [data["samples"], data["tokens"], data["digest"]]),
         ("digest of 31 digits", {**data, "digest": data["digest"][:31]}),
         ("digest upper case", {**data, "digest": data["digest"].upper()}),

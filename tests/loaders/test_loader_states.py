@@ -149,3 +149,19 @@ def test_loader_state_attacks_never_resume_other_data(tmp_path):
     print(format_summary(s))
     assert not {k: s[k] for k in FAILURES if s[k]}, format_summary(s)
     assert s["tried"] >= 120 and s["correct"] >= 40 and s["refused"] >= 70, format_summary(s)
+
+
+def test_mid_step_state_loads_through_dcp_into_a_fresh_loaders_state(two_steps, tmp_path):
+    """DCP loads a checkpoint into a state dict of the same structure: a fresh loader's (at a step
+    boundary) must take a mid-step one, so ``data`` is a dict of the same keys at both."""
+    import torch.distributed.checkpoint as dcp
+
+    directory, _, _, full, _ = two_steps
+    saved = saved_states(directory)[2]
+    dcp.save({"loader": saved}, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    fresh = make_sampler(directory)
+    template = {"loader": fresh.state_dict()}
+    dcp.load(template, checkpoint_id=tmp_path / "ckpt", no_dist=True)
+    assert template["loader"] == saved
+    fresh.load_state_dict(template["loader"])
+    assert run(fresh, 1) == full[2:]
