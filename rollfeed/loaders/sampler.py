@@ -10,10 +10,11 @@ samples in that order, after checking that its config is the sampler's.
 One pass (``iter`` once) is one training step. An in-memory list is the same samples every step;
 a step directory has one file per step: a pass covers the next step file present (a gap in the
 numbering is skipped), or in stream mode exactly the next step's file. When that file is not there
-yet, the pass waits for it (bounded by ``step_timeout_s``, then
-:class:`~rollfeed.loaders.errors.StepTimeoutError` naming the file) before its first micro batch,
-in the caller's ``iter``/``next`` -- never inside a prefetch of the previous step's micro batches.
-A trainer ahead of its rollouts waits or fails; it never trains on a quiet empty step.
+yet, the pass waits for it (bounded by ``step_timeout_s`` and logged at INFO, then
+:class:`~rollfeed.loaders.errors.StepTimeoutError` naming the directory and what is there:
+:mod:`~rollfeed.loaders.step_wait`) before its first micro batch, in the caller's
+``iter``/``next`` -- never inside a prefetch of the previous step's micro batches. A trainer ahead
+of its rollouts waits or fails; it never trains on a quiet empty step.
 
 Each planned micro batch carries the step file's version and its samples' planned lengths
 (:class:`~rollfeed.loaders.plan.Planned`), which the dataset holds its reads to. A step with
@@ -26,10 +27,12 @@ Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
     list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), config))
     -> [[2, 3]]
 
-State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*: the right count when the
-sampler runs in the trainer's loop. With workers the sampler draws ahead of the trainer, so
-:class:`~rollfeed.loaders.RolloutLoader` sends each micro batch with the sampler state right after
-it and saves the state of the last micro batch it handed out.
+State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*, in the samples of the step
+it counted in (their identity, held to the step when its pass starts: a rewritten step, or a count
+at or past the step's plan, is a ``LoaderStateError`` or the ``on_reshard`` policy, never a pass of
+nothing): the right count when the sampler runs in the trainer's loop. With workers the sampler
+draws ahead of the trainer, so :class:`~rollfeed.loaders.RolloutLoader` sends each micro batch
+with the sampler state right after it and saves the state of the last micro batch it handed out.
 """
 
 from __future__ import annotations

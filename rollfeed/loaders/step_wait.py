@@ -65,7 +65,8 @@ def describe_directory(directory: str) -> Found:
     steps = sorted(s for e in entries if (s := parse_step_name(e.name)) is not None)
     if steps:
         try:
-            age = time.time() - os.stat(os.path.join(directory, step_file_name(steps[-1]))).st_mtime
+            newest = os.path.join(directory, step_file_name(steps[-1]))
+            age = time.time() - os.lstat(newest).st_mtime
         except OSError:
             age = None
         return describe_steps(steps, newest_age_s=age)
