@@ -151,6 +151,7 @@ def test_loader_state_attacks_never_resume_other_data(tmp_path):
     assert s["tried"] >= 120 and s["correct"] >= 40 and s["refused"] >= 70, format_summary(s)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_mid_step_state_loads_through_dcp_into_a_fresh_loaders_state(two_steps, tmp_path):
     """DCP loads a checkpoint into a state dict of the same structure: a fresh loader's (at a step
     boundary) must take a mid-step one, so ``data`` is a dict of the same keys at both."""
