@@ -38,7 +38,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import LoaderConfigError, StepReplacedError
+from rollfeed.loaders.errors import LoaderConfigError, StepFileError, StepReplacedError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.step_files import list_steps, step_file_name
 from rollfeed.loaders.step_identity import StepIdentity
@@ -58,6 +58,7 @@ from rollfeed.loaders.step_wait import check_step_dir, wait_in_directory
 from rollfeed.payload.stores.store_url import is_store_url
 
 STEP_STRIDE = 1 << 32
+MAX_STEP = (1 << 31) - 1  # the largest step whose dataset indices fit int64
 
 
 class RolloutDataset(Dataset[Sample]):
@@ -254,6 +255,13 @@ class RolloutDataset(Dataset[Sample]):
 
     def _load(self, step: int) -> LoadedStep:
         """Step ``step``'s index, or its parsed samples when it has none (``missing_index``)."""
+        if step > MAX_STEP:
+            raise StepFileError(
+                f"step {step} is beyond the largest step a loader reads, {MAX_STEP} (a dataset "
+                "index is step * 2**32 + line, in int64); number steps from 0",
+                file=self._path(step),
+                step=step,
+            )
         if self._store is not None:
             got = load_stored(self._store, step, missing_index=self.missing_index)
         else:

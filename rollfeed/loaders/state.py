@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfeed.loaders.config import Reshard
+from rollfeed.loaders.dataset import MAX_STEP
 from rollfeed.loaders.errors import LoaderStateError
 from rollfeed.loaders.plan_fingerprint import FINGERPRINT_KEYS, fingerprint_differences
 from rollfeed.loaders.step_identity import NO_SAMPLES, StepIdentity
@@ -59,7 +60,6 @@ from rollfeed.loaders.step_identity import NO_SAMPLES, StepIdentity
 logger = logging.getLogger(__name__)
 STATE_VERSION = 3
 MIGRATED = (2,)  # versions without "data"
-MAX_STEP = (1 << 31) - 1
 _COUNTS = ("step", "micro_batches", "seed", "dp_size", "cp_size")
 _LOW = {"step": 0, "micro_batches": 0, "seed": 0, "dp_size": 1, "cp_size": 1}
 _WAY_OUT = (

@@ -349,6 +349,10 @@ def _waits(tally: Tally, workdir: Path, base: Path) -> None:
 
         return attack
 
+    far = workdir / "far"
+    far.mkdir()
+    os.link(base / "step_000000.jsonl", far / "step_3000000000.jsonl")
+    tally.case("step_guards: a step numbered 3000000000", lambda: _planned(far))
     run = workdir / "run"
     shutil.copytree(base, run / "steps")
     fifo = workdir / "fifo-dir"
