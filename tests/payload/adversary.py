@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
+from tests.loaders.guard_attacks import family_step_guards
+from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
@@ -107,6 +109,8 @@ FAMILIES = {
     "bounds": family_bounds,
     "step_replace": family_step_replace,
     "capture_settings": family_capture_settings,
+    "loader_states": family_loader_states,
+    "step_guards": family_step_guards,
 }
 
 
