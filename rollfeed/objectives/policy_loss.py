@@ -193,10 +193,9 @@ def policy_loss(
     if bounds:
         veto = sequence.veto if sequence is not None else None
         vetoed = log_r_d < (math.log(veto) if veto is not None else -math.inf)
+        ones, centered = torch.ones_like(kl), kept.centered.double()
         columns = torch.stack(
-            [log_r_d.double(), torch.ones_like(kl), vetoed.double(), torch.log1p(chi2)]
-            + [kept.centered.double()],
-            1,
+            [log_r_d.double(), ones, vetoed.double(), torch.log1p(chi2), centered], 1
         )
         sums = sample_sums(columns, loss, positions=positions, cu_seqlens=cu_seqlens, group=group)
         bad_positions, bad_bounds = position_checks(positions, cu_seqlens)
