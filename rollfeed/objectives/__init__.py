@@ -19,9 +19,12 @@ tensors on the inputs' device (no host sync until read). Errors are
 """
 
 from rollfeed.objectives.errors import (
+    NoSamplerLogprobError,
     ObjectiveCompositionError,
     ObjectiveError,
     ObjectiveInputError,
+    ObjectiveMissingInputError,
+    ObjectiveOverflowError,
 )
 from rollfeed.objectives.kept_distribution import KeptDistribution, kept_distribution
 from rollfeed.objectives.micro_batch_rows import micro_batch_rows
@@ -39,9 +42,12 @@ from rollfeed.objectives.token_weights import (
 __all__ = [
     "KeptDistribution",
     "MaskedIS",
+    "NoSamplerLogprobError",
     "ObjectiveCompositionError",
     "ObjectiveError",
     "ObjectiveInputError",
+    "ObjectiveMissingInputError",
+    "ObjectiveOverflowError",
     "PPOClip",
     "PolicyTerms",
     "ScoreCentering",

@@ -94,8 +94,9 @@ def verify(
     ):
         if bool(bad.any()):
             j = first(bad)
+            value = float(values[j].detach())
             raise ObjectiveInputError(
-                f"{name}[{j}] = {float(values[j])} on a loss token is not a number the loss can "
+                f"{name}[{j}] = {value} on a loss token is not a number the loss can "
                 "use (logprobs: NaN or +inf; advantages: NaN or infinite)",
                 tensor=name,
                 pos=j,
