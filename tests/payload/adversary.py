@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.loaders.step_attacks import family_step_replace
+from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_records import family_records
@@ -105,6 +106,7 @@ FAMILIES = {
     "stores": family_stores,
     "bounds": family_bounds,
     "step_replace": family_step_replace,
+    "objectives": family_objectives,
 }
 
 
