@@ -9,11 +9,12 @@ With ``d = log p − log q`` on the valid slots, ``Σ q = 1`` and ``Σ q·e^d = 
   (``= p − q − q·d``, no overflow) or ``q·(expm1(d) − d)`` beyond;
 - ``k3 = r − 1 − log r = φ(log r)``.
 
-The left-hand forms lose every digit once ``χ²`` or ``KL`` fall below ``ε·|S|`` (float32 rounding
-at step 0 gives ``χ² = −3e−09``); these keep ~14 digits in float64.
+The left-hand forms lose every digit once ``χ²`` or ``KL`` fall to ``ε·|S|`` (float32 rounding at
+step 0 gave ``χ² = −3e−09``); these keep at least 10 digits in float64 down to ``|d| ≈ 1e−6``.
 
-Example: ``d = [1e-6, -1e-6]``, ``q = [0.5, 0.5]``: ``χ² = 1.0000000000e-12`` (the left form in
-float64: ``1.000088900582341e-12``), ``KL = 5.0000000000e-13``.
+Example, float64: ``p = [0.5 + 1e-6, 0.5 − 1e-6]``, ``q = [0.5, 0.5]``: ``χ² = 4.0000000000e-12``
+(the left form: ``3.99991e-12``), ``KL = 2.0000000000e-12`` (``Σ q (log q − log p)``:
+``2.00001e-12``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ negative. Over the loss tokens:
   ``seq_masked_frac``, ``seq_vetoed_frac`` (the sequence weight), fractions of loss tokens;
 - ``ess``: ``(Σ w)² / (n·Σ w²)`` of the applied weights (:attr:`PolicyTerms.weight`);
 - ``log_mass``: the sampler's log-mass on the valid slots before renormalising, per centered token;
+- ``weighted``: the loss tokens whose applied weight is above 0;
 - the counters of :class:`~rollfeed.objectives.KeptDistribution` (``rows_*``, ``slots_invalid``,
   ``duplicate_ids``, ``no_sampler_logprob``), summed.
 

@@ -57,7 +57,7 @@ def position_checks(
         repeat = order.values[1:] == order.values[:-1]
         bad = bad | torch.zeros_like(bad).scatter(0, order.indices[1:], repeat)
     bad_bounds = (bounds[0] != 0) | (bounds.diff() < 0).any()
-    return bad, bad_bounds
+    return bad, bad_bounds.to(pos.device)
 
 
 def verify(

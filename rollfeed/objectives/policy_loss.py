@@ -18,8 +18,20 @@ With :class:`PPOClip` the first term is the clipped surrogate instead,
 ``−sg(s_t·k_a)·min(r_a A_t, clip(r_a, 1 − ε_low, 1 + ε_high) A_t)`` with ``r_a`` carrying the
 gradient and ``k = w / r`` what the token weight adds (:mod:`rollfeed.objectives.token_weights`).
 
+A token whose weight is 0 (``w = 0``, ``k = 0`` or ``s_t = 0``) adds exactly 0 to the first term
+and to every gradient, whatever its ratio: each factor is formed in log space (``log s + log w``,
+``log s + log k + log r``) and selected before it is exponentiated, so an overflowing ratio never
+meets a 0 weight (a ``torch.where`` after ``exp`` would still put ``0·inf = NaN`` into the
+gradient). Only an unbounded weight can overflow (the clip of a negative advantage without a cap,
+``TruncatedIS(cap=inf)``, ``MaskedIS(high=inf)``, an uncapped sequence weight): a loss token whose
+term or gradient does not fit the dtype raises
+:class:`~rollfeed.objectives.ObjectiveOverflowError`. Tokens without a sampler logprob are out of
+``kept.loss_mask`` (dropped and counted by :func:`~rollfeed.objectives.kept_distribution`).
+
 The centering term applies to every centered loss token, also to those that a mask (MIS, IcePop,
-the trust region, a sequence mask or veto) removes from the first term; singletons give 0.
+the trust region, a sequence mask or veto) removes from the first term; singletons give 0. A loss
+token it cannot center (no kept set, or no mask logprobs for two or more ids) is an
+:class:`~rollfeed.objectives.ObjectiveMissingInputError` unless ``ScoreCentering(missing="skip")``.
 Centering with a sequence weight or the clip needs ``ScoreCentering(weight=...)``: the correction's
 ``w_c`` is then a choice, so it must be named (:class:`ObjectiveCompositionError`); otherwise
 ``w_c = w``.
