@@ -69,7 +69,7 @@ class KeptDistribution:
     log_q: ``[nnz]`` detached sampler ``log q^S`` renormalised over the valid slots, ``-inf``
     elsewhere. log_q_label: ``[N]`` detached ``log q^S(a)`` (0 where the token has none).
     log_mass: ``[N]`` detached ``logsumexp`` of the valid sampler logprobs (0 on rows without
-    one). log_p_valid: ``[N]`` float64, detached ``log Σ_valid p^S`` (0 where every member is
+    one). log_p_valid: ``[N]`` detached ``log Σ_valid p^S`` (0 where every member is
     valid). centered: ``[N]`` bool. loss_mask: ``[N]`` bool, the loss tokens that have a sampler
     logprob (the given mask less the dropped ones). no_kept_set, no_mask_logprobs: ``[N]`` bool,
     the loss tokens score centering cannot center for want of an input: no kept id at all, or a
@@ -226,11 +226,11 @@ def _log_sum(values: torch.Tensor, on: torch.Tensor, row: torch.Tensor, n: int) 
 def _log_valid_mass(
     trainer: torch.Tensor, member: torch.Tensor, valid: torch.Tensor, row: torch.Tensor, n: int
 ) -> torch.Tensor:
-    """``[n]`` float64 ``log Σ_valid p^S``: ``log1p(−Σ_invalid p^S)`` while the invalid members'
-    mass is below a half (exactly 0 without one: the trainer's rounding of ``Σ p^S = 1`` is not
-    the sampler's mismatch), the valid slots' ``logsumexp`` beyond."""
-    lp = trainer.double()
-    invalid = torch.zeros(n, dtype=torch.float64, device=lp.device).index_add(
+    """``[n]`` ``log Σ_valid p^S``: ``log1p(−Σ_invalid p^S)`` while the invalid members' mass is
+    below a half (exactly 0 without one: the trainer's rounding of ``Σ p^S = 1`` is not the
+    sampler's mismatch), the valid slots' ``logsumexp`` beyond."""
+    lp = trainer
+    invalid = torch.zeros(n, dtype=lp.dtype, device=lp.device).index_add(
         0, row, torch.where(member & ~valid, lp, float("-inf")).exp()
     )
     small = invalid < 0.5

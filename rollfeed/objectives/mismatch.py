@@ -2,10 +2,11 @@
 
 :func:`mismatch_sums` gives 0-d tensors on the inputs' device (no host sync until read) that add
 over micro batches and ranks (sum them over the dp and cp groups, e.g. one all-reduce of their
-stack per step); :func:`finish_metrics` turns summed ones into means. Every float metric is
-float64 whatever the inputs' dtype (a few scalars per token; near on-policy ``χ²`` is ``~1e−12``),
-in forms that never cancel (:mod:`rollfeed.objectives.divergence`), so a divergence is never
-negative. Over the loss tokens:
+stack per step); :func:`finish_metrics` turns summed ones into means. Each slot's or token's term
+is formed in the inputs' dtype in a form that does not cancel and is never negative
+(:mod:`rollfeed.objectives.divergence`), and summed in float64 whatever the inputs' dtype (near
+on-policy ``χ²`` is ``~1e−12`` per token, a sum over 1e5 of them keeps its digits), so a
+divergence is never negative. Over the loss tokens:
 
 - ``kl``: exact ``KL(q^S ‖ p^S) = Σ_valid q^S (log q^S − log p^S)`` per centered token;
 - ``chi2``: exact ``χ²(p̃ ‖ q^S) = Σ_valid (p̃ − q^S)² / q^S`` per centered token, ``p̃`` the
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from rollfeed.objectives.divergence import log_abs_expm1, phi, q_phi
+from rollfeed.objectives.divergence import kl_chi2_terms, phi
 from rollfeed.objectives.kept_distribution import KeptDistribution
 
 _FRACTIONS = ("truncated", "masked", "seq_truncated", "seq_masked", "seq_vetoed")
@@ -47,18 +48,20 @@ _COUNTERS = ("tokens", "rows_", "slots_invalid", "duplicate_ids", "no_sampler_lo
 
 
 def row_divergences(kept: KeptDistribution) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(kl, chi2)``, ``[N]`` float64 each, per centered row (0 elsewhere; module doc)."""
+    """``(kl, chi2)``, ``[N]`` float64 each, per centered row (0 elsewhere; module doc). The
+    slots' terms are in the inputs' dtype (each ``>= 0``), their row sums in float64."""
     on = kept.valid & kept.centered[kept.row]
-    lq = torch.where(on, kept.log_q.double(), float("-inf"))
+    lq = torch.where(on, kept.log_q, float("-inf"))
     # d = log p̃ − log q over the valid slots; Σ q = Σ p̃ = 1 there.
-    d = torch.where(on, kept.log_p.detach().double() - kept.log_q.double(), 0.0)
-    d = torch.where(on, d - kept.log_p_valid[kept.row], 0.0)
+    shift = kept.log_p_valid[kept.row]
+    d = torch.where(on, kept.log_p.detach() - torch.where(on, kept.log_q, 0.0) - shift, 0.0)
     rows = lambda slots: torch.zeros(  # noqa: E731
         kept.n_rows, dtype=torch.float64, device=d.device
-    ).index_add(0, kept.row, torch.where(on, slots, 0.0))
+    ).index_add(0, kept.row, torch.where(on, slots, 0.0).double())
+    kl_slots, chi2_slots = kl_chi2_terms(lq, d)
     # KL(q‖p) = KL(q‖p̃) − log Σ_valid p, both terms >= 0.
-    kl = rows(q_phi(lq, d)) - kept.log_p_valid
-    chi2 = rows(torch.exp(lq + 2 * log_abs_expm1(d)))
+    kl = rows(kl_slots) - kept.log_p_valid.double()
+    chi2 = rows(chi2_slots)
     return torch.where(kept.centered, kl, 0.0), torch.where(kept.centered, chi2, 0.0)
 
 
