@@ -27,6 +27,7 @@ from tests.capture.adversary_capture import family_capture_settings
 from tests.loaders.guard_attacks import family_step_guards
 from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
+from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_records import family_records
@@ -111,6 +112,7 @@ FAMILIES = {
     "capture_settings": family_capture_settings,
     "loader_states": family_loader_states,
     "step_guards": family_step_guards,
+    "objectives": family_objectives,
 }
 
 
