@@ -8,10 +8,12 @@ are equal (:class:`~rollfeed.loaders.errors.PlanMismatchError`): a sampler and a
 with different options inside one DataLoader never give a micro batch silently different from
 the plan. An index list also carries what it was planned from: the step file's version
 (:class:`~rollfeed.loaders.step_version.StepVersion`) and each sample's planned token count, which
-the dataset holds the samples it reads to. Example::
+the dataset holds the samples it reads to, and the step's loss-token counts
+(:class:`~rollfeed.collate.StepCounts`), which go on with the samples to the micro batch.
+Example::
 
-    Planned([7, 3], config, version=v, lengths=[12, 5])  # -> dataset.__getitems__
-    -> Planned([s7, s3], config)                          # read from version v, len 12 and 5
+    Planned([7, 3], config, version=v, lengths=[12, 5], counts=c)  # -> dataset.__getitems__
+    -> Planned([s7, s3], config, counts=c)              # read from version v, len 12 and 5
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rollfeed.collate import PlanConfig
+from rollfeed.collate import PlanConfig, StepCounts
 from rollfeed.loaders.step_version import StepVersion
 
 
 class Planned(list):
-    """A list (indices or samples of one micro batch) and the ``config`` it was planned with;
-    for indices, the step file's ``version`` (``None``: an in-memory list) and the planned
-    ``lengths`` (one per index, or ``None``)."""
+    """A list (indices or samples of one micro batch) and the ``config`` it was planned with,
+    the step's loss-token ``counts`` for its items; for indices, the step file's ``version``
+    (``None``: an in-memory list) and the planned ``lengths`` (one per index, or ``None``)."""
 
     def __init__(
         self,
@@ -35,11 +37,16 @@ class Planned(list):
         *,
         version: StepVersion | None = None,
         lengths: Sequence[int] | None = None,
+        counts: StepCounts | None = None,
     ) -> None:
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
+        self.counts = counts
 
     @staticmethod
     def like(source: Any, items: list[Any]) -> list[Any]:
-        """``items`` as a ``Planned`` with ``source``'s config when ``source`` is planned."""
-        return Planned(items, source.config) if isinstance(source, Planned) else items
+        """``items`` as a ``Planned`` with ``source``'s config and counts when ``source`` is
+        planned."""
+        if not isinstance(source, Planned):
+            return items
+        return Planned(items, source.config, counts=source.counts)

@@ -187,7 +187,7 @@ def test_token_count_disagreement_names_line(run):
 
 
 def _fields(index):
-    return {k: getattr(index, k) for k in ("file_bytes", *ARRAYS)}
+    return {k: getattr(index, k) for k in ("file_bytes", *ARRAYS, "runs")}
 
 
 @pytest.mark.parametrize(
