@@ -22,8 +22,8 @@ Example (4 ranks, each with its part of the step's loss)::
     aggregate(terms.loss, mb).backward()      # grads: d(step loss)/dθ, summed over the 4 ranks
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: DDP checks a comm hook's annotations as objects
+# (``dist.GradBucket``, ``Future[Tensor]``), and would refuse them as strings.
 import torch
 import torch.distributed as dist
 from torch import nn

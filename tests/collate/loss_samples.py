@@ -37,7 +37,7 @@ def samples_for(seed: int, n: int, seq_len: int, longest: int | None = None) -> 
             Sample(
                 rng.integers(0, 100, T),
                 loss_mask=loss_mask(rng, MASKS[int(rng.integers(0, len(MASKS)))], T),
-                advantages=np.zeros(T, np.float32),
+                advantages=rng.standard_normal(T).astype(np.float32),
                 inference_logprobs=np.zeros(T, np.float32),
                 uid=f"s{i}",
             )
