@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
+
 from rollfeed.collate import PlanConfig, StepCounts
 from rollfeed.loaders.step_version import StepVersion
 
@@ -42,6 +44,28 @@ class Planned(list):
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
         self.counts = counts
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a DataLoader worker) with its counts as plain numbers: a tensor would go
+        by torch's shared memory, a file descriptor and a resource-sharer thread's round trip
+        per micro batch."""
+        state, c = dict(self.__dict__), self.counts
+        if c is not None:
+            per = c.sample_loss_tokens.tolist()
+            state["counts"] = (c.loss_tokens, c.samples, c.samples_with_loss, per)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        c = state["counts"]
+        if c is not None:
+            tokens, samples, with_loss, per = c
+            state["counts"] = StepCounts(
+                loss_tokens=tokens,
+                samples=samples,
+                samples_with_loss=with_loss,
+                sample_loss_tokens=torch.tensor(per, dtype=torch.int64),
+            )
+        self.__dict__.update(state)
 
     @staticmethod
     def like(source: Any, items: list[Any]) -> list[Any]:

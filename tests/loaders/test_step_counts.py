@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
+from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
+import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
@@ -137,3 +140,19 @@ def test_the_truncation_warning_is_logged_once_per_step_on_one_rank(steps, caplo
             by_rank[dp, cp] = [r.getMessage() for r in caplog.records if "truncated" in r.message]
     assert {r: len(m) for r, m in by_rank.items()} == {(0, 0): 2, (0, 1): 0, (1, 0): 0, (1, 1): 0}
     assert [m.split(":")[0] for m in by_rank[0, 0]] == ["step 0", "step 1"]
+
+
+def test_planned_counts_reach_a_worker_as_plain_numbers(steps):
+    """A micro batch's counts go to a DataLoader worker inside its planned indices: pickled as
+    numbers, not as a tensor (which torch's pickler would send by shared memory and a file
+    descriptor per micro batch), and rebuilt equal."""
+    base, _ = steps
+    dataset = RolloutDataset.from_step_dir(base / "indexed")
+    sampler = build_dataloader(
+        dataset, Topology(), LoaderConfig(plan=PlanConfig(seq_len=SEQ_LEN)), root=None
+    ).batch_sampler
+    for planned in sampler.step_micro_batches(0):
+        data = bytes(ForkingPickler.dumps(planned))
+        assert b"torch" not in data
+        back = pickle.loads(data)
+        assert back == planned and back.counts == planned.counts and back.lengths == planned.lengths
