@@ -13,7 +13,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
-import torch.multiprocessing  # noqa: F401  (registers torch's reductions with ForkingPickler)
+import torch.multiprocessing  # registers torch's reductions with ForkingPickler
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
