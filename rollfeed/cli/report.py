@@ -32,6 +32,11 @@ def shown(name: str) -> str:
     return name if name.isprintable() else ascii(name)
 
 
+def count(n: int, noun: str) -> str:
+    """``"1 step file"``, ``"2 step files"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def record(err: RollfeedError, **extra: Any) -> dict[str, Any]:
     """``err`` as a JSON-ready finding (module doc); ``extra`` keys come after its places."""
     out: dict[str, Any] = {"type": type(err).__name__, "message": err.message}

@@ -147,3 +147,24 @@ def step_finding(step: StepFile, err: RollfeedError, **where: Any) -> dict[str, 
         place = {k: v for k, v in err.place.items() if v is not None}
         out.update({k: place[k] for k in ("field", "pos", "file", "offset") if k in place})
     return out
+
+
+def step_finding_line(f: dict[str, Any]) -> str:
+    """A :func:`step_finding` record as one line of text::
+
+    BAD step_000002.jsonl line 3 (sample 2, uid s2): sampling_mask at pos 4: <message>
+        [file=step_000002/a.rfp, offset=1414]
+    """
+    where = shown(f["step_file"])
+    if "sample" in f:
+        uid = f", uid {shown(str(f['uid']))}" if "uid" in f else ""
+        where += f" line {f['line']} (sample {f['sample']}{uid})"
+    elif "line" in f:
+        where += f" line {f['line']}"
+    what = shown(f["field"]) if "field" in f else ""
+    what += f" at pos {f['pos']}" if "pos" in f else ""
+    place = ", ".join(f"{k}={shown(str(f[k]))}" for k in ("file", "offset") if k in f)
+    return (
+        f"BAD {where}: {what + ': ' if what else ''}{shown(f['message'])}"
+        f"{f' [{place}]' if place else ''}"
+    )

@@ -42,9 +42,15 @@ from typing import Any
 import numpy as np
 
 from rollfeed.cli.progress import Progress
-from rollfeed.cli.report import CLEAN, FINDINGS, shown, write_json
+from rollfeed.cli.report import CLEAN, FINDINGS, count, shown, write_json
 from rollfeed.cli.root_scan import check_directory
-from rollfeed.cli.step_samples import open_step, samples, step_finding, step_numbers
+from rollfeed.cli.step_samples import (
+    open_step,
+    samples,
+    step_finding,
+    step_finding_line,
+    step_numbers,
+)
 from rollfeed.collate import Sample
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadError, PayloadRoot, RaggedRows, read_fields
 
@@ -192,7 +198,8 @@ def _print(report: dict[str, Any]) -> None:
     if report["root"] is not None:
         notes.append(f"kept sets from {shown(report['root'])}")
     print(
-        f"{shown(report['steps_dir'])}: {t['step_files']} step files, {t['samples']} samples, "
+        f"{shown(report['steps_dir'])}: {count(t['step_files'], 'step file')}, "
+        f"{count(t['samples'], 'sample')}, "
         f"{t['tokens']} tokens{' (' + '; '.join(notes) + ')' if notes else ''}"
     )
     head = (
@@ -211,5 +218,4 @@ def _print(report: dict[str, Any]) -> None:
             text += f"{'-' if k is None else '{mean:.2f} / {p99} / {max}'.format(**k):>20}"
         print(text)
     for f in report["findings"]:
-        where = f" line {f['line']} (sample {f['sample']})" if "line" in f else ""
-        print(f"BAD {shown(f['step_file'])}{where}: {shown(f['message'])}")
+        print(step_finding_line(f))

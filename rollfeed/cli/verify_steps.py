@@ -40,9 +40,15 @@ from typing import Any
 
 from rollfeed.cli.errors import UsageError
 from rollfeed.cli.progress import Progress
-from rollfeed.cli.report import CLEAN, FINDINGS, shown, write_json
+from rollfeed.cli.report import CLEAN, FINDINGS, count, write_json
 from rollfeed.cli.root_scan import check_directory
-from rollfeed.cli.step_samples import open_step, samples, step_finding, step_numbers
+from rollfeed.cli.step_samples import (
+    open_step,
+    samples,
+    step_finding,
+    step_finding_line,
+    step_numbers,
+)
 from rollfeed.collate import Sample
 from rollfeed.payload import PayloadError, PayloadRoot, PayloadSegment, read_field
 
@@ -141,21 +147,12 @@ def run_verify_steps(args: argparse.Namespace) -> int:
 
 def _print(report: dict[str, Any]) -> None:
     for f in report["findings"]:
-        where = f"{shown(f['step_file'])}"
-        if "line" in f:
-            uid = f", uid {shown(str(f['uid']))}" if "uid" in f else ""
-            where += f" line {f['line']} (sample {f['sample']}{uid})"
-        what = f"{shown(f['field'])}" if "field" in f else ""
-        what += f" at pos {f['pos']}" if "pos" in f else ""
-        place = ", ".join(f"{k}={shown(str(f[k]))}" for k in ("file", "offset") if k in f)
-        print(
-            f"BAD {where}: {what + ': ' if what else ''}{shown(f['message'])}"
-            f"{f' [{place}]' if place else ''}"
-        )
+        print(step_finding_line(f))
     t = report["totals"]
     unindexed = f"; {t['unindexed']} without an index, read whole" if t["unindexed"] else ""
     checked = ", checksums checked" if report["checksums"] else ""
     print(
-        f"{t['sound']} of {t['samples']} samples in {t['step_files']} step files have readable "
-        f"records ({t['segments']} segments read{checked}{unindexed})"
+        f"{t['sound']} of {count(t['samples'], 'sample')} in "
+        f"{count(t['step_files'], 'step file')} have readable records "
+        f"({t['segments']} segments read{checked}{unindexed})"
     )
