@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
+from tests.cli.adversary_cli import family_cli_steps
 from tests.loaders.step_attacks import family_step_replace
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
@@ -107,6 +108,7 @@ FAMILIES = {
     "bounds": family_bounds,
     "step_replace": family_step_replace,
     "capture_settings": family_capture_settings,
+    "cli_steps": family_cli_steps,
 }
 
 
