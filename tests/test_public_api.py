@@ -45,7 +45,8 @@ PUBLIC = {
     "rollfeed.objectives": """KeptDistribution kept_distribution micro_batch_rows policy_loss
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError
-        ObjectiveCompositionError""",
+        ObjectiveCompositionError ObjectiveMissingInputError NoSamplerLogprobError
+        ObjectiveOverflowError""",
 }
 
 

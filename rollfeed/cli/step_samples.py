@@ -1,41 +1,46 @@
 """Every sample of a step directory, read as the loader reads it, a finding per unreadable one.
 
-Through the loaders' own step-file reading (:mod:`rollfeed.loaders.step_files`,
-:mod:`rollfeed.loaders.step_index`), so the commands follow the step format as it changes: a
-step file with an index is read sample by sample through it
-(:func:`~rollfeed.loaders.step_index.read_indexed_sample`: each line's bounds and its indexed
-token count checked, as a DataLoader worker reads it); one without an index, or whose index
-cannot be read (a finding of its own), is parsed line by line
-(:func:`~rollfeed.loaders.step_index.parse_sample`), each bad line a finding that names it.
+Through the loaders' own step-file reading, so the commands follow the step format as it
+changes: a step file is opened by the loader's open rule (:func:`~rollfeed.loaders.step_open.
+open_step`: no symlink followed, no FIFO waited on), its index read and checked against that
+opened file (:func:`~rollfeed.loaders.step_index.read_step_index`), and then each sample read
+through the index (:func:`~rollfeed.loaders.step_index_check.read_indexed_sample`: the line's
+bounds, content hash and indexed token count checked, as a DataLoader worker reads it). A step
+file without a usable index (none, or one of an older version: the loader parses such a step
+whole) is read line by line (:func:`~rollfeed.loaders.step_lines.step_lines`, bounded as the
+loader's), each line parsed alone (:func:`~rollfeed.loaders.step_lines.parse_sample`), so each
+bad line is a finding of its own. An index the loader refuses is a finding of the step, and its
+lines are then read line by line too.
 
 Example (``steps/step_000003.jsonl`` of two samples, the second line malformed)::
 
-    [StepFile(step=3, name="step_000003.jsonl", ...)] = step_files("steps")
-    list(samples(step_files("steps")[0]))
-        -> [StepSample(sample=0, line=1, value=Sample(...)),
-            StepSample(sample=1, line=2, error=StepFileError("malformed sample record ..."))]
+    with open_step_file("steps", 3) as step:
+        step.indexed, step.problem       -> True, None
+        list(samples(step))
+            -> [StepSample(sample=0, line=1, value=Sample(...)),
+                StepSample(sample=1, line=2, error=StepFileError("malformed sample record ..."))]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from rollfeed.cli.errors import UsageError
+from rollfeed.cli.progress import Progress
 from rollfeed.cli.report import shown
 from rollfeed.cli.root_scan import check_directory
 from rollfeed.collate import Sample
 from rollfeed.errors import RollfeedError
-from rollfeed.loaders.errors import StepFileError
+from rollfeed.loaders.errors import StepFileError, StepIndexVersionError
 from rollfeed.loaders.step_files import list_steps, step_file_name
-from rollfeed.loaders.step_index import (
-    StepIndex,
-    parse_sample,
-    read_indexed_sample,
-    read_step_index,
-)
+from rollfeed.loaders.step_index import StepIndex, read_step_index
+from rollfeed.loaders.step_index_check import read_indexed_sample
+from rollfeed.loaders.step_lines import parse_sample, step_lines
+from rollfeed.loaders.step_open import Pread, fd_pread, open_step
 from rollfeed.payload import PayloadError
 
 
@@ -52,14 +57,17 @@ class StepSample:
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class StepFile:
-    """One step file: its step number, name (in the directory) and path, and its index (None
-    without one, or when ``index_error`` says why it cannot be read)."""
+    """One opened step file: its step number, name (in the directory) and path, its size and
+    ``pread`` (None when it could not be opened), its index (None without a usable one) and the
+    ``problem`` of the step as a whole (the file cannot be opened, the loader refuses its index)."""
 
     step: int
     name: str
     path: str
+    size: int
+    pread: Pread | None
     index: StepIndex | None
-    index_error: StepFileError | None
+    problem: StepFileError | None
 
     @property
     def indexed(self) -> bool:
@@ -79,54 +87,102 @@ def step_numbers(directory: str) -> list[int]:
     return steps
 
 
-def open_step(directory: str, step: int) -> StepFile:
-    """Step ``step`` of ``directory`` with its checked index, if it has one."""
+@contextlib.contextmanager
+def open_step_file(directory: str, step: int) -> Iterator[StepFile]:
+    """Step ``step`` of ``directory`` opened, with its checked index if it has a usable one."""
     name = step_file_name(step)
     path = os.path.join(directory, name)
+    closed = {"step": step, "name": name, "path": path, "size": 0, "pread": None, "index": None}
     try:
-        index, problem = read_step_index(path), None
-    except StepFileError as err:
-        index, problem = None, err
-    except OSError as err:
-        index, problem = None, _unreadable(err, path)
-    return StepFile(step=step, name=name, path=path, index=index, index_error=problem)
+        fd = open_step(path, what="step file")
+    except StepFileError as err:  # a symlink, a FIFO, a directory under the name
+        yield StepFile(**closed, problem=err)
+        return
+    if fd is None:
+        yield StepFile(**closed, problem=StepFileError("vanished while listed", file=path))
+        return
+    try:
+        size, pread = os.fstat(fd).st_size, fd_pread(fd)
+        index, problem = None, None
+        try:
+            index = read_step_index(path, size=size, pread=pread)
+        except StepIndexVersionError:
+            pass  # the loader does not use it and parses the step whole: so do we
+        except StepFileError as err:
+            problem = err
+        except OSError as err:
+            problem = _unreadable(err, path)
+        yield StepFile(
+            step=step,
+            name=name,
+            path=path,
+            size=size,
+            pread=pread,
+            index=index,
+            problem=problem,
+        )
+    finally:
+        os.close(fd)
 
 
 def samples(step: StepFile) -> Iterator[StepSample]:
-    """Every sample of ``step`` in file order (module doc)."""
+    """Every sample of ``step`` in file order (module doc); none when it could not be opened."""
+    if step.pread is None:
+        return
     try:
-        with open(step.path, "rb") as f:
-            if step.index is None:
-                yield from _parsed(f, step.path)
-            else:
-                yield from _indexed(f.fileno(), step.index, step.path)
-    except OSError as err:  # the step file itself cannot be opened or read
+        if step.index is None:
+            yield from _parsed(step.pread, step.size, step.path)
+        else:
+            yield from _indexed(step.pread, step.index, step.path)
+    except OSError as err:  # the step file cannot be read
         yield StepSample(sample=0, line=0, error=_unreadable(err, step.path))
 
 
-def _indexed(fd: int, index: StepIndex, path: str) -> Iterator[StepSample]:
+def walk_steps(
+    directory: str, steps: list[int], progress: Progress
+) -> Iterator[tuple[StepFile, StepSample | None]]:
+    """Each step of ``steps`` opened in turn: ``(step, None)`` first, then ``(step, sample)``
+    for each of its samples; the counts go to ``progress``, which is closed at the end."""
+    seen = 0
+    try:
+        for done, number in enumerate(steps):
+            with open_step_file(directory, number) as step:
+                yield step, None
+                for got in samples(step):
+                    seen += 1
+                    progress.update(done, len(steps), "step files", f", {seen} samples")
+                    yield step, got
+            progress.update(done + 1, len(steps), "step files", f", {seen} samples")
+    finally:
+        progress.close()
+
+
+def _indexed(pread: Pread, index: StepIndex, path: str) -> Iterator[StepSample]:
     for i in range(len(index)):
         line = int(index.lines[i])
         try:
-            yield StepSample(
-                sample=i, line=line, value=read_indexed_sample(fd, index, i, file=path)
-            )
+            sample = read_indexed_sample(pread, index, i, file=path)
         except StepFileError as err:
             yield StepSample(sample=i, line=line, error=err)
-
-
-def _parsed(f: BinaryIO, path: str) -> Iterator[StepSample]:
-    i = 0
-    for number, text in enumerate(f, start=1):
-        if not text.strip():
             continue
-        try:
-            yield StepSample(
-                sample=i, line=number, value=parse_sample(text, file=path, line_number=number)
-            )
-        except StepFileError as err:
-            yield StepSample(sample=i, line=number, error=err)
-        i += 1
+        yield StepSample(sample=i, line=line, value=sample)
+
+
+def _parsed(pread: Pread, size: int, path: str) -> Iterator[StepSample]:
+    i, number = 0, 0
+    try:
+        for number, _, text in step_lines(pread, size, file=path):
+            if not text.strip():
+                continue
+            try:
+                sample = parse_sample(text, file=path, line_number=number)
+            except StepFileError as err:
+                yield StepSample(sample=i, line=number, error=err)
+            else:
+                yield StepSample(sample=i, line=number, value=sample)
+            i += 1
+    except StepFileError as err:  # the file itself: a NUL byte, a line too long, it shrank
+        yield StepSample(sample=i, line=err.line or number + 1, error=err)
 
 
 def _unreadable(err: OSError, path: str) -> StepFileError:

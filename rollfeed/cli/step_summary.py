@@ -44,13 +44,7 @@ import numpy as np
 from rollfeed.cli.progress import Progress
 from rollfeed.cli.report import CLEAN, FINDINGS, count, shown, write_json
 from rollfeed.cli.root_scan import check_directory
-from rollfeed.cli.step_samples import (
-    open_step,
-    samples,
-    step_finding,
-    step_finding_line,
-    step_numbers,
-)
+from rollfeed.cli.step_samples import step_finding, step_finding_line, step_numbers, walk_steps
 from rollfeed.collate import Sample
 from rollfeed.payload import PAYLOAD_FIELDS, PayloadError, PayloadRoot, RaggedRows, read_fields
 
@@ -94,6 +88,45 @@ def _add(total: np.ndarray, more: np.ndarray) -> np.ndarray:
     return np.pad(total, (0, size - len(total))) + np.pad(more, (0, size - len(more)))
 
 
+class _StepCounts:
+    """What one step's readable samples add up to, as they are read."""
+
+    def __init__(self, step: int, name: str) -> None:
+        self.step, self.name = step, name
+        self.lengths: list[int] = []
+        self.loss = 0
+        self.cut = np.zeros(3, np.int64)  # samples cut, tokens and loss tokens dropped
+        self.histogram = np.zeros(0, np.int64)  # kept-set widths: rows of each width
+        self.findings = 0
+
+    def add(self, sample: Sample, seq_len: int | None) -> None:
+        self.lengths.append(len(sample))
+        self.loss += int(sample.loss_mask.sum())
+        if seq_len is not None:
+            over = max(len(sample) - seq_len, 0)
+            self.cut += (over > 0, over, int(sample.loss_mask[seq_len:].sum()))
+
+    def row(self, seq_len: int | None, kept: bool) -> dict[str, Any]:
+        """The step's ``--json`` entry (module doc)."""
+        arr = np.asarray(self.lengths, np.int64)
+        span = None
+        if len(arr):
+            span = {"min": int(arr.min()), "median": float(np.median(arr)), "max": int(arr.max())}
+        row: dict[str, Any] = {
+            "step": self.step,
+            "step_file": self.name,
+            "samples": len(arr),
+            "tokens": int(arr.sum()),
+            "length": span,
+            "loss_tokens": self.loss,
+        }
+        cut = [None if seq_len is None else int(v) for v in self.cut]
+        row.update(zip(_TRUNCATION, cut, strict=True))
+        row["kept_width"] = width_stats(self.histogram) if kept else None
+        row["findings"] = self.findings
+        return row
+
+
 def run_steps(args: argparse.Namespace) -> int:
     """``steps DIR [--seq-len N] [--root ROOT] [--json] [--progress]``; exit 0, 1 findings."""
     steps = step_numbers(args.dir)
@@ -103,51 +136,41 @@ def run_steps(args: argparse.Namespace) -> int:
         root = PayloadRoot(args.root, retries=0)
     names = [n for n, f in PAYLOAD_FIELDS.items() if f.ragged and f.label == "omitted"]
     n = args.seq_len
-    progress = Progress("steps", show=args.progress)
-    rows, findings = [], []
-    every = np.zeros(0, np.int64)  # the kept-width histogram of every step
-    seen = 0
+    counts: list[_StepCounts] = []
+    findings: list[dict[str, Any]] = []
     try:
-        for done, number in enumerate(steps, start=1):
-            step = open_step(args.dir, number)
-            lengths, loss, cut = [], 0, np.zeros(3, np.int64)
-            histogram = np.zeros(0, np.int64)
-            bad = 0
-            if step.index_error is not None:
-                findings.append(step_finding(step, step.index_error))
-                bad += 1
-            for got in samples(step):
-                seen += 1
-                progress.update(done - 1, len(steps), "step files", f", {seen} samples")
-                at = {"line": got.line, "sample": got.sample}
-                if got.error is not None:
-                    findings.append(step_finding(step, got.error, **at))
-                    bad += 1
+        for step, got in walk_steps(args.dir, steps, Progress("steps", show=args.progress)):
+            if got is None:
+                counts.append(_StepCounts(step.step, step.name))
+                if step.problem is not None:
+                    findings.append(step_finding(step, step.problem))
+                    counts[-1].findings += 1
+                continue
+            at = {"line": got.line, "sample": got.sample}
+            if got.error is not None:
+                findings.append(step_finding(step, got.error, **at))
+                counts[-1].findings += 1
+                continue
+            assert got.value is not None
+            if root is not None:
+                try:
+                    widths = np.bincount(kept_widths(got.value, root, names))
+                except PayloadError as err:
+                    findings.append(step_finding(step, err, **at, uid=got.value.uid))
+                    counts[-1].findings += 1
                     continue
-                s = got.value
-                assert s is not None
-                if root is not None:
-                    try:
-                        histogram = _add(histogram, np.bincount(kept_widths(s, root, names)))
-                    except PayloadError as err:
-                        findings.append(step_finding(step, err, **at, uid=s.uid))
-                        bad += 1
-                        continue
-                lengths.append(len(s))
-                loss += int(s.loss_mask.sum())
-                if n is not None:
-                    cut += (len(s) > n, max(len(s) - n, 0), int(s.loss_mask[n:].sum()))
-            every = _add(every, histogram)
-            rows.append(_step_row(step.step, step.name, lengths, loss, cut, n, histogram, bad))
-            rows[-1]["kept_width"] = width_stats(histogram) if root is not None else None
-            progress.update(done, len(steps), "step files", f", {seen} samples")
+                counts[-1].histogram = _add(counts[-1].histogram, widths)
+            counts[-1].add(got.value, n)
     finally:
-        progress.close()
         if root is not None:
             root.close()
+    rows = [c.row(n, root is not None) for c in counts]
     totals: dict[str, Any] = {"step_files": len(rows)}
     for key in ("samples", "tokens", "loss_tokens", *_TRUNCATION):
         totals[key] = None if n is None and key in _TRUNCATION else sum(r[key] for r in rows)
+    every = np.zeros(0, np.int64)
+    for c in counts:
+        every = _add(every, c.histogram)
     totals["kept_width"] = width_stats(every) if root is not None else None
     totals["findings"] = len(findings)
     report = {
@@ -164,32 +187,6 @@ def run_steps(args: argparse.Namespace) -> int:
     else:
         _print(report)
     return FINDINGS if findings else CLEAN
-
-
-def _step_row(
-    step: int,
-    name: str,
-    lengths: list[int],
-    loss: int,
-    cut: np.ndarray,
-    n: int | None,
-    histogram: np.ndarray,
-    bad: int,
-) -> dict[str, Any]:
-    arr = np.asarray(lengths, np.int64)
-    row: dict[str, Any] = {
-        "step": step,
-        "step_file": name,
-        "samples": len(arr),
-        "tokens": int(arr.sum()),
-        "length": None
-        if not len(arr)
-        else {"min": int(arr.min()), "median": float(np.median(arr)), "max": int(arr.max())},
-        "loss_tokens": loss,
-    }
-    row.update({k: None if n is None else int(v) for k, v in zip(_TRUNCATION, cut, strict=True)})
-    row["findings"] = bad
-    return row
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -42,13 +42,7 @@ from rollfeed.cli.errors import UsageError
 from rollfeed.cli.progress import Progress
 from rollfeed.cli.report import CLEAN, FINDINGS, count, write_json
 from rollfeed.cli.root_scan import check_directory
-from rollfeed.cli.step_samples import (
-    open_step,
-    samples,
-    step_finding,
-    step_finding_line,
-    step_numbers,
-)
+from rollfeed.cli.step_samples import step_finding, step_finding_line, step_numbers, walk_steps
 from rollfeed.collate import Sample
 from rollfeed.payload import PayloadError, PayloadRoot, PayloadSegment, read_field
 
@@ -90,39 +84,34 @@ def run_verify_steps(args: argparse.Namespace) -> int:
     root = PayloadRoot(args.root, retries=0, verify_checksums=args.checksums)
     progress = Progress("verify --steps", show=args.progress)
     findings: list[dict[str, Any]] = []
-    rows = []
-    seen = 0
+    rows: list[dict[str, Any]] = []
     try:
-        for done, number in enumerate(steps, start=1):
-            step = open_step(args.steps, number)
-            row = {"step": number, "step_file": step.name, "indexed": step.indexed}
-            row.update(samples=0, sound=0, segments=0, findings=0)
-            if step.index_error is not None:
-                findings.append(step_finding(step, step.index_error))
-                row["findings"] += 1
-            for got in samples(step):
-                seen += 1
-                progress.update(done - 1, len(steps), "step files", f", {seen} samples")
-                at = {"line": got.line, "sample": got.sample}
-                row["samples"] += 1
-                if got.error is not None:
-                    findings.append(step_finding(step, got.error, **at))
+        for step, got in walk_steps(args.steps, steps, progress):
+            if got is None:
+                rows.append({"step": step.step, "step_file": step.name, "indexed": step.indexed})
+                row = rows[-1]
+                row.update(samples=0, sound=0, segments=0, findings=0)
+                if step.problem is not None:
+                    findings.append(step_finding(step, step.problem))
                     row["findings"] += 1
-                    continue
-                assert got.value is not None
-                read, problems = record_problems(got.value, root)
-                row["segments"] += read
-                row["sound"] += not problems
-                row["findings"] += len(problems)
-                for seg, err in problems:
-                    where = {"uid": got.value.uid}
-                    if seg is not None:
-                        where.update(field=seg.field, pos=seg.pos if err.pos is None else err.pos)
-                    findings.append(step_finding(step, err, **at, **where))
-            rows.append(row)
-            progress.update(done, len(steps), "step files", f", {seen} samples")
+                continue
+            at = {"line": got.line, "sample": got.sample}
+            row["samples"] += 1
+            if got.error is not None:
+                findings.append(step_finding(step, got.error, **at))
+                row["findings"] += 1
+                continue
+            assert got.value is not None
+            read, problems = record_problems(got.value, root)
+            row["segments"] += read
+            row["sound"] += not problems
+            row["findings"] += len(problems)
+            for seg, err in problems:
+                where = {"uid": got.value.uid}
+                if seg is not None:
+                    where.update(field=seg.field, pos=seg.pos if err.pos is None else err.pos)
+                findings.append(step_finding(step, err, **at, **where))
     finally:
-        progress.close()
         root.close()
     report = {
         "command": "verify",

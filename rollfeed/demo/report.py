@@ -57,7 +57,7 @@ class StepReport:
     mismatch: Mismatch
     entropy: float
     clipped: float
-    objective: dict[str, float]
+    objective: dict[str, float | list[str]]
 
     @classmethod
     def of(cls, record: dict) -> StepReport:
@@ -212,13 +212,21 @@ def format_objectives(report: DemoReport) -> list[str]:
         m = st.objective
         if not m:
             continue
-        masked = m["masked_frac"] + m["seq_masked_frac"] + m["seq_vetoed_frac"]
+        fractions = ("masked_frac", "seq_masked_frac", "seq_vetoed_frac")
+        masked = sum(m[k] for k in fractions) if all(k in m for k in fractions) else None
         lines.append(
-            f"  {st.step:>4} {m['kl']:10.2e} {m['chi2']:10.2e} {m.get('seq_chi2', 0.0):10.2e} "
-            f"{m['ess']:7.4f} {100 * m['truncated_frac']:6.1f}% {100 * masked:6.1f}% "
-            f"{int(m['rows_centered']):>9} {int(m['slots_invalid']):>8} {m['log_mass']:9.2e}"
+            f"  {st.step:>4} {_metric(m.get('kl'), 10, '.2e')} {_metric(m.get('chi2'), 10, '.2e')}"
+            f" {_metric(m.get('seq_chi2'), 10, '.2e')} {_metric(m.get('ess'), 7, '.4f')} "
+            f"{_metric(m.get('truncated_frac'), 7, '.1%')} {_metric(masked, 7, '.1%')} "
+            f"{int(m['rows_centered']):>9} {int(m['slots_invalid']):>8} "
+            f"{_metric(m.get('log_mass'), 9, '.2e')}"
         )
     return lines
+
+
+def _metric(value: float | None, width: int, spec: str) -> str:
+    """A metric, or ``n/a`` where the objectives did not compute it (never a 0 in its place)."""
+    return f"{'n/a':>{width}}" if value is None else f"{value:{width}{spec}}"
 
 
 def write_plot(report: DemoReport, path: Path) -> Path:

@@ -70,7 +70,8 @@ class StepTokens:
     ``kept``: ``[n]`` kept-set sizes; ``loss``: the global loss (the same on every rank);
     ``tokens``: the global count ``N``; ``clipped``: this rank's tokens whose ratio was clipped;
     ``objective``: the objectives' metrics over every rank
-    (:func:`rollfeed.objectives.finish_metrics`).
+    (:func:`rollfeed.objectives.finish_metrics`); a mean not computed is absent, its name in
+    ``objective["not_computed"]``.
     """
 
     step: int
@@ -81,7 +82,7 @@ class StepTokens:
     trainer: torch.Tensor
     entropy: torch.Tensor
     kept: torch.Tensor
-    objective: dict[str, float]
+    objective: dict[str, float | list[str]]
     step_s: float
 
 
@@ -151,7 +152,7 @@ def train_step(
         trainer=cat(trainer, torch.float64),
         entropy=cat(entropy, torch.float64),
         kept=cat(kept, torch.int64),
-        objective={k: float(v) for k, v in metrics.items()},
+        objective={k: list(v) if k == "not_computed" else float(v) for k, v in metrics.items()},
         step_s=time.perf_counter() - t0,
     )
 

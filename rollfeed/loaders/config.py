@@ -40,12 +40,13 @@ class LoaderConfig:
             ``(seed, step)`` (the same on every rank); otherwise in dataset order.
         stream: every pass is exactly the next step's file (a step directory only).
         start_step: first step (default: the oldest step file present, 0 for a list).
-        on_reshard: what ``load_state_dict`` does with a state whose interrupted step this loader
-            would plan otherwise (another world shape, or other plan options: see
-            :mod:`rollfeed.loaders.state`): ``"error"`` (default, names what differs),
+        on_reshard: what a resume does with a state whose interrupted step this loader would
+            plan otherwise (another world shape, other plan options, or other samples: its step
+            file rewritten since; see :mod:`rollfeed.loaders.state`): ``"error"`` (default,
+            names what differs),
             ``"restart_step"`` (replan it and start it over) or ``"next_step"`` (skip its rest).
         step_timeout_s: how long a pass waits for its step file before ``StepTimeoutError``
-            (finite seconds >= 0).
+            (finite seconds >= 0); the wait logs at INFO as it starts and every 30 s.
         width: static ragged width of the kept-set fields (default: each micro batch's widest
             row).
         whole_fields: read fields over the whole row, not this cp rank's window (models that

@@ -38,10 +38,12 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import LoaderConfigError, StepReplacedError
+from rollfeed.loaders.errors import LoaderConfigError, StepFileError, StepReplacedError
 from rollfeed.loaders.plan import Planned
-from rollfeed.loaders.step_files import list_steps, step_file_name, wait_for_step
-from rollfeed.loaders.step_index import StepIndex, read_indexed_sample
+from rollfeed.loaders.step_files import list_steps, step_file_name
+from rollfeed.loaders.step_identity import StepIdentity
+from rollfeed.loaders.step_index import StepIndex
+from rollfeed.loaders.step_index_check import read_indexed_sample
 from rollfeed.loaders.step_load import (
     MISSING_INDEX,
     LoadedStep,
@@ -49,11 +51,14 @@ from rollfeed.loaders.step_load import (
     load_local,
     load_stored,
 )
+from rollfeed.loaders.step_open import open_step
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.loaders.step_version import StepVersion, replaced_error
+from rollfeed.loaders.step_wait import check_step_dir, wait_in_directory
 from rollfeed.payload.stores.store_url import is_store_url
 
 STEP_STRIDE = 1 << 32
+MAX_STEP = (1 << 31) - 1  # the largest step whose dataset indices fit int64
 
 
 class RolloutDataset(Dataset[Sample]):
@@ -66,6 +71,7 @@ class RolloutDataset(Dataset[Sample]):
         self._store: StepStore | None = None  # step files in an object store (s3://...)
         self.cache_steps = 0
         self.missing_index: MissingIndex = "parse"
+        self._identity: StepIdentity | None = None  # an in-memory list's, once asked for
         self._reset()
 
     def _reset(self) -> None:
@@ -86,7 +92,14 @@ class RolloutDataset(Dataset[Sample]):
     ) -> RolloutDataset:
         """Steps from ``directory``: a local directory, or ``s3://bucket/prefix`` (``store``:
         endpoint, region and credentials of :class:`~rollfeed.loaders.step_store.StepStore`;
-        by default the ``AWS_*`` variables)."""
+        by default the ``AWS_*`` variables).
+
+        A local directory is checked at once (:class:`LoaderConfigError`): it must exist (a
+        missing one is far more often a mistyped path than a producer yet to start, and waiting
+        for it would only delay the error; create it to start a trainer first), and one that
+        holds no step file while a subfolder does -- a run folder given for its ``steps/`` -- is
+        refused naming that subfolder. An empty directory is fine: passes wait for the producer.
+        """
         if is_store_url(directory):
             self = cls([])
             self._samples, self.directory = None, str(directory)
@@ -98,8 +111,7 @@ class RolloutDataset(Dataset[Sample]):
                     f"{cache_steps}, {missing_index!r}"
                 )
             return self
-        if not os.path.isdir(directory):
-            raise LoaderConfigError(f"step directory {os.fspath(directory)!r} does not exist")
+        check_step_dir(os.path.abspath(directory))
         if cache_steps < 1:
             raise LoaderConfigError(f"cache_steps must be >= 1, got {cache_steps}")
         if missing_index not in MISSING_INDEX:
@@ -120,6 +132,7 @@ class RolloutDataset(Dataset[Sample]):
 
     def __getstate__(self) -> dict:
         keys = ("_samples", "_lengths", "directory", "_store", "cache_steps", "missing_index")
+        keys += ("_identity",)
         return {k: getattr(self, k) for k in keys}  # cached steps and files stay behind
 
     def __setstate__(self, state: dict) -> None:
@@ -224,11 +237,11 @@ class RolloutDataset(Dataset[Sample]):
         store), from memory (parsed samples) or through a descriptor on that file."""
         if self._store is not None or not isinstance(got.entry, StepIndex) or step in self._files:
             return True
-        try:
-            f = open(self._path(step), "rb", buffering=0)  # noqa: SIM115
-        except FileNotFoundError:
+        fd = open_step(self._path(step), what="step file")
+        if fd is None:
             return False
-        if StepVersion.of_stat(os.fstat(f.fileno())) != got.version:
+        f = os.fdopen(fd, "rb", buffering=0)
+        if StepVersion.of_stat(os.fstat(fd)) != got.version:
             f.close()
             return False
         self._files[step] = f
@@ -242,6 +255,13 @@ class RolloutDataset(Dataset[Sample]):
 
     def _load(self, step: int) -> LoadedStep:
         """Step ``step``'s index, or its parsed samples when it has none (``missing_index``)."""
+        if step > MAX_STEP:
+            raise StepFileError(
+                f"step {step} is beyond the largest step a loader reads, {MAX_STEP} (a dataset "
+                "index is step * 2**32 + line, in int64); number steps from 0",
+                file=self._path(step),
+                step=step,
+            )
         if self._store is not None:
             got = load_stored(self._store, step, missing_index=self.missing_index)
         else:
@@ -270,13 +290,15 @@ class RolloutDataset(Dataset[Sample]):
         """Step a fresh stream starts at: the oldest step file present, else 0."""
         return min(self.steps_from(0), default=0)
 
-    def wait_for_step(self, step: int, *, timeout_s: float) -> None:
-        if self.directory is None:
-            raise LoaderConfigError("stream mode needs a step directory (from_step_dir)")
+    def wait_for_step(self, step: int, *, timeout_s: float, exact: bool = True) -> int:
+        """Step ``step`` once its file is there (``exact=False``: the first step file from
+        ``step`` on); a bounded, logged wait (:mod:`~rollfeed.loaders.step_wait`)."""
+        if self._samples is not None:
+            return step  # a list has every step
         if self._store is not None:
-            self._store.wait_for_step(step, timeout_s=timeout_s)
-            return
-        wait_for_step(self.directory, step, timeout_s=timeout_s)
+            return self._store.wait_for_step(step, timeout_s=timeout_s, exact=exact)
+        assert self.directory is not None
+        return wait_in_directory(self.directory, step, exact=exact, timeout_s=timeout_s)
 
     def step_indices(self, step: int) -> np.ndarray:
         """``[n]`` int64 dataset indices of step ``step``'s samples, in file (list) order."""
@@ -292,6 +314,15 @@ class RolloutDataset(Dataset[Sample]):
         if isinstance(entry, StepIndex):
             return entry.lengths
         return np.fromiter((len(s) for s in entry), np.int64, len(entry))
+
+    def step_identity(self, step: int) -> StepIdentity:
+        """The identity of step ``step``'s samples (:mod:`~rollfeed.loaders.step_identity`),
+        which a saved state's count of micro batches is held to."""
+        if self._samples is not None:
+            if self._identity is None:
+                self._identity = StepIdentity.of_samples(self._samples)
+            return self._identity
+        return self._loaded(step).identity
 
     def step_version(self, step: int) -> StepVersion | None:
         """The version of step ``step``'s file that ``lengths(step)`` describes (``None`` for an

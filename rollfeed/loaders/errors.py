@@ -18,7 +18,14 @@ class LoaderConfigError(LoaderError):
 
 
 class StepFileError(LoaderError):
-    """A step file holds a line that is not a valid sample record."""
+    """A step file or its index cannot be read as one: a line that is not a valid sample record,
+    an index that disagrees with its file, or something other than a regular file (a symlink, a
+    FIFO, a directory) under a step file's or an index's name."""
+
+
+class StepIndexVersionError(StepFileError):
+    """A step index of an older format version, which the loader does not use (a dataset then
+    applies its ``missing_index`` policy); ``build_step_index`` writes the current one."""
 
 
 class StepMissingError(StepFileError):
@@ -36,11 +43,14 @@ class StepWriteError(LoaderError):
 
 
 class StepTimeoutError(LoaderError):
-    """Stream mode: the next step file did not appear within the wait bound."""
+    """A pass's step file did not appear within ``step_timeout_s`` (names the directory, what it
+    holds, and the newest step there)."""
 
 
 class LoaderStateError(LoaderError):
-    """A saved state cannot be loaded here (other version, world shape or seed)."""
+    """A saved state cannot be resumed exactly here: another version, world shape, seed or plan,
+    a step whose samples are not those it counted, or more micro batches consumed than the step
+    has."""
 
 
 class EmptyStepError(LoaderError):

@@ -224,8 +224,7 @@ class RolloutLoader:
     def __len__(self) -> int:
         """Micro batches of the pass ``iter`` would start now: from the consumed state, waiting
         for its step file as ``iter`` does (bounded by ``step_timeout_s``)."""
-        state = self._consumed
-        return self.batch_sampler.pass_length(state["step"], state["micro_batches"])
+        return self.batch_sampler.pass_length(self._consumed)
 
     def __iter__(self) -> RolloutIterator:
         self._stop()

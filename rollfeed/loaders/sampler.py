@@ -10,10 +10,11 @@ samples in that order, after checking that its config is the sampler's.
 One pass (``iter`` once) is one training step. An in-memory list is the same samples every step;
 a step directory has one file per step: a pass covers the next step file present (a gap in the
 numbering is skipped), or in stream mode exactly the next step's file. When that file is not there
-yet, the pass waits for it (bounded by ``step_timeout_s``, then
-:class:`~rollfeed.loaders.errors.StepTimeoutError` naming the file) before its first micro batch,
-in the caller's ``iter``/``next`` -- never inside a prefetch of the previous step's micro batches.
-A trainer ahead of its rollouts waits or fails; it never trains on a quiet empty step.
+yet, the pass waits for it (bounded by ``step_timeout_s`` and logged at INFO, then
+:class:`~rollfeed.loaders.errors.StepTimeoutError` naming the directory and what is there:
+:mod:`~rollfeed.loaders.step_wait`) before its first micro batch, in the caller's
+``iter``/``next`` -- never inside a prefetch of the previous step's micro batches. A trainer ahead
+of its rollouts waits or fails; it never trains on a quiet empty step.
 
 Each planned micro batch carries the step file's version and its samples' planned lengths
 (:class:`~rollfeed.loaders.plan.Planned`), which the dataset holds its reads to. A step with
@@ -26,10 +27,12 @@ Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
     list(MicroBatchSampler(ds, Topology(dp_rank=0, dp_size=2), config))
     -> [[2, 3]]
 
-State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*: the right count when the
-sampler runs in the trainer's loop. With workers the sampler draws ahead of the trainer, so
-:class:`~rollfeed.loaders.RolloutLoader` sends each micro batch with the sampler state right after
-it and saves the state of the last micro batch it handed out.
+State (:mod:`rollfeed.loaders.state`) counts micro batches *yielded*, in the samples of the step
+it counted in (their identity, held to the step when its pass starts: a rewritten step, or a count
+at or past the step's plan, is a ``LoaderStateError`` or the ``on_reshard`` policy, never a pass of
+nothing): the right count when the sampler runs in the trainer's loop. With workers the sampler
+draws ahead of the trainer, so :class:`~rollfeed.loaders.RolloutLoader` sends each micro batch
+with the sampler state right after it and saves the state of the last micro batch it handed out.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,27 +50,28 @@ from torch.utils.data import Sampler
 from rollfeed.collate import BatchPlan, Topology, plan_lengths
 from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
-from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError, StepTimeoutError
+from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.plan_fingerprint import plan_fingerprint
-from rollfeed.loaders.state import SamplerState, resume_point
+from rollfeed.loaders.state import SamplerState, continue_at, resume_point, step_gone
 from rollfeed.loaders.step_files import step_file_name
+from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_version import StepVersion
 
 logger = logging.getLogger(__name__)
-_POLL_S = 0.05  # how often a pass waiting for a step file lists the directory
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class _StepPlan:
     """One step's plan and what it was planned from: ``order [n]`` dataset indices and
-    ``lengths [n]`` (shuffled alike), the step file's ``version``."""
+    ``lengths [n]`` (shuffled alike), the step file's ``version`` and its samples' ``identity``."""
 
     step: int
     plan: BatchPlan
     order: np.ndarray
     lengths: np.ndarray
     version: StepVersion | None
+    identity: StepIdentity
 
 
 class MicroBatchSampler(Sampler[list[int]]):
@@ -97,6 +100,7 @@ class MicroBatchSampler(Sampler[list[int]]):
         self._fingerprint = plan_fingerprint(config)
         self._step = dataset.first_step() if config.start_step is None else config.start_step
         self._consumed = 0
+        self._counted: StepIdentity | None = None  # the samples _consumed counts in, when > 0
         self._step_size: int | None = None  # micro steps of self._step once planned
         self._plan: _StepPlan | None = None
         self._warned: int | None = None  # the last step whose truncation was logged
@@ -112,12 +116,18 @@ class MicroBatchSampler(Sampler[list[int]]):
             order = self.dataset.step_indices(step)
             lengths = self.dataset.lengths(step)
             version = self.dataset.step_version(step)
+            identity = self.dataset.step_identity(step)
             if self.config.shuffle:
                 perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
                 order, lengths = order[perm], lengths[perm]
             plan = plan_lengths(lengths, self.config.plan, dp_size=self.topology.dp_size)
             got = self._plan = _StepPlan(
-                step=step, plan=plan, order=order, lengths=lengths, version=version
+                step=step,
+                plan=plan,
+                order=order,
+                lengths=lengths,
+                version=version,
+                identity=identity,
             )
             self._log_truncation(step, plan.metrics)
         return got
@@ -171,31 +181,39 @@ class MicroBatchSampler(Sampler[list[int]]):
             self.plan(self._step)
 
     def _pass_step(self, step: int) -> int:
-        """The step a pass from ``step`` covers, waiting (bounded) for its file; see the module
-        doc."""
-        if self.config.stream:
-            self.dataset.wait_for_step(step, timeout_s=self.step_timeout_s)
-            return step
-        deadline = time.monotonic() + self.step_timeout_s
-        while not (present := self.dataset.steps_from(step)):
-            if time.monotonic() >= deadline:
-                assert self.dataset.directory is not None  # a list always has the step
-                raise StepTimeoutError(
-                    f"no step file for step {step} or later appeared within "
-                    f"step_timeout_s={self.step_timeout_s}; the producer may have stopped or be "
-                    "behind: raise step_timeout_s, or stop after the last step",
-                    file=os.path.join(self.dataset.directory, step_file_name(step)),
-                )
-            time.sleep(_POLL_S)
-        return present[0]
+        """The step a pass from ``step`` covers, waiting (bounded, logged) for its file; see the
+        module doc."""
+        exact = self.config.stream
+        return self.dataset.wait_for_step(step, timeout_s=self.step_timeout_s, exact=exact)
+
+    def _resume(
+        self, step: int, consumed: int, counted: StepIdentity | None, *, log: bool
+    ) -> tuple[int, int, list[Planned]]:
+        """``(step, start, micro batches)`` of the pass from ``(step, consumed)``, ``consumed``
+        counted in the samples ``counted``: waits for the step's file, skips a gap, and holds
+        the count to the step's samples and plan (:func:`~rollfeed.loaders.state.continue_at`,
+        ``log``: whether its policy warns)."""
+        while True:
+            found = self._pass_step(step)
+            if found != step:  # a gap in the step files: nothing of the missing steps was seen
+                if consumed:
+                    step_gone(step, consumed, found, on_reshard=self.config.on_reshard, log=log)
+                step, consumed, counted = found, 0, None
+            micro = self.step_micro_batches(step)
+            identity, on_reshard = self._step_plan(step).identity, self.config.on_reshard
+            start = continue_at(
+                step, consumed, counted, identity, len(micro), on_reshard=on_reshard, log=log
+            )
+            if start is not None:
+                return step, start, micro
+            step, consumed, counted = step + 1, 0, None
 
     def __iter__(self) -> Iterator[list[int]]:
         """One pass = one training step (see module doc)."""
         self._normalize()
-        step = self._pass_step(self._step)
-        if step != self._step:  # a gap in the step files: nothing of the missing steps was seen
-            self._step, self._consumed = step, 0
-        micro = self.step_micro_batches(step)
+        step, start, micro = self._resume(self._step, self._consumed, self._counted, log=True)
+        self._step, self._consumed = step, start
+        self._counted = self._step_plan(step).identity
         self._step_size = len(micro)
         for k in range(self._consumed, len(micro)):
             self._consumed = k + 1
@@ -223,14 +241,16 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         """Micro batches left in this pass (once the step file is there: may wait for it)."""
-        self._normalize()
-        return self.pass_length(self._step, self._consumed)
+        return self.pass_length()
 
-    def pass_length(self, step: int, consumed: int) -> int:
-        """Micro batches a pass from ``(step, consumed)`` yields: waits (bounded) for the step
-        file, and skips a gap, as the pass would."""
-        found = self._pass_step(step)
-        return len(self.plan(found)[0][self.topology.dp_rank]) - (consumed if found == step else 0)
+    def pass_length(self, state: Mapping[str, Any] | None = None) -> int:
+        """Micro batches a pass from ``state`` (default: this sampler's) yields: waits (bounded)
+        for the step file, skips a gap and holds the count to the step, as the pass would."""
+        if state is None:
+            state = self.state_dict()
+        counted = StepIdentity.from_dict(state["data"])
+        _, start, micro = self._resume(state["step"], state["micro_batches"], counted, log=False)
+        return len(micro) - start
 
     def state_dict(self) -> dict[str, Any]:
         self._normalize()
@@ -241,10 +261,11 @@ class MicroBatchSampler(Sampler[list[int]]):
             dp_size=self.topology.dp_size,
             cp_size=self.topology.cp_size,
             plan=self._fingerprint,
+            data=self._counted if self._consumed else None,
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._step, self._consumed = resume_point(
+        self._step, self._consumed, self._counted = resume_point(
             SamplerState.from_dict(state),
             seed=self.config.seed,
             dp_size=self.topology.dp_size,

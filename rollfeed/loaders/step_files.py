@@ -6,28 +6,25 @@ ignored, so a half-written temporary file is never read.
 
 Each line is a :class:`~rollfeed.collate.Sample` record (``Sample.to_json``); blank lines are
 skipped. Beside each step file :func:`write_step_file` puts its index, ``step_000042.index.json``
-(token counts and line offsets, :mod:`rollfeed.loaders.step_index`). A line that does not parse
-raises :class:`StepFileError` naming the file and the 1-based line number. A write that fails
-(disk full, a file size limit, an I/O error) raises :class:`StepWriteError` naming the file and
-leaves neither temporary file nor a new index behind.
+(token counts, line offsets and a content hash per line, :mod:`rollfeed.loaders.step_index`). A
+line that does not parse raises :class:`StepFileError` naming the file and the 1-based line number;
+so does anything but a regular file under a step file's name (:mod:`rollfeed.loaders.step_open`).
+A write that fails (disk full, a file size limit, an I/O error) raises :class:`StepWriteError`
+naming the file and leaves neither temporary file nor a new index behind.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
-import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
-
 from rollfeed.collate import Sample
-from rollfeed.loaders.errors import StepFileError, StepTimeoutError, StepWriteError
-from rollfeed.loaders.step_index import StepIndex, index_path, parse_sample, write_step_index
+from rollfeed.loaders.errors import StepFileError, StepWriteError
+from rollfeed.loaders.step_index import index_of_lines, index_path, write_step_index
+from rollfeed.loaders.step_lines import parse_step
+from rollfeed.loaders.step_open import fd_pread, open_step
 
-logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^step_(\d+)\.jsonl$")
 
 
@@ -45,56 +42,30 @@ def parse_step_name(name: str) -> int | None:
 
 
 def list_steps(directory: str | os.PathLike[str]) -> list[int]:
-    """Sorted step numbers of the step files present in ``directory``."""
-    steps = (parse_step_name(n) for n in os.listdir(directory))
-    return sorted(s for s in steps if s is not None)
+    """Sorted step numbers of the step files present in ``directory`` (none when it does not
+    exist)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(s for n in names if (s := parse_step_name(n)) is not None)
 
 
 def read_step_file(path: str | os.PathLike[str]) -> list[Sample]:
     """The samples of one step file, in line order, parsing every line (see module doc for errors).
 
     Ignores the step index: this is the whole-file read that the index spares planners and workers.
+    The file is opened by the payload's open rule and read up to its size at open
+    (:mod:`rollfeed.loaders.step_open`).
     """
-    with open(path, "rb") as f:
-        return parse_step_lines(f, file=os.fspath(path))
-
-
-def parse_step_lines(lines: Iterable[bytes], *, file: str) -> list[Sample]:
-    """The samples of a step file's ``lines`` (e.g. the open file), blank lines skipped."""
-    return [
-        parse_sample(line, file=file, line_number=number)
-        for number, line in enumerate(lines, start=1)
-        if line.strip()
-    ]
-
-
-def poll_for_step(
-    present: Callable[[], bool], step: int, *, where: str, timeout_s: float, poll_s: float
-) -> None:
-    """Return once ``present()`` holds; :class:`StepTimeoutError` naming ``where`` after
-    ``timeout_s`` (a local directory and an object store are both polled)."""
-    deadline = time.monotonic() + timeout_s
-    while not present():
-        if time.monotonic() >= deadline:
-            raise StepTimeoutError(
-                f"step {step} did not appear within step_timeout_s={timeout_s}; the producer may "
-                "have stopped, or raise step_timeout_s",
-                file=where,
-            )
-        time.sleep(poll_s)
-
-
-def wait_for_step(
-    directory: str | os.PathLike[str], step: int, *, timeout_s: float, poll_s: float = 0.02
-) -> Path:
-    """Path of step ``step``'s file once it exists; :class:`StepTimeoutError` after ``timeout_s``.
-
-    Polls (no inotify: it does not see writes made on other hosts of a shared filesystem).
-    """
-    path = Path(directory) / step_file_name(step)
-    poll_for_step(path.exists, step, where=os.fspath(path), timeout_s=timeout_s, poll_s=poll_s)
-    logger.debug("step file %s present", path)
-    return path
+    file = os.fspath(path)
+    fd = open_step(file, what="step file")
+    if fd is None:
+        raise StepFileError("no such step file", file=file)
+    try:
+        return parse_step(fd_pread(fd), os.fstat(fd).st_size, file=file).samples
+    finally:
+        os.close(fd)
 
 
 def write_step_file(
@@ -111,23 +82,11 @@ def write_step_file(
     tmp = path.with_name(f".{path.name}.tmp")
     indexed = False
     try:
-        lengths, sizes = [], []
+        lines = [(s.to_json() + "\n").encode("utf-8") for s in samples]
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            for s in samples:
-                line = (s.to_json() + "\n").encode("utf-8")
-                f.write(line)
-                lengths.append(len(s))
-                sizes.append(len(line))
-        ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-        index = StepIndex(
-            file_bytes=int(ends[-1]) if len(ends) else 0,
-            lengths=np.asarray(lengths, dtype=np.int64),
-            offsets=ends - np.asarray(sizes, dtype=np.int64),
-            sizes=np.asarray(sizes, dtype=np.int64),
-            lines=np.arange(1, len(sizes) + 1, dtype=np.int64),
-        )
-        write_step_index(path, index)
+            f.writelines(lines)
+        write_step_index(path, index_of_lines(lines, [len(s) for s in samples]))
         indexed = True
         os.replace(tmp, path)
     except BaseException as err:

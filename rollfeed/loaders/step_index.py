@@ -1,57 +1,61 @@
-"""Step index: a sidecar giving each sample's token count and where its line lies in the step file.
+"""Step index: a sidecar giving each sample's token count, where its line lies in the step file and
+a hash of the line's bytes.
 
 With it, planning reads the token counts without parsing the step file, and a worker seeks to and
 parses only the lines of the samples it is asked for, instead of the whole file.
 
-Layout: ``step_000042.index.json`` beside ``step_000042.jsonl`` (:func:`index_path`), one JSON
-object; arrays have one entry per sample, in the step file's sample order::
+Layout (version 2): ``step_000042.index.json`` beside ``step_000042.jsonl`` (:func:`index_path`),
+one JSON object in UTF-8. :func:`write_step_index` writes exactly these bytes: this key order,
+separators ``,`` and ``:`` with no whitespace, no newline at the end (one line; broken here for
+width)::
 
-    {"format": "rollfeed.step_index", "version": 1, "file_bytes": 97,
-     "lengths": [3, 5],      # token count of each sample (len(Sample))
-     "offsets": [0, 41],     # byte offset of its line in the step file
-     "sizes": [41, 56],      # bytes of the line, its "\\n" included
-     "lines": [1, 2]}        # 1-based line number (blank lines hold no sample)
+    {"format":"rollfeed.step_index","version":2,"file_bytes":97,"lengths":[3,5],
+    "offsets":[0,41],"sizes":[41,56],"lines":[1,2],"crc32c":[938304012,2867502917]}
+
+- ``format``: the string ``"rollfeed.step_index"``; ``version``: ``2``;
+- ``file_bytes``: the step file's size in bytes;
+- five arrays, one entry per sample, in the step file's sample order: ``lengths`` its token count
+  (``len(Sample)``), ``offsets`` the byte offset of its line, ``sizes`` the bytes of the line (its
+  ``"\\n"`` included), ``lines`` its 1-based line number (blank lines hold no sample), ``crc32c``
+  the CRC-32C (Castagnoli, the payload's block checksum) of the line's bytes
+  ``[offset, offset + size)``;
+- every number a JSON integer written in decimal, in ``[0, 2**62)``.
+
+A reader accepts any JSON object with exactly these keys and values (any whitespace).
+
+Version 1 (the same without ``crc32c``) is not used: :func:`read_step_index` raises
+:class:`StepIndexVersionError`, and a dataset treats such a step as one without an index (its
+``missing_index`` policy: parse the step file whole, with a warning, or refuse); run
+:func:`build_step_index` to write version 2. Not rebuilt by the reader: a trainer may only read
+the step directory (or an object store), and rebuilding means parsing the whole file anyway.
 
 :func:`~rollfeed.loaders.step_files.write_step_file` writes the index first and then moves the
 step file into place, so a reader that sees a step file sees its index. A step file that has none
-(written by another producer) gets one from :func:`build_step_index`.
-
-Checks (each failure a :class:`StepFileError` naming the file, and the line where known):
-
-- reading the index (planning): a JSON object of this layout holding integers in ``[0, 2**62)``
-  only; ``file_bytes`` equals the step file's size; entries are in file order, at least one token
-  and one byte each, never overlapping; the bytes no entry covers are blank lines, as many as the
-  line numbers skip (an index that leaves samples out, empty arrays included, fails here). A file
-  without blank lines, as ``write_step_file`` writes it, is checked from the index and its size
-  alone; blank lines are read, only they;
-- reading a line (a worker): its bytes are exactly one line and its sample has the indexed token
-  count.
-
-A file rewritten to the very same size with lines of other sizes fails the line checks; one with
-identical line sizes and token counts is not detected (that would need reading the whole file,
-which the index exists to avoid).
+(written by another producer) gets one from :func:`build_step_index`. Both files are opened by the
+payload's open rule (:mod:`rollfeed.loaders.step_open`). The checks of an index against its file
+are :mod:`rollfeed.loaders.step_index_check`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from rollfeed.collate import Sample
-from rollfeed.collate.errors import CollateError
-from rollfeed.loaders.errors import StepFileError
-from rollfeed.payload import PayloadError
+from rollfeed.loaders.errors import StepFileError, StepIndexVersionError
+from rollfeed.loaders.step_index_check import check_index
+from rollfeed.loaders.step_lines import parse_sample, step_lines
+from rollfeed.loaders.step_open import Pread, fd_pread, open_step, read_index_bytes
+from rollfeed.payload.format.checksum import crc
 
 FORMAT = "rollfeed.step_index"
-VERSION = 1
-_ARRAYS = ("lengths", "offsets", "sizes", "lines")
+VERSION = 2
+OLD_VERSIONS = (1,)  # indexes without a content hash per sample
+ARRAYS = ("lengths", "offsets", "sizes", "lines", "crc32c")
 _MAX = 1 << 62  # bound on every index value, so that sums of two stay in int64
-Pread = Callable[[int, int], bytes]  # (n, offset) -> up to n bytes of the step file at offset
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -63,9 +67,25 @@ class StepIndex:
     offsets: np.ndarray
     sizes: np.ndarray
     lines: np.ndarray
+    crc32c: np.ndarray
 
     def __len__(self) -> int:
         return len(self.lengths)
+
+
+def index_of_lines(lines: list[bytes], lengths: list[int]) -> StepIndex:
+    """The index of a step file made of ``lines`` back to back (no blank line), the samples of
+    ``lengths`` tokens: what a writer knows as it writes them."""
+    sizes = np.fromiter(map(len, lines), np.int64, len(lines))
+    ends = np.cumsum(sizes)
+    return StepIndex(
+        file_bytes=int(ends[-1]) if len(ends) else 0,
+        lengths=np.asarray(lengths, np.int64).reshape(-1),
+        offsets=ends - sizes,
+        sizes=sizes,
+        lines=np.arange(1, len(lines) + 1, dtype=np.int64),
+        crc32c=np.fromiter(map(crc, lines), np.int64, len(lines)),
+    )
 
 
 def index_path(step_path: str | os.PathLike[str]) -> Path:
@@ -74,25 +94,10 @@ def index_path(step_path: str | os.PathLike[str]) -> Path:
     return path.with_name(f"{path.stem}.index.json")
 
 
-def parse_sample(line: bytes | str, *, file: str, line_number: int) -> Sample:
-    """One step file line as a :class:`Sample`; :class:`StepFileError` naming file and line."""
-    try:
-        return Sample.from_json(line)
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError) as err:
-        # collate and payload errors are ValueError subclasses; the others are what malformed
-        # input raises from Python or NumPy, named here with the place rather than escaping bare
-        kind = type(err).__name__
-        if not isinstance(err, CollateError | PayloadError):
-            kind = f"malformed sample record ({kind})"
-        raise StepFileError(
-            f"{kind}: {err}; fix or remove the line", file=file, line=line_number
-        ) from err
-
-
 def step_index_bytes(index: StepIndex) -> bytes:
     """The sidecar's bytes for ``index`` (the layout of the module doc)."""
     record = {"format": FORMAT, "version": VERSION, "file_bytes": int(index.file_bytes)}
-    record.update({k: getattr(index, k).tolist() for k in _ARRAYS})
+    record.update({k: getattr(index, k).tolist() for k in ARRAYS})
     return json.dumps(record, separators=(",", ":")).encode("utf-8")
 
 
@@ -116,9 +121,8 @@ def read_step_index(
     """The checked index of ``step_path`` (``size``, ``pread``: of the step file version it
     is checked against, default the file at the path), or ``None`` when it has no sidecar."""
     ipath = index_path(step_path)
-    try:
-        text = ipath.read_bytes()
-    except FileNotFoundError:
+    text = read_index_bytes(ipath)
+    if text is None:
         return None
     return step_index_from_bytes(
         text, os.fspath(step_path), os.fspath(ipath), size=size, pread=pread
@@ -138,12 +142,14 @@ def step_index_from_bytes(
     try:
         index = _parse(text)
     except (ValueError, RecursionError) as err:
+        if isinstance(err, StepIndexVersionError):
+            raise StepIndexVersionError(err.message, file=where) from None
         raise StepFileError(
             f"unreadable step index ({type(err).__name__}: {err}), expected {FORMAT} version "
             f"{VERSION}; rebuild it with build_step_index or delete it",
             file=where,
         ) from None
-    _check(index, step_file, where, size=size, pread=pread)
+    check_index(index, step_file, where, size=size, pread=pread)
     return index
 
 
@@ -155,13 +161,21 @@ def _parse(text: bytes) -> StepIndex:
     record = json.loads(text)
     if not isinstance(record, dict):
         raise ValueError(f"a JSON {type(record).__name__}, not an object")
-    if record.get("format") != FORMAT or record.get("version") != VERSION:
-        raise ValueError(f"format/version {record.get('format')!r}/{record.get('version')!r}")
+    version = record.get("version")
+    if record.get("format") == FORMAT and version in OLD_VERSIONS and type(version) is int:
+        raise StepIndexVersionError(
+            f"step index is version {version}, which holds no content hash of each line, so a "
+            f"line rewritten in place could not be told; rebuild it (version {VERSION}) with "
+            "build_step_index"
+        )
+    if record.get("format") != FORMAT or version != VERSION or set(record) != {*_KEYS}:
+        got = f"{record.get('format')!r}, version {version!r}, keys {sorted(record)}"
+        raise ValueError(f"format {got}")
     file_bytes = record.get("file_bytes")
     if type(file_bytes) is not int or not 0 <= file_bytes < _MAX:
         raise ValueError(f"file_bytes {file_bytes!r} is not an integer in [0, 2**62)")
     arrays = {}
-    for k in _ARRAYS:
+    for k in ARRAYS:
         values = record.get(k)
         arr = np.asarray(values) if isinstance(values, list) else None
         if arr is None or arr.ndim != 1 or (arr.size and arr.dtype.kind != "i"):
@@ -173,156 +187,28 @@ def _parse(text: bytes) -> StepIndex:
     return StepIndex(file_bytes=file_bytes, **arrays)
 
 
-def _check(
-    index: StepIndex, step_file: str, where: str, *, size: int | None, pread: Pread | None
-) -> None:
-    """The index against the step file: from the index and the file's size alone when the file
-    has no blank lines (what ``write_step_file`` writes); bytes between indexed lines are read
-    and must be blank lines, so an index that skips samples cannot pass."""
-    size = os.stat(step_file).st_size if size is None else size
-    if index.file_bytes != size:
-        raise StepFileError(
-            f"step index says {index.file_bytes} bytes, the step file has {size}: the file changed "
-            "after its index was written; rebuild the index with build_step_index",
-            file=step_file,
-        )
-    ok = len({len(getattr(index, k)) for k in _ARRAYS}) == 1
-    if ok:  # every value is in [0, 2**62) (_parse), so these sums cannot wrap
-        ends = index.offsets + index.sizes
-        gaps = index.offsets - np.concatenate([[0], ends])[:-1]  # bytes before each line
-        blanks = np.diff(index.lines, prepend=0) - 1  # blank lines the index says lie there
-        ok = bool(
-            (index.lengths >= 1).all()
-            and (index.sizes >= 1).all()
-            and (blanks >= 0).all()
-            and (gaps >= blanks).all()
-            and (ends <= size).all()
-        )
-    if not ok:
-        raise StepFileError(
-            "step index is inconsistent (array lengths differ, a sample of no tokens, or lines "
-            f"overlap, go backwards or run past the file's {size} bytes); rebuild it with "
-            "build_step_index",
-            file=where,
-        )
-    tail = size - (int(ends[-1]) if len(ends) else 0)
-    if tail or gaps.any():
-        if pread is not None:
-            _check_gaps(index, step_file, gaps, blanks, tail, pread)
-            return
-        fd = os.open(step_file, os.O_RDONLY)
-        try:
-            _check_gaps(index, step_file, gaps, blanks, tail, lambda n, at: os.pread(fd, n, at))
-        finally:
-            os.close(fd)
-
-
-def _check_gaps(
-    index: StepIndex,
-    step_file: str,
-    gaps: np.ndarray,
-    blanks: np.ndarray,
-    tail: int,
-    pread: Pread,
-) -> None:
-    """Bytes no entry covers must be blank lines, as many as the line numbers skip.
-
-    ``gaps [n]``: bytes before each entry's line; ``blanks [n]``: lines the index skips there;
-    ``tail``: bytes after the last entry (any number of blank lines)."""
-    last = int(index.lines[-1]) if len(index) else 0
-    at = np.flatnonzero(gaps)
-    starts, lines = index.offsets[at] - gaps[at], index.lines[at] - blanks[at]
-    spans: list[tuple[int, int, int | None, int]] = list(
-        zip(starts.tolist(), gaps[at].tolist(), blanks[at].tolist(), lines.tolist(), strict=True)
-    )
-    if tail:
-        spans.append((index.file_bytes - tail, tail, None, last + 1))
-    for start, length, want, line in spans:
-        newlines = _blank_newlines(pread, start, length)
-        if newlines is None or (want is not None and newlines != want):
-            what = (
-                "are not blank lines"
-                if newlines is None
-                else f"hold {newlines} lines where the index says {want}"
-            )
-            raise StepFileError(
-                f"step index leaves bytes [{start}, {start + length}) of the step file "
-                f"unindexed and they {what}: the index has {len(index)} entries and does not "
-                "cover the file's samples (it is stale or cut short); rebuild it with "
-                "build_step_index",
-                file=step_file,
-                line=line,
-            )
-
-
-_BLANK = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes: a line of these holds no sample
-
-
-def _blank_newlines(pread: Pread, start: int, length: int, chunk: int = 1 << 16) -> int | None:
-    """Newlines in bytes ``[start, start + length)`` if they are all blank, else None.
-    Reads in chunks and stops at the first other byte."""
-    newlines = 0
-    while length > 0:
-        data = pread(min(chunk, length), start)
-        if not data or data.translate(None, _BLANK):
-            return None
-        newlines += data.count(b"\n")
-        start, length = start + len(data), length - len(data)
-    return newlines
-
-
-def read_indexed_sample(fd: int | Pread, index: StepIndex, i: int, *, file: str) -> Sample:
-    """Sample ``i`` of the step file open as ``fd`` (or read by ``pread(n, offset)``, e.g. a
-    ranged GET): reads and parses its line only.
-
-    Reads one byte before the line too, to check that the bytes are exactly one line.
-    """
-    offset, size = int(index.offsets[i]), int(index.sizes[i])
-    line_number = int(index.lines[i])
-    lead = 1 if offset else 0
-    data = (
-        fd(size + lead, offset - lead) if callable(fd) else os.pread(fd, size + lead, offset - lead)
-    )
-    end = offset + size
-    aligned = (
-        len(data) == size + lead
-        and (not lead or data[:1] == b"\n")
-        and (data.endswith(b"\n") or end == index.file_bytes)
-        and data.find(b"\n", lead, lead + size - 1) < 0
-    )
-    if not aligned:
-        raise StepFileError(
-            f"step index points at bytes [{offset}, {end}), which are not one whole line of the "
-            "step file: the file changed after its index was written; rebuild the index with "
-            "build_step_index",
-            file=file,
-            line=line_number,
-        )
-    sample = parse_sample(data[lead:], file=file, line_number=line_number)
-    if len(sample) != index.lengths[i]:
-        raise StepFileError(
-            f"step index says {int(index.lengths[i])} tokens, the line's sample has {len(sample)}: "
-            "the file changed after its index was written; rebuild the index with build_step_index",
-            file=file,
-            line=line_number,
-        )
-    return sample
+_KEYS = ("format", "version", "file_bytes", *ARRAYS)
 
 
 def build_step_index(step_path: str | os.PathLike[str]) -> Path:
     """Index an existing step file (parses it once); returns the sidecar's path.
 
-    For step files written without one, e.g. by another producer. Overwrites a present index.
+    For step files written without one, e.g. by another producer, or with an index of an older
+    version. Overwrites a present index.
     """
     path = os.fspath(step_path)
-    rows: list[tuple[int, int, int, int]] = []
-    offset = 0
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
+    fd = open_step(path, what="step file")
+    if fd is None:
+        raise StepFileError("no step file to index", file=path)
+    rows: list[tuple[int, int, int, int, int]] = []
+    try:
+        size = os.fstat(fd).st_size
+        for number, offset, line in step_lines(fd_pread(fd), size, file=path):
             if line.strip():
                 sample = parse_sample(line, file=path, line_number=number)
-                rows.append((len(sample), offset, len(line), number))
-            offset += len(line)
-    table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-    index = StepIndex(file_bytes=offset, **{k: table[:, j] for j, k in enumerate(_ARRAYS)})
+                rows.append((len(sample), offset, len(line), number, crc(line)))
+    finally:
+        os.close(fd)
+    table = np.asarray(rows, dtype=np.int64).reshape(-1, len(ARRAYS))
+    index = StepIndex(file_bytes=size, **{k: table[:, j] for j, k in enumerate(ARRAYS)})
     return write_step_index(path, index)

@@ -8,12 +8,16 @@ reader that sees a step file sees its index, as with ``os.replace`` on a filesys
 Planning fetches the index only (one GET) and the step file's size and ETag (a HEAD: its
 :class:`~rollfeed.loaders.step_version.StepVersion`); a worker fetches only its own lines
 (one ranged GET each, one byte before the line included, as
-:func:`~rollfeed.loaders.step_index.read_indexed_sample` checks it), each with ``If-Match`` on
+:func:`~rollfeed.loaders.step_index_check.read_indexed_sample` checks it), each with ``If-Match`` on
 that ETag, so a step object replaced after planning is refused
-(:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one. The
-bounded wait for the next step polls the store. Every request goes through the payload's
-object-store client (:class:`~rollfeed.payload.stores.object_client.ObstoreClient`: obstore,
-and botocore's bounded listing; the same retry policy and credentials as a payload root's),
+(:class:`~rollfeed.loaders.errors.StepReplacedError`), never read as the planned one; each line is
+held to the index's CRC-32C as locally. The bounded, logged wait for the next step polls the store
+(:mod:`~rollfeed.loaders.step_wait`). Every read has a bound of its own: the index GET at most
+``ANSWER_BYTES`` (refused from its headers, unread), a line at most ``MAX_LINE_BYTES``, a step
+without an index parsed in ranged GETs with the bounds of :mod:`~rollfeed.loaders.step_lines`.
+Every request goes through the payload's object-store client
+(:class:`~rollfeed.payload.stores.object_client.ObstoreClient`: obstore, and botocore's bounded
+listing; the same retry policy and credentials as a payload root's),
 created lazily per process (keyed by pid); a process forked after its parent used the store
 is refused (:class:`PayloadInputError`), never left to hang: a loader over step files in a
 store starts its workers from a fork server.
@@ -29,21 +33,21 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from rollfeed.collate import Sample
 from rollfeed.loaders.errors import StepMissingError
-from rollfeed.loaders.step_files import parse_step_name, poll_for_step, step_file_name
+from rollfeed.loaders.step_files import parse_step_name, step_file_name
 from rollfeed.loaders.step_index import (
-    Pread,
     StepIndex,
+    index_of_lines,
     index_path,
-    parse_sample,
-    read_indexed_sample,
     step_index_bytes,
     step_index_from_bytes,
 )
+from rollfeed.loaders.step_index_check import read_indexed_sample
+from rollfeed.loaders.step_lines import ParsedStep, parse_step
+from rollfeed.loaders.step_open import Pread
 from rollfeed.loaders.step_version import StepVersion, replaced_error
+from rollfeed.loaders.step_wait import describe_steps, wait_for_step
 from rollfeed.payload.errors import PayloadInputError, PayloadStaleFileError
 from rollfeed.payload.stores.object_answer import ANSWER_BYTES
 from rollfeed.payload.stores.object_client import ObstoreClient
@@ -141,18 +145,30 @@ class StepStore:
             if tree.findtext(f"{_NS}IsTruncated") != "true" or not token:
                 return sorted(steps)
 
-    def wait_for_step(self, step: int, *, timeout_s: float, poll_s: float = 0.05) -> str:
-        """Name of step ``step``'s file once it exists; :class:`StepTimeoutError` after
-        ``timeout_s`` (the store is polled)."""
+    def wait_for_step(
+        self, step: int, *, timeout_s: float, exact: bool = True, poll_s: float = 0.05
+    ) -> int:
+        """Step ``step`` once its file exists (``exact=False``: the first step from ``step`` on
+        that has one); logs while it waits and raises :class:`StepTimeoutError` after
+        ``timeout_s`` (the store is polled, each request within the client's own bounds:
+        :mod:`rollfeed.loaders.step_wait`)."""
         name = step_file_name(step)
-        poll_for_step(
-            lambda: self.size(name) is not None,
+
+        def find() -> int | None:
+            if exact:
+                return step if self.size(name) is not None else None
+            return next((s for s in self.list_steps() if s >= step), None)
+
+        return wait_for_step(
+            find,
             step,
-            where=self.where(name),
+            exact=exact,
+            where=str(self.url),
+            file=self.where(name),
+            describe=lambda: describe_steps(self.list_steps()),
             timeout_s=timeout_s,
             poll_s=poll_s,
         )
-        return name
 
     def step_version(self, step: int) -> StepVersion:
         """Step ``step``'s object's version; :class:`StepMissingError` when it does not exist."""
@@ -196,31 +212,18 @@ class StepStore:
         pinned = self._pinned(step, version)
         return read_indexed_sample(pinned, index, i, file=self.where(step_file_name(step)))
 
-    def read_step_file(self, step: int) -> tuple[list[Sample], StepVersion]:
-        """Every sample of step ``step`` (the whole object, parsed) and its version."""
-        name = step_file_name(step)
+    def read_step_file(self, step: int) -> tuple[ParsedStep, StepVersion]:
+        """Every sample of step ``step`` (the whole object, parsed in ranged GETs of a few MiB
+        with the bounds of :mod:`~rollfeed.loaders.step_lines`) and its version."""
         version = self.step_version(step)
-        data = self._pinned(step, version)(version.size, 0) if version.size else b""
-        samples = [
-            parse_sample(line, file=self.where(name), line_number=k)
-            for k, line in enumerate(data.split(b"\n"), start=1)
-            if line.strip()
-        ]
-        return samples, version
+        where = self.where(step_file_name(step))
+        return parse_step(self._pinned(step, version), version.size, file=where), version
 
     def write_step_file(self, step: int, samples: list[Sample] | tuple[Sample, ...]) -> str:
         """PUT step ``step``'s index, then its step file; returns the step file's URL."""
         name = step_file_name(step)
         lines = [(s.to_json() + "\n").encode("utf-8") for s in samples]
-        sizes = np.array([len(x) for x in lines], np.int64)
-        ends = np.cumsum(sizes)
-        index = StepIndex(
-            file_bytes=int(ends[-1]) if len(ends) else 0,
-            lengths=np.array([len(s) for s in samples], np.int64),
-            offsets=ends - sizes,
-            sizes=sizes,
-            lines=np.arange(1, len(lines) + 1, dtype=np.int64),
-        )
+        index = index_of_lines(lines, [len(s) for s in samples])
         client = self._reader()
         for obj, data in (
             (index_path(name).name, step_index_bytes(index)),

@@ -35,7 +35,7 @@ from rollfeed.loaders.metrics import MicroBatchFacts, measure
 class Task:
     indices: Sequence[int]
     step: int
-    state: dict[str, int]
+    state: dict[str, Any]  # SamplerState.to_dict()
     plan: dict[str, float]  # the step's plan metrics
 
 

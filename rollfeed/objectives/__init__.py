@@ -13,15 +13,24 @@ and the sampler's (``sampling_mask_logprobs``). A loss step::
                         positions=mb.positions, cu_seqlens=mb.cu_seqlens, group=cp_group)
     (terms.loss.sum() / total_tokens).backward()
 
-Every function returns per-token terms ``[N]`` (the caller reduces them) and metrics as 0-d
-tensors on the inputs' device (no host sync until read). Errors are
-:class:`ObjectiveError` subclasses (a :class:`~rollfeed.errors.RollfeedError`).
+Every function returns per-token terms ``[N]`` (the caller reduces them) and metric sums as 0-d
+tensors on the inputs' device; ``kept_distribution`` and ``policy_loss`` each read their input
+checks back in one host sync. Errors are :class:`ObjectiveError` subclasses (a
+:class:`~rollfeed.errors.RollfeedError`): bad input (:class:`ObjectiveInputError`; a NaN where a
+logprob should be, positions outside the micro batch), an input the objective needs and did not
+get (:class:`ObjectiveMissingInputError`), a loss token without a sampler logprob under
+``no_sampler_logprob="error"`` (:class:`NoSamplerLogprobError`), a term beyond the dtype
+(:class:`ObjectiveOverflowError`), options that do not compose (:class:`ObjectiveCompositionError`).
+A mean :func:`finish_metrics` cannot compute is absent and named in ``metrics["not_computed"]``.
 """
 
 from rollfeed.objectives.errors import (
+    NoSamplerLogprobError,
     ObjectiveCompositionError,
     ObjectiveError,
     ObjectiveInputError,
+    ObjectiveMissingInputError,
+    ObjectiveOverflowError,
 )
 from rollfeed.objectives.kept_distribution import KeptDistribution, kept_distribution
 from rollfeed.objectives.micro_batch_rows import micro_batch_rows
@@ -39,9 +48,12 @@ from rollfeed.objectives.token_weights import (
 __all__ = [
     "KeptDistribution",
     "MaskedIS",
+    "NoSamplerLogprobError",
     "ObjectiveCompositionError",
     "ObjectiveError",
     "ObjectiveInputError",
+    "ObjectiveMissingInputError",
+    "ObjectiveOverflowError",
     "PPOClip",
     "PolicyTerms",
     "ScoreCentering",

@@ -20,9 +20,27 @@ class ObjectiveError(RollfeedError):
 
 
 class ObjectiveInputError(ObjectiveError):
-    """Bad shapes, dtypes, alignment or option values given to an objective."""
+    """Bad shapes, dtypes, alignment, positions or option values given to an objective, or a
+    value that cannot be a logprob (NaN, ``+inf``) where one should be."""
 
 
 class ObjectiveCompositionError(ObjectiveError):
     """Options that do not compose as given: score centering with a sequence-level weight or the
     PPO clip needs the token-level weight of its correction named."""
+
+
+class ObjectiveMissingInputError(ObjectiveInputError):
+    """An objective needs an input it did not get (score centering: a loss token's kept set or
+    its mask logprobs); the message names the input and how to write it."""
+
+
+class NoSamplerLogprobError(ObjectiveInputError):
+    """A loss token without the sampler's logprob of its sampled token (``-inf``, or vLLM's JSON
+    clamp ``-9999`` and below, at the label's mask slot and in ``inference_logprobs``) under
+    ``no_sampler_logprob="error"``."""
+
+
+class ObjectiveOverflowError(ObjectiveError):
+    """A loss token's term or its gradient does not fit the dtype: an unbounded weight (the PPO
+    clip of a negative advantage without a cap, ``TruncatedIS(cap=inf)``, ``MaskedIS(high=inf)``)
+    at a ratio beyond its range, or a trainer logprob of ``-inf`` under a weight that keeps it."""

@@ -18,8 +18,20 @@ With :class:`PPOClip` the first term is the clipped surrogate instead,
 ``−sg(s_t·k_a)·min(r_a A_t, clip(r_a, 1 − ε_low, 1 + ε_high) A_t)`` with ``r_a`` carrying the
 gradient and ``k = w / r`` what the token weight adds (:mod:`rollfeed.objectives.token_weights`).
 
+A token whose weight is 0 (``w = 0``, ``k = 0`` or ``s_t = 0``) adds exactly 0 to the first term
+and to every gradient, whatever its ratio: each factor is formed in log space (``log s + log w``,
+``log s + log k + log r``) and selected before it is exponentiated, so an overflowing ratio never
+meets a 0 weight (a ``torch.where`` after ``exp`` would still put ``0·inf = NaN`` into the
+gradient). Only an unbounded weight can overflow (the clip of a negative advantage without a cap,
+``TruncatedIS(cap=inf)``, ``MaskedIS(high=inf)``, an uncapped sequence weight): a loss token whose
+term or gradient does not fit the dtype raises
+:class:`~rollfeed.objectives.ObjectiveOverflowError`. Tokens without a sampler logprob are out of
+``kept.loss_mask`` (dropped and counted by :func:`~rollfeed.objectives.kept_distribution`).
+
 The centering term applies to every centered loss token, also to those that a mask (MIS, IcePop,
-the trust region, a sequence mask or veto) removes from the first term; singletons give 0.
+the trust region, a sequence mask or veto) removes from the first term; singletons give 0. A loss
+token it cannot center (no kept set, or no mask logprobs for two or more ids) is an
+:class:`~rollfeed.objectives.ObjectiveMissingInputError` unless ``ScoreCentering(missing="skip")``.
 Centering with a sequence weight or the clip needs ``ScoreCentering(weight=...)``: the correction's
 ``w_c`` is then a choice, so it must be named (:class:`ObjectiveCompositionError`); otherwise
 ``w_c = w``.
@@ -34,16 +46,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from rollfeed.objectives.errors import ObjectiveCompositionError, ObjectiveInputError
+from rollfeed.objectives.kept_checks import not_a_logprob
 from rollfeed.objectives.kept_distribution import KeptDistribution
-from rollfeed.objectives.mismatch import mismatch_sums
+from rollfeed.objectives.mismatch import mismatch_sums, row_divergences
+from rollfeed.objectives.policy_checks import position_checks, verify
 from rollfeed.objectives.sample_sums import sample_sums
 from rollfeed.objectives.sequence_weights import SequenceWeight
 from rollfeed.objectives.token_weights import TOKEN_WEIGHTS, TokenWeight, Unweighted
+
+MISSING = ("error", "skip")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,9 +86,23 @@ class PPOClip:
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ScoreCentering:
     """Score centering's correction; ``weight`` is its token weight ``w_c`` (None: the sampled
-    token's weight, allowed only without a sequence weight and without the clip)."""
+    token's weight, allowed only without a sequence weight and without the clip).
+
+    ``missing``: what a loss token without an input centering needs does (its kept set, or, for
+    a kept set of two or more ids, a valid mask logprob): ``"error"`` (the default) raises
+    :class:`~rollfeed.objectives.ObjectiveMissingInputError` naming the field and how to write
+    it; ``"skip"`` leaves it uncentered, counted in ``rows_no_kept_set`` /
+    ``rows_no_mask_logprobs`` (with no centered token at all, ``kl``, ``chi2``, ``log_mass`` and
+    ``seq_chi2`` are not computed)."""
 
     weight: TokenWeight | None = None
+    missing: Literal["error", "skip"] = "error"
+
+    def __post_init__(self) -> None:
+        if self.missing not in MISSING:
+            raise ObjectiveInputError(
+                f"ScoreCentering missing must be one of {MISSING}, got {self.missing!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,9 +110,11 @@ class PolicyTerms:
     """Per-token terms ``[N]`` (0 off the loss tokens; the caller reduces them).
 
     loss: ``ℓ_t = policy + centering``. policy: the sampled token's term. centering: the
-    correction (0 where not centered). weight: detached effective importance weight of the
-    sampled token, ``s_t·w_a`` (with the clip ``s_t·k_a·r_a``). sequence_weight: ``s_t``.
-    metrics: additive sums, name -> 0-d tensor (:func:`~rollfeed.objectives.finish_metrics`).
+    correction (0 where not centered). weight: detached effective weight of the sampled token's
+    term, ``s_t·w_a`` (the term is ``−A·weight·log p^S(a)``; with the clip ``s_t·k_a`` times
+    ``r_a`` where the surrogate follows the ratio and ``1 ± ε`` where the clip holds it, so the
+    term is ``−A·weight``). sequence_weight: ``s_t``. metrics: additive sums, name -> 0-d
+    tensor (:func:`~rollfeed.objectives.finish_metrics`).
     """
 
     loss: torch.Tensor
@@ -105,7 +138,8 @@ def policy_loss(
     cu_seqlens: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> PolicyTerms:
-    """The per-token terms of the module doc for ``N`` rows.
+    """The per-token terms of the module doc for ``N`` rows; reads its value checks back in one
+    host sync (:mod:`rollfeed.objectives.policy_checks`).
 
     Args:
         kept: the rows' kept-set distributions (:func:`~rollfeed.objectives.kept_distribution`).
@@ -150,56 +184,92 @@ def policy_loss(
         )
     cdt = kept.log_p.dtype
     loss = kept.loss_mask
-    adv = advantages.detach().to(cdt)
-    lp = logprobs.to(cdt)
-    zero = torch.zeros((), dtype=cdt, device=lp.device)
-    # Off the loss tokens the ratio is set to 1: an unbounded one there would turn the zero
-    # gradient of a masked-out term into 0·inf.
-    lp_on = torch.where(loss, lp, kept.log_q_label)
-    log_r = lp_on.detach() - kept.log_q_label
-    log_w, truncated, masked = weight.log_weight(lp_on.detach(), kept.log_q_label)
+    zero = torch.zeros((), dtype=cdt, device=logprobs.device)
+    neg_inf = torch.full((), -math.inf, dtype=cdt, device=logprobs.device)
+    given_adv = advantages.detach().to(cdt)
+    given_lp = logprobs.to(cdt)
+    # Off the loss every input is a neutral number (advantage 0, ratio 1): no term there may
+    # put a NaN or an inf into a gradient, and each weight is formed in log space and selected
+    # before it is exponentiated (a 0 weight times an overflowing ratio is a NaN gradient).
+    adv = torch.where(loss, given_adv, zero)
+    log_q = torch.where(loss, kept.log_q_label, zero)
+    lp = torch.where(loss, given_lp, log_q)
+    log_r = lp - log_q
+    log_r_d = log_r.detach()
+    log_w, truncated, masked = weight.log_weight(lp.detach(), log_q)
 
-    chi2_slot = torch.where(kept.valid, torch.exp(2 * kept.log_p.detach() - kept.log_q), zero)
-    chi2_plus = torch.zeros(n, dtype=cdt, device=lp.device).index_add(0, kept.row, chi2_slot)
-    log_chi2 = torch.where(kept.centered, torch.log(torch.where(kept.centered, chi2_plus, 1)), 0)
+    kl, chi2 = row_divergences(kept)
     sums = None
+    bad_positions = torch.zeros_like(loss)
+    bad_bounds = torch.zeros((), dtype=torch.bool, device=loss.device)
     if bounds:
         veto = sequence.veto if sequence is not None else None
-        vetoed = log_r < (math.log(veto) if veto is not None else -math.inf)
-        columns = torch.stack([log_r, torch.ones_like(log_r), vetoed.to(cdt), log_chi2], 1)
+        vetoed = log_r_d < (math.log(veto) if veto is not None else -math.inf)
+        ones, centered = torch.ones_like(kl), kept.centered.double()
+        columns = torch.stack(
+            [log_r_d.double(), ones, vetoed.double(), torch.log1p(chi2), centered], 1
+        )
         sums = sample_sums(columns, loss, positions=positions, cu_seqlens=cu_seqlens, group=group)
+        bad_positions, bad_bounds = position_checks(positions, cu_seqlens)
     if sequence is not None:
         s, seq_trunc, seq_mask, seq_veto = sequence.weigh(sums[:, 0], sums[:, 1], sums[:, 2])
+        log_s = torch.log(s).to(cdt)
+        s = s.to(cdt)
     else:
-        s = torch.ones_like(log_r)
+        log_s = torch.zeros_like(log_r_d)
+        s = torch.ones_like(log_r_d)
         seq_trunc = seq_mask = seq_veto = torch.zeros_like(loss)
 
     if clip is None:
-        w_a = torch.exp(log_w)
-        policy = -adv * (s * w_a) * lp
-        applied = s * w_a
+        log_factor = torch.where(loss, log_s + log_w, neg_inf)
+        keep = log_factor > -math.inf
+        factor = torch.where(keep, torch.exp(torch.where(keep, log_factor, zero)), zero)
+        policy = torch.where(keep, -adv * factor * lp, zero)
     else:
-        k_a = torch.exp(weight.log_clip_factor(lp_on.detach(), kept.log_q_label))
-        ratio = torch.exp(lp_on - kept.log_q_label)
-        bounded = torch.clamp(ratio, 1 - clip.eps_low, 1 + clip.high)
-        policy = -(s * k_a) * torch.minimum(ratio * adv, bounded * adv)
-        applied = s * k_a * ratio.detach()
-    policy = torch.where(loss, policy, zero)
-    applied = torch.where(loss, applied, zero)
+        low, high = math.log1p(-clip.eps_low), math.log1p(clip.high)
+        # The surrogate follows r (with its gradient) inside the clip's side for the sign of A,
+        # else the bound, constant: min(r A, clip(r) A) without forming an unbounded r.
+        follow = torch.where(adv >= 0, log_r_d <= high, log_r_d >= low)
+        chosen = torch.where(follow, log_r, log_r_d.clamp(low, high))
+        log_k = weight.log_clip_factor(lp.detach(), log_q)
+        log_factor = torch.where(loss, log_s + log_k, neg_inf)
+        keep = log_factor > -math.inf
+        factor = torch.where(keep, torch.exp(torch.where(keep, log_factor + chosen, zero)), zero)
+        policy = -adv * factor
+    applied = factor.detach()
 
-    correction = torch.zeros(n, dtype=cdt, device=lp.device)
+    correction = torch.zeros(n, dtype=cdt, device=logprobs.device)
+    no_kept_set = no_mask_logprobs = torch.zeros_like(loss)
     if centering is not None:
         w_c = centering.weight if centering.weight is not None else weight
         on = kept.valid & kept.centered[kept.row]
         log_qw = w_c.log_weighted_q(kept.log_p.detach(), kept.log_q)
-        qw = torch.where(on, torch.exp(log_qw), zero)
+        qw = torch.where(on, log_qw, neg_inf).exp()
         correction = correction.index_add(0, kept.row, qw * kept.log_p)
         correction = torch.where(kept.centered, adv * correction, zero)
+        if centering.missing == "error":
+            no_kept_set, no_mask_logprobs = kept.no_kept_set, kept.no_mask_logprobs
 
+    terms = policy + correction
+    verify(
+        logprobs=given_lp,
+        advantages=given_adv,
+        bad_logprobs=loss & not_a_logprob(given_lp.detach()),
+        bad_advantages=loss & ~torch.isfinite(given_adv),
+        positions=positions,
+        cu_seqlens=cu_seqlens,
+        bad_positions=bad_positions,
+        bad_bounds=bad_bounds,
+        no_kept_set=no_kept_set,
+        no_mask_logprobs=no_mask_logprobs,
+        overflow=loss & ~(torch.isfinite(terms.detach()) & torch.isfinite(adv * factor.detach())),
+        log_ratio=log_r_d,
+    )
     metrics = mismatch_sums(
         kept,
-        log_r=log_r,
-        log_chi2=log_chi2,
+        kl=kl,
+        chi2=chi2,
+        log_r=log_r_d,
         applied=applied,
         truncated=truncated & loss,
         masked=masked & loss,
@@ -207,7 +277,7 @@ def policy_loss(
         sums=sums,
     )
     return PolicyTerms(
-        loss=policy + correction,
+        loss=terms,
         policy=policy,
         centering=correction,
         weight=applied,

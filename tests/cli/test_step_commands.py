@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import numpy as np
 import pytest
@@ -190,3 +192,14 @@ def test_step_commands_refuse_a_directory_without_step_files(tmp_path, written, 
     assert rc == 2 and "--group selects the payload files" in err
     rc, _, err = run(capsys, "steps", written.steps, "--root", tmp_path / "absent")
     assert rc == 2 and "does not exist: give the payload root directory" in err
+
+
+def test_verify_steps_names_a_fifo_under_a_step_name_at_once(written, capsys):
+    os.mkfifo(written.steps / "step_000003.jsonl")  # open() of a FIFO waits for a writer
+    t0 = time.monotonic()
+    rc, report = run_json(capsys, "verify", written.root, "--steps", written.steps)
+    assert time.monotonic() - t0 < 5
+    assert rc == 1 and [f["step_file"] for f in report["findings"]] == ["step_000003.jsonl"]
+    assert "FIFO" in report["findings"][0]["message"]
+    rc, out, _ = run(capsys, "steps", written.steps)
+    assert rc == 1 and "BAD step_000003.jsonl: step file is a FIFO" in out

@@ -163,6 +163,30 @@ def test_report_prints_the_objectives_metrics():
     ]
 
 
+def test_report_prints_n_a_for_what_the_objectives_did_not_compute():
+    # No mask logprobs: the mismatch over the kept set is not computed, never shown as 0.
+    objective = {
+        "ess": 0.875,
+        "truncated_frac": 0.125,
+        "masked_frac": 0.0,
+        "seq_masked_frac": 0.0,
+        "seq_vetoed_frac": 0.0,
+        "rows_centered": 0,
+        "slots_invalid": 0,
+        "not_computed": ["chi2", "kl", "log_mass", "seq_chi2"],
+    }
+    trainer = {
+        "cp": 1,
+        "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])],
+        "lr": 1e-3,
+        "clip_eps": 0.2,
+        "train": [step(0, -0.25, [0.0] * 4, [0.5] * 4) | {"objective": objective}],
+    }
+    text = format_report(ROLLOUTS, summarize(ROLLOUTS, trainer))
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "n/a"])
+    assert row.split() == ["0", "n/a", "n/a", "n/a", "0.8750", "12.5%", "0.0%", "0", "0", "n/a"]
+
+
 def test_plot_is_written(tmp_path):
     pytest.importorskip("matplotlib", reason="the demo extra is not installed")
     trainer = {"cp": 1, "ranks": [rank([-0.5, 0.0], [-0.5, 0.0], [-0.6, -0.05], [2, 1])], **TRAIN}
@@ -205,6 +229,10 @@ def test_demo_end_to_end(capture_server):
     assert r.steps[0].mismatch == r.replay
     assert r.steps[1].mismatch.mean_abs > 10 * r.steps[0].mismatch.mean_abs
     assert all(np.isfinite(s.loss) and s.entropy >= 0 for s in r.steps)
+    # The objectives' divergences are computed for every step and never negative, step 0 too.
+    for s in r.steps:
+        assert s.objective["not_computed"] == [], s.objective
+        assert min(s.objective[k] for k in ("kl", "chi2", "seq_chi2", "k3")) >= 0, s.objective
     assert (work / "checkpoints" / "step_000003" / ".metadata").exists()
     verify = subprocess.run(
         [sys.executable, "-m", "rollfeed", "verify", str(work / "payload")],

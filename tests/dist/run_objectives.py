@@ -1,8 +1,8 @@
 """Loss objectives over cp 2 (contiguous and zigzag) and TP 2 equal one process (2 gloo ranks).
 
-cp: a packed row of samples with kept sets and mask logprobs (some ``-inf``, ``-9999`` and NaN
-slots, one sample without mask logprobs) is planned for cp 2; each rank scores its window with the
-:class:`~rollfeed.models.PolicyScorer` over the cp group, takes its rows
+cp: a packed row of samples with kept sets and mask logprobs (some ``-inf``, ``-9999`` and lower
+slots, one sample without mask logprobs, left uncentered by name) is planned for cp 2; each rank
+scores its window with the :class:`~rollfeed.models.PolicyScorer` over the cp group, takes its rows
 (:func:`~rollfeed.objectives.micro_batch_rows`) and computes the policy terms with sequence
 weights over the cp group. Its per-id logprobs, per-token loss, centering, sequence and applied
 weights equal the single-rank result at its positions, the metric sums added over the ranks equal
@@ -48,13 +48,13 @@ CONFIGS = {
     "tis+seq-sum-cap": dict(
         weight=TruncatedIS(cap=2.0),
         sequence=SequenceWeight(statistic="sum", cap=3.0),
-        centering=ScoreCentering(weight=TruncatedIS(cap=2.0)),
+        centering=ScoreCentering(weight=TruncatedIS(cap=2.0), missing="skip"),
     ),
     "clip+mis+seq-mean-band+veto": dict(
         weight=MaskedIS(low=0.2, high=5.0),
         clip=PPOClip(eps_low=0.2),
         sequence=SequenceWeight(statistic="mean", band=(0.3, 3.0), veto=0.01),
-        centering=ScoreCentering(weight=Unweighted()),
+        centering=ScoreCentering(weight=Unweighted(), missing="skip"),
     ),
 }
 CALLS: list[tuple[int, ...]] = []
@@ -80,8 +80,8 @@ def make_samples(seed: int) -> list[Sample]:
             extra = rng.choice(np.setdiff1d(np.arange(VOCAB), [ids[t]]), rng.integers(0, 5), False)
             row = [int(ids[t]), *map(int, extra)]
             lps = list(np.log(rng.dirichlet(np.ones(len(row)))) + np.log(0.95))
-            if len(row) > 2:  # an invalid slot: -inf, vLLM's JSON clamp or NaN
-                lps[-1] = [-np.inf, -9999.0, np.nan][t % 3]
+            if len(row) > 2:  # an invalid slot: -inf, vLLM's JSON clamp, or below it
+                lps[-1] = [-np.inf, -9999.0, -12345.0][t % 3]
             counts[t] = len(row)
             values += row
             logprobs += lps

@@ -110,7 +110,8 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
     plan = {"seq_len": 32, "cp_layout": "zigzag", "pad_to_multiple_of": None}
     plan |= {"overlong": "truncate", "quadratic_cost": DEFAULT_QUADRATIC, "shuffle": False}
     assert {k: v for k, v in want.items() if k.startswith("loader")} == {
-        f"loader_rank{r}": {"version": 2, "step": 3, "micro_batches": 0, "seed": 0}
+        f"loader_rank{r}": {"version": 3, "step": 3, "micro_batches": 0, "seed": 0}
         | {"dp_size": 2, "cp_size": 2, "plan": plan}  # the plan fingerprint through DCP
+        | {"data": {"samples": 0, "tokens": 0, "digest": ""}}  # none of step 3 consumed
         for r in range(4)
     }

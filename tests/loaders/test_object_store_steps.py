@@ -85,8 +85,11 @@ def test_stream_from_the_store_equals_the_local_reference(tmp_path, object_store
         assert ds.metrics()["indexed_steps"] == 3  # planned from the index objects alone
     t0 = time.monotonic()
     loader.batch_sampler.step_timeout_s = 0.3
-    with pytest.raises(StepTimeoutError, match=r"s3://.*step_000010\.jsonl"):
+    with pytest.raises(StepTimeoutError, match=r"s3://.*step_000010\.jsonl") as err:
         next(iter(loader))
+    said = str(err.value)  # where it looked, what it found, the producer's last step
+    assert f"in {s3_url}/steps within" in said and "step files up to step 9" in said, said
+    assert "the producer's last step seen: 9" in said
     assert time.monotonic() - t0 < 5
     loader.close()
 
@@ -128,8 +131,9 @@ def test_step_store_lists_and_refuses_a_missing_step_within_its_bound(object_sto
     steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
     assert steps.list_steps() == []
     t0 = time.monotonic()
-    with pytest.raises(StepTimeoutError):
+    with pytest.raises(StepTimeoutError, match="found there: no step file named") as err:
         steps.wait_for_step(3, timeout_s=0.2)
+    assert err.value.step == 3 and "the producer's last step seen: none" in str(err.value)
     assert time.monotonic() - t0 < 3
     assert "secret" not in repr(steps).lower()
 

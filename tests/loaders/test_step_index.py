@@ -24,6 +24,7 @@ from rollfeed.loaders import (
 )
 from rollfeed.loaders.dataset import STEP_STRIDE
 from rollfeed.loaders.step_index import (
+    ARRAYS,
     build_step_index,
     index_path,
     read_step_index,
@@ -186,7 +187,7 @@ def test_token_count_disagreement_names_line(run):
 
 
 def _fields(index):
-    return {k: getattr(index, k) for k in ("file_bytes", "lengths", "offsets", "sizes", "lines")}
+    return {k: getattr(index, k) for k in ("file_bytes", *ARRAYS)}
 
 
 @pytest.mark.parametrize(
@@ -194,7 +195,7 @@ def _fields(index):
     [
         b"{not json",
         b'{"format": "rollfeed.step_index", "version": 99}',
-        json.dumps({"format": "rollfeed.step_index", "version": 1}).encode(),
+        json.dumps({"format": "rollfeed.step_index", "version": 2}).encode(),
     ],
 )
 def test_unreadable_index_names_index_file(run, bad):

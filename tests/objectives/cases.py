@@ -11,7 +11,7 @@ from rollfeed.models import support_logprobs
 from rollfeed.objectives import kept_distribution
 
 V = 7
-NAN, NEG = float("nan"), float("-inf")
+NEG = float("-inf")
 # (ids, label, loss, fallback, sampler edits {slot: value}, has mask logprobs)
 ROWS = [
     ([3, 1, 5], 3, True, False, {}, True),
@@ -19,7 +19,7 @@ ROWS = [
     ([4, 0, 6, 2], 4, True, False, {2: NEG}, True),
     ([1, 3, 3], 1, True, False, {}, True),  # a repeated id: its second slot does not count
     ([5, 2], 5, True, False, {1: -9999.0}, True),  # vLLM's JSON clamp
-    ([0, 4, 1], 0, True, False, {2: NAN}, True),
+    ([0, 4, 1], 0, True, False, {2: -12345.0}, True),  # below the clamp
     ([6, 3], 6, True, False, {}, False),  # no mask logprobs
     ([2, 5], 2, True, True, {}, True),  # fallback row
     ([], 3, True, True, {}, False),  # no kept set, scored over the full vocabulary

@@ -133,5 +133,7 @@ def reference_terms(
             metrics["centered"] += 1
             p = {v: float(i["logp"][v].detach().exp()) for v in i["q"]}
             metrics["kl"] += sum(qv * math.log(qv / p[v]) for v, qv in i["q"].items())
-            metrics["chi2"] += sum(p[v] ** 2 / qv for v, qv in i["q"].items()) - 1
+            # chi2 of the trainer's p renormalised over the valid slots (q's support)
+            mass = sum(p.values())
+            metrics["chi2"] += sum((p[v] / mass) ** 2 / qv for v, qv in i["q"].items()) - 1
     return dict(loss=losses, policy=policy, correction=correction, seq=s_weight, metrics=metrics)

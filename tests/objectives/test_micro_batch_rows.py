@@ -8,8 +8,16 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
-from rollfeed.collate import PlanConfig, RaggedRows, Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import (
+    PlanConfig,
+    RaggedRows,
+    Sample,
+    TensorMicroBatch,
+    prepare_batch,
+    to_tensor_micro_batch,
+)
 from rollfeed.objectives import ObjectiveInputError, micro_batch_rows
 
 # Per sample: tokens, and per position either None or {id: logprob} (the kept set).
@@ -87,3 +95,67 @@ def test_a_field_of_another_window_is_refused() -> None:
         micro_batch_rows(dataclasses.replace(tmb, fields=cut))
     support, mask = micro_batch_rows(dataclasses.replace(tmb, fields={}))
     assert support.nnz == mask.nnz == 0 and mask.n_rows == tmb.labels.numel()
+
+
+class _Largest(TorchFunctionMode):
+    """The largest tensor any torch call returns while the mode is on, in bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.bytes = max(self.bytes, t.numel() * t.element_size())
+        return out
+
+
+def test_a_sample_without_mask_logprobs_keeps_the_rows_ragged() -> None:
+    # 4,008 rows, one kept set of 4,000 ids (N x W would be 16M slots), ~80k kept ids; the first
+    # sample was written without mask logprobs, the rest with.
+    g = torch.Generator().manual_seed(0)
+    n = 4008
+    lengths = torch.randint(1, 40, (n,), generator=g)
+    lengths[7] = 4000
+    support = RaggedRows.from_lengths(
+        lengths, torch.randint(0, 1000, (int(lengths.sum()),), generator=g, dtype=torch.int32)
+    )
+    held = torch.cat([torch.zeros(1, dtype=torch.int64), lengths])  # row p: the token at p
+    held[1:100] = 0
+    mask = RaggedRows.from_lengths(held, -torch.rand(int(held.sum()), generator=g))
+    mb = TensorMicroBatch(
+        input_ids=torch.zeros(n, dtype=torch.int64),
+        position_ids=torch.arange(n),
+        labels=torch.zeros(n, dtype=torch.int64),
+        loss_mask=torch.ones(n, dtype=torch.bool),
+        advantages=torch.zeros(n),
+        inference_logprobs=torch.zeros(n),
+        temperatures=torch.ones(n),
+        positions=torch.arange(n),
+        seq_lens=torch.tensor([n + 1], dtype=torch.int32),
+        cu_seqlens=torch.tensor([0, 99, n + 1], dtype=torch.int32),
+        seq_len=n + 1,
+        cp_rank=0,
+        cp_size=1,
+        cp_layout="contiguous",
+        fields={"sampling_mask": support, "sampling_mask_logprobs": mask},
+    )
+    with _Largest() as largest:
+        _, got = micro_batch_rows(mb)
+    assert largest.bytes <= 8 * (support.nnz + n + 2)  # an int64 per kept id: no [N, W]
+    assert torch.equal(got.offsets, support.offsets)
+    vals = got.values
+    assert (vals[: int(support.offsets[99])] == -math.inf).all()  # the sample without any
+    assert torch.equal(vals[int(support.offsets[99]) :], mask.values)
+
+
+def test_positions_outside_the_micro_batch_are_refused() -> None:
+    (mb,) = prepare_batch(_samples(), PlanConfig(seq_len=8, cp_size=1), dp_size=1)[0]
+    tmb = to_tensor_micro_batch(mb, cp_rank=0)
+    bad = tmb.positions.clone()
+    bad[3] = tmb.seq_len
+    with pytest.raises(ObjectiveInputError) as err:
+        micro_batch_rows(dataclasses.replace(tmb, positions=bad))
+    assert (err.value.tensor, err.value.pos) == ("positions", 3)

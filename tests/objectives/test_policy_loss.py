@@ -43,6 +43,7 @@ SEQUENCES = {
     ),
     "veto": (SequenceWeight(veto=0.3), {"stat": "sum", "veto": 0.3}),
 }
+SKIP = ScoreCentering(missing="skip")
 BOUNDS = dict(positions=torch.arange(len(ROWS)), cu_seqlens=torch.tensor(CU_SEQLENS))
 
 
@@ -61,9 +62,10 @@ def test_terms_and_gradients_equal_the_formulas(name: str, seq: str, clip: float
     sequence, ref_sequence = SEQUENCES[seq]
     case = make_case(seed=3)
     out, kept = scored(case)
-    # Centering names its weight whenever the clip or a sequence weight takes part.
+    # Centering names its weight whenever the clip or a sequence weight takes part; the case
+    # holds rows without mask logprobs and without a kept set, left uncentered by name.
     named = clip is not None or sequence is not None
-    centering = ScoreCentering(weight=weight if named else None)
+    centering = ScoreCentering(weight=weight if named else None, missing="skip")
     terms = policy_loss(
         kept,
         out.logprobs,
@@ -129,7 +131,7 @@ def test_invalid_slots_get_zero_weight_and_zero_gradient() -> None:
         loss_mask=case["loss_mask"],
         inference_logprobs=case["inference"],
     )
-    terms = policy_loss(kept, out.logprobs, case["advantages"], centering=ScoreCentering())
+    terms = policy_loss(kept, out.logprobs, case["advantages"], centering=SKIP)
     (g,) = torch.autograd.grad(terms.loss.sum(), leaf)
     assert torch.isfinite(g).all() and torch.isfinite(terms.loss).all()
     offsets = case["support"].offsets
@@ -151,13 +153,15 @@ def test_counters_name_each_kind_of_row() -> None:
         "rows_centered": 9,  # rows 0-5, 11, 12, 13
         "rows_singleton": 1,
         "rows_unscored": 2,  # the fallback rows 7 and 8
+        "rows_no_kept_set": 1,  # row 8
         "rows_missing_label": 1,
         "rows_no_mask_logprobs": 1,
         "rows_inference_q": 5,  # rows 6, 7, 8, 9, 11
         "slots_invalid": 4,
         "duplicate_ids": 1,
+        "no_sampler_logprob": 0,
     }
-    terms = policy_loss(kept, out.logprobs, case["advantages"], centering=ScoreCentering())
+    terms = policy_loss(kept, out.logprobs, case["advantages"], centering=SKIP)
     for row in (1, 6, 7, 8, 9, 10):  # singleton, no mask logprobs, fallback, missing, no loss
         assert terms.centering[row] == 0
     assert terms.loss[10] == 0
@@ -176,6 +180,7 @@ def test_metrics_equal_the_formulas() -> None:
     assert int(m["tokens"]) == ref["metrics"]["tokens"] == 13
     assert int(m["rows_centered"]) == ref["metrics"]["centered"]
     fin = finish_metrics(m)
+    assert fin.pop("not_computed") == ()
     assert all(v.dim() == 0 for v in fin.values())
     w = terms.weight[case["loss_mask"]]
     torch.testing.assert_close(fin["ess"], w.sum() ** 2 / (13 * w.square().sum()))
@@ -210,7 +215,9 @@ def test_centering_with_the_clip_or_a_sequence_weight_needs_its_weight_named() -
         policy_loss(*args, sequence=SequenceWeight(cap=2.0), centering=ScoreCentering(), **BOUNDS)
     with pytest.raises(ObjectiveInputError, match="sample boundaries"):
         policy_loss(*args, sequence=SequenceWeight(cap=2.0))
-    policy_loss(*args, clip=PPOClip(), centering=ScoreCentering(weight=Unweighted()))
+    policy_loss(
+        *args, clip=PPOClip(), centering=ScoreCentering(weight=Unweighted(), missing="skip")
+    )
 
 
 def test_misaligned_rows_are_refused_naming_the_row() -> None:

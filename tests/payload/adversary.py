@@ -25,7 +25,10 @@ import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
 from tests.cli.adversary_cli import family_cli_steps
+from tests.loaders.guard_attacks import family_step_guards
+from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
+from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_records import family_records
@@ -108,6 +111,9 @@ FAMILIES = {
     "bounds": family_bounds,
     "step_replace": family_step_replace,
     "capture_settings": family_capture_settings,
+    "loader_states": family_loader_states,
+    "step_guards": family_step_guards,
+    "objectives": family_objectives,
     "cli_steps": family_cli_steps,
 }
 

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
 from tests.payload.adversary_corpus import build_corpus
@@ -184,12 +185,13 @@ def family_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     size = step.stat().st_size
     ok = {
         "format": "rollfeed.step_index",
-        "version": 1,
+        "version": 2,
         "file_bytes": size,
         "lengths": [3] * 3,
         "offsets": [0, size // 3, 2 * size // 3],
         "sizes": [size // 3] * 3,
         "lines": [1, 2, 3],
+        "crc32c": [crc32c.crc32c(good + b"\n")] * 3,
     }
     for what, text in [
         ("list", b"[1, 2]"), ("deep nesting", b"[" * 100_000 + b"]" * 100_000),
@@ -200,6 +202,8 @@ def family_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
         ("file_bytes 1e400", json.dumps({**ok, "file_bytes": 1e400}).encode()),
         ("file_bytes NaN", json.dumps({**ok, "file_bytes": float("nan")}).encode()),
         ("null arrays", json.dumps({**ok, "lengths": None}).encode()),
+        ("crc32c missing", json.dumps({k: v for k, v in ok.items() if k != "crc32c"}).encode()),
+        ("crc32c strings", json.dumps({**ok, "crc32c": ["a", "b", "c"]}).encode()),
         ("invalid UTF-8", b'{"format": "\xff"}'),
     ]:  # fmt: skip
         ipath = step.with_name("step_000001.index.json")
