@@ -1,6 +1,6 @@
 """The README's command-line section: every command it shows parses, and the output it quotes is
 what the commands print over a step of the quick start's shape (four samples of a 3-token prompt
-and 12 sampled tokens, each kept set 8 ids)."""
+and 12 sampled tokens, each kept set 8 ids and their logprobs)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,13 @@ def test_the_output_the_readme_quotes_is_what_the_commands_print(tmp_path, capsy
         for _ in range(4):
             ids = [1, *rng.integers(0, 1000, 14).tolist()]
             kept = [np.r_[ids[3 + t], rng.choice(1000, 7, replace=False) + 1000] for t in range(12)]
+            counts = np.full(12, 8)
             segments = writer.write(
-                {"sampling_mask": (np.full(12, 8), np.concatenate(kept))},
-                pos={"sampling_mask": 3},
+                {
+                    "sampling_mask": (counts, np.concatenate(kept)),
+                    "sampling_mask_logprobs": (counts, -rng.random(96).astype(np.float32)),
+                },
+                pos={"sampling_mask": 3, "sampling_mask_logprobs": 3},
                 sampled=np.array(ids[3:]),
             )
             samples.append(
