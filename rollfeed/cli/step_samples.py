@@ -47,10 +47,12 @@ from rollfeed.payload import PayloadError
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepSample:
     """Sample ``sample`` (0-based, in file order) of a step file, on 1-based line ``line``:
-    its ``value``, or the ``error`` that reading it raised."""
+    its ``value``, or the ``error`` that reading it raised. ``sample`` is None for an error of
+    the file itself (a NUL byte, a line too long, a read that failed): the loader refuses the
+    whole step, and the lines after it are not read."""
 
-    sample: int
-    line: int
+    sample: int | None
+    line: int | None
     value: Sample | None = None
     error: StepFileError | None = None
 
@@ -135,7 +137,7 @@ def samples(step: StepFile) -> Iterator[StepSample]:
         else:
             yield from _indexed(step.pread, step.index, step.path)
     except OSError as err:  # the step file cannot be read
-        yield StepSample(sample=0, line=0, error=_unreadable(err, step.path))
+        yield StepSample(sample=None, line=None, error=_unreadable(err, step.path))
 
 
 def walk_steps(
@@ -169,7 +171,7 @@ def _indexed(pread: Pread, index: StepIndex, path: str) -> Iterator[StepSample]:
 
 
 def _parsed(pread: Pread, size: int, path: str) -> Iterator[StepSample]:
-    i, number = 0, 0
+    i = 0
     try:
         for number, _, text in step_lines(pread, size, file=path):
             if not text.strip():
@@ -182,7 +184,7 @@ def _parsed(pread: Pread, size: int, path: str) -> Iterator[StepSample]:
                 yield StepSample(sample=i, line=number, value=sample)
             i += 1
     except StepFileError as err:  # the file itself: a NUL byte, a line too long, it shrank
-        yield StepSample(sample=i, line=err.line or number + 1, error=err)
+        yield StepSample(sample=None, line=err.line, error=err)
 
 
 def _unreadable(err: OSError, path: str) -> StepFileError:
@@ -212,7 +214,7 @@ def step_finding_line(f: dict[str, Any]) -> str:
         [file=step_000002/a.rfp, offset=1414]
     """
     where = shown(f["step_file"])
-    if "sample" in f:
+    if "sample" in f:  # a sample's finding
         uid = f", uid {shown(str(f['uid']))}" if "uid" in f else ""
         where += f" line {f['line']} (sample {f['sample']}{uid})"
     elif "line" in f:

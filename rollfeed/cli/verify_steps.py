@@ -27,9 +27,11 @@ Example text::
                 samples without a finding, segments the records read
     steps       [{step, step_file, indexed, samples, sound, segments, findings}], by step
     findings    [{type, message, step_file, step, line, sample, uid, field, pos, file,
-                offset}]: the keys a finding does not know are left out (a step index finding
-                has no line; a record finding names field, pos and what the payload error
-                knows of file and offset)
+                offset}]: the keys a finding does not know are left out. A finding of the
+                step file as a whole (it cannot be opened, the loader refuses its index, a
+                NUL byte or an overlong line: the loader refuses the step) has no sample, and
+                a line where one is known; a record finding names field, pos and what the
+                payload error knows of file and offset
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def run_verify_steps(args: argparse.Namespace) -> int:
                     row["findings"] += 1
                 continue
             at = {"line": got.line, "sample": got.sample}
-            row["samples"] += 1
+            row["samples"] += got.sample is not None
             if got.error is not None:
                 findings.append(step_finding(step, got.error, **at))
                 row["findings"] += 1

@@ -117,7 +117,7 @@ def family_cli_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> N
     base = write_root_and_steps(workdir / "base", n=4)
     tally.case("cli_steps: sound directory", lambda: _check(base.steps, base.root))
     lines = crafted_lines()
-    picked = rng.choice(len(lines), 30, replace=False)
+    picked = rng.choice(len(lines), 20, replace=False)
     j = 0
     for k in sorted(picked.tolist()):
         what, line = lines[k]
@@ -142,7 +142,7 @@ def family_cli_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> N
     victims = [(i, s) for i, s in enumerate(base.handle[VICTIM]) if s.payload]
     other = sorted(str(p.relative_to(base.root)) for p in base.root.rglob("*.rfp"))
     for i, sample in victims[:2]:
-        for kseg, seg in enumerate(sample.payload[:3]):
+        for kseg, seg in enumerate(sample.payload[:2]):
             edits = [
                 ("offset + 1", {"offset": seg.offset + 1}),
                 ("offset - 8", {"offset": max(seg.offset - 8, 0)}),

@@ -203,3 +203,17 @@ def test_verify_steps_names_a_fifo_under_a_step_name_at_once(written, capsys):
     assert "FIFO" in report["findings"][0]["message"]
     rc, out, _ = run(capsys, "steps", written.steps)
     assert rc == 1 and "BAD step_000003.jsonl: step file is a FIFO" in out
+
+
+def test_a_nul_byte_in_an_unindexed_step_file_is_a_finding_of_the_step(written, capsys):
+    path = written.step_file(2)
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2][:10] + b"\0" + lines[2][11:]  # the loader refuses the whole file
+    path.write_bytes(b"".join(lines))
+    path.with_name("step_000002.index.json").unlink()
+    rc, report = run_json(capsys, "verify", written.root, "--steps", written.steps)
+    assert rc == 1
+    [finding] = report["findings"]
+    assert finding["step_file"] == "step_000002.jsonl" and finding["line"] == 3
+    assert "sample" not in finding and "NUL byte" in finding["message"]
+    assert report["steps"][1]["samples"] == 0  # no sample of the step is read after it
