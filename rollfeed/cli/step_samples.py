@@ -101,7 +101,9 @@ def open_step_file(directory: str, step: int) -> Iterator[StepFile]:
         yield StepFile(**closed, problem=err)
         return
     if fd is None:
-        yield StepFile(**closed, problem=StepFileError("vanished while listed", file=path))
+        yield StepFile(
+            **closed, problem=StepFileError("the step file vanished after it was listed", file=path)
+        )
         return
     try:
         size, pread = os.fstat(fd).st_size, fd_pread(fd)

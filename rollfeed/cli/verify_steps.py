@@ -48,29 +48,28 @@ from rollfeed.cli.step_samples import step_finding, step_finding_line, step_numb
 from rollfeed.collate import Sample
 from rollfeed.payload import PayloadError, PayloadRoot, PayloadSegment, read_field
 
+Problem = tuple[str, PayloadSegment | None, PayloadError]  # field, the record at fault, error
 
-def record_problems(
-    sample: Sample, root: PayloadRoot
-) -> tuple[int, list[tuple[PayloadSegment | None, PayloadError]]]:
+
+def record_problems(sample: Sample, root: PayloadRoot) -> tuple[int, list[Problem]]:
     """``(records read, problems)`` of ``sample``'s segment records: each field read over the
     whole sample, a failed field again record by record to name the one at fault (``None``
     when no single record fails alone, e.g. two records overlapping)."""
-    problems: list[tuple[PayloadSegment | None, PayloadError]] = []
-    fields = sorted({s.field for s in sample.payload})
-    for name in fields:
+    problems: list[Problem] = []
+    for name in sorted({s.field for s in sample.payload}):
         mine = [s for s in sample.payload if s.field == name]
         try:
             read_field(mine, name, (0, len(sample)), root=root)
             continue
         except PayloadError as whole:
             failed = whole
-        alone = []
+        alone: list[Problem] = []
         for seg in mine:
             try:
                 read_field([seg], name, (seg.pos, seg.end), root=root)
             except PayloadError as err:
-                alone.append((seg, err))
-        problems += alone or [(None, failed.with_place(field=name))]  # type: ignore[list-item]
+                alone.append((name, seg, err))
+        problems += alone or [(name, None, failed)]
     return len(sample.payload), problems
 
 
@@ -108,10 +107,10 @@ def run_verify_steps(args: argparse.Namespace) -> int:
             row["segments"] += read
             row["sound"] += not problems
             row["findings"] += len(problems)
-            for seg, err in problems:
-                where = {"uid": got.value.uid}
+            for name, seg, err in problems:
+                where = {"uid": got.value.uid, "field": name}
                 if seg is not None:
-                    where.update(field=seg.field, pos=seg.pos if err.pos is None else err.pos)
+                    where["pos"] = seg.pos if err.pos is None else err.pos
                 findings.append(step_finding(step, err, **at, **where))
     finally:
         root.close()
