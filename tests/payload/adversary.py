@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
+from tests.cli.adversary_cli import family_cli_steps
 from tests.loaders.guard_attacks import family_step_guards
 from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
@@ -113,6 +114,7 @@ FAMILIES = {
     "loader_states": family_loader_states,
     "step_guards": family_step_guards,
     "objectives": family_objectives,
+    "cli_steps": family_cli_steps,
 }
 
 
