@@ -1,4 +1,4 @@
-"""``python -m rollfeed {demo,serve,inspect,verify}``."""
+"""``python -m rollfeed {serve,demo,inspect,verify,steps}`` (:mod:`rollfeed.cli`)."""
 
 import sys
 

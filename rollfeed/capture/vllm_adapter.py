@@ -33,7 +33,7 @@ from rollfeed.capture.completion import CapturedCompletion, capture_completion
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError, CaptureModeError, SamplingSettingsError
 from rollfeed.capture.kept_set import LogprobRows
-from rollfeed.capture.settings import check_requested, check_unchanged, engine_floors
+from rollfeed.capture.settings import EngineFloors, check_requested, check_unchanged
 from rollfeed.payload import PayloadWriter
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def sampling_problems(params: Any, config: CaptureConfig | None = None) -> list[
     problems = []
     top_k = getattr(params, "top_k", None)
     temperature = getattr(params, "temperature", 1.0)
-    greedy = temperature < engine_floors().greedy_below
+    greedy = temperature < EngineFloors().greedy_below
     if greedy:  # vLLM has reset top_k to 0: that is not what was asked, so it is not named
         problems.append(f"temperature={temperature}: greedy decoding has no distribution to replay")
     elif top_k is None or top_k <= 1:

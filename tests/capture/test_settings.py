@@ -23,7 +23,7 @@ from rollfeed.capture import (
     check_engine,
 )
 from rollfeed.capture.route import CaptureRoute
-from rollfeed.capture.settings import engine_floors
+from rollfeed.capture.settings import EngineFloors
 from rollfeed.cli import main as cli
 from rollfeed.orchestrator import Rollout
 
@@ -37,14 +37,15 @@ def route_params(tmp_path, **sampling):
     return route.sampling_params(request, route.config(request))
 
 
-def test_the_floors_are_the_installed_vllms():
-    from vllm import sampling_params
-
-    floors = engine_floors()
-    assert floors.temperature_floor == sampling_params._MAX_TEMP == 0.01
-    assert floors.greedy_below == sampling_params._SAMPLING_EPS
-    # the finding: vLLM samples a temperature below the floor at the floor
-    assert vllm.SamplingParams(temperature=0.005).temperature == 0.01
+def test_the_floors_are_where_the_installed_vllm_changes_a_temperature():
+    floors = EngineFloors()
+    below, at = floors.temperature_floor * 0.999, floors.temperature_floor
+    # the finding: vLLM samples a temperature below the floor at the floor, and keeps the floor
+    assert vllm.SamplingParams(temperature=below).temperature == at
+    assert vllm.SamplingParams(temperature=at).temperature == at
+    # 0 decodes greedily (top_k reset to 0): every positive temperature is raised to the floor
+    # first, so greedy_below separates only 0 from the floor
+    assert vllm.SamplingParams(temperature=0, top_k=20).top_k == 0
 
 
 @pytest.mark.parametrize("temperature", [0.005, 0.00999, 1e-5, 1e-6, 5e-324])

@@ -28,9 +28,9 @@ LENGTHS = [7, 10, 3, 9, 12, 5, 8, 11, 6, 4]
 
 def captured_step(work, seed: int = 3) -> int:
     """``work/payload`` and ``work/steps/step_000000.jsonl``: prompts, completions whose every
-    token has a kept set holding it (1-4 ids, written by handle as the capture does), sampler
-    logprobs near the kept set's uniform value, advantages of both signs. Returns the count of
-    loss tokens."""
+    token has a kept set holding it (1-4 ids) and the sampler's logprob of every kept id, near the
+    kept set's uniform value (written by handle as the capture does), advantages of both signs.
+    Returns the count of loss tokens."""
     rng = np.random.default_rng(seed)
     samples = []
     with PayloadWriter(work / "payload", group="sampler") as writer:
@@ -38,13 +38,19 @@ def captured_step(work, seed: int = 3) -> int:
             ids = rng.integers(0, VOCAB, T)
             prompt = int(rng.integers(1, T // 2 + 1))
             counts = rng.integers(1, 5, T - prompt)
-            values = []
+            values, mask_lp = [], []
+            logprobs = np.zeros(T, np.float32)
             for t, n in zip(range(prompt, T), counts, strict=True):
                 others = np.setdiff1d(np.arange(VOCAB), [ids[t]])
                 values += [int(ids[t]), *rng.choice(others, n - 1, replace=False).tolist()]
-            kept = {"sampling_mask": (counts, np.asarray(values, np.int32))}
-            logprobs = np.zeros(T, np.float32)
-            logprobs[prompt:] = -np.log(counts) + rng.normal(0, 0.1, T - prompt)
+                logits = rng.normal(0, 0.1, n)
+                row = (logits - np.log(np.exp(logits).sum())).astype(np.float32)
+                mask_lp += row.tolist()
+                logprobs[t] = row[0]  # the sampled token's, as the sampler reports it
+            kept = {
+                "sampling_mask": (counts, np.asarray(values, np.int32)),
+                "sampling_mask_logprobs": (counts, np.asarray(mask_lp, np.float32)),
+            }
             samples.append(
                 Sample(
                     ids,

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
+from tests.cli.adversary_cli import family_cli_steps
 from tests.loaders.guard_attacks import family_step_guards
 from tests.loaders.run_attacks import family_loss_runs
 from tests.loaders.state_attacks import family_loader_states
@@ -115,6 +116,7 @@ FAMILIES = {
     "step_guards": family_step_guards,
     "objectives": family_objectives,
     "loss_runs": family_loss_runs,
+    "cli_steps": family_cli_steps,
 }
 
 

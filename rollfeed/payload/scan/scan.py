@@ -31,6 +31,7 @@ region header, and a symlink ``step_1/c.rfp -> /etc``)::
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,25 +95,43 @@ class RootScan:
         return self.refused + [s.problem for s in self.scans if s.problem is not None]
 
 
-def scan_root(root: str | PayloadRoot, *, checksums: bool = True) -> RootScan:
+def scan_root(
+    root: str | PayloadRoot,
+    *,
+    checksums: bool = True,
+    select: Callable[[str], bool] | None = None,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> RootScan:
     """Scan every ``*.rfp`` file under ``root`` (a directory, walked without following any
     symlink, or ``s3://bucket/prefix``: credentials from the ``AWS_*`` variables, or a
     :class:`~rollfeed.payload.PayloadRoot`'s own) through its store; ``checksums``: also check
     every block of every region against its checksum (``verify``), which reads every byte
-    (``inspect`` reads headers and CSR indexes only)."""
+    (``inspect`` reads headers and CSR indexes only).
+
+    ``select(path)``: scan only the listed entries whose path (relative to the root) it accepts;
+    the others are neither opened nor reported. ``progress(done, total, nbytes)``: called after
+    each listed file, with the files done and selected and the bytes of the files scanned.
+    """
     store = as_root(root).store
     listed, refused = store.listing(SUFFIX)
-    scans = []
+    if select is not None:
+        listed = [found for found in listed if select(found.rel)]
+        refused = [err for err in refused if select(err.file or ".")]
+    scans: list[FileScan] = []
+    nbytes = 0
     try:
-        for found in listed:
+        for done, found in enumerate(listed, start=1):
             try:
                 scans.append(scan_file(store, found, checksums=checksums))
+                nbytes += scans[-1].size
             except PayloadMissingFileError as err:
                 refused.append(
                     type(err)(f"{err.message}: it vanished during the scan", file=found.rel)
                 )
             except PayloadError as err:  # could not be opened: symlink swapped in, FIFO, ...
                 refused.append(err)
+            if progress is not None:
+                progress(done, len(listed), nbytes)
     finally:
         store.close()
     name = root if isinstance(root, str) else root.path

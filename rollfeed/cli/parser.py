@@ -1,0 +1,136 @@
+"""The argument parser of ``python -m rollfeed``: every command but ``serve``'s flags
+(:mod:`rollfeed.cli.serve_help`), built from the standard library alone so that ``--help`` and
+a usage error answer at once."""
+
+from __future__ import annotations
+
+import argparse
+
+EXIT_CODES = "exit status: 0 clean, 1 findings (listed), 2 usage error (a wrong argument)"
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _report_flags(p: argparse.ArgumentParser, module: str) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print one JSON object instead of the text (its keys: python -m pydoc {module})",
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="counts on stderr while it runs (default: when stderr is a terminal)",
+    )
+
+
+def _group_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only the groups (directories under the root, e.g. step_000042) matching this "
+        "shell-style glob, e.g. 'step_0000*'; repeat for several; one matching no group is "
+        "an error",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m rollfeed``'s parser; ``args.command`` names the command."""
+    ap = argparse.ArgumentParser(prog="python -m rollfeed", epilog=EXIT_CODES)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser(
+        "serve",
+        help="vLLM's OpenAI server plus the capture route: --payload-root R --model M "
+        "(python -m rollfeed serve --help)",
+    )
+    d = sub.add_parser(
+        "demo", help="rollouts from a capture server by handle, scored by torchrun ranks (vLLM)"
+    )
+    d.add_argument(
+        "--workdir",
+        default=None,
+        help="locked while the demo runs (default: a fresh directory under ~/.cache/rollfeed/demo)",
+    )
+    d.add_argument("--prompts", type=int, default=16)
+    d.add_argument("--samples", type=int, default=4, help="completions per prompt")
+    d.add_argument("--max-tokens", type=int, default=48)
+    d.add_argument(
+        "--server",
+        default=None,
+        help="a running capture server (http://host:port) with --payload-root WORKDIR/payload "
+        "and the demo's model (default: the demo starts its own)",
+    )
+    d.add_argument("--clip-eps", type=float, default=0.2, help="the PPO clip's ε (0: no clip)")
+    d.add_argument(
+        "--correction",
+        choices=("none", "tis", "icepop", "trust"),
+        default="tis",
+        help="the token-level importance weight (rollfeed.demo.objective)",
+    )
+    d.add_argument(
+        "--centering", action=argparse.BooleanOptionalAction, default=True, help="score centering"
+    )
+    i = sub.add_parser(
+        "inspect",
+        help="summarise a payload root: fields, files, groups, bytes per row",
+        description="What a payload root holds, per field and per group (headers and indexes "
+        "only; verify checks every byte).",
+        epilog=EXIT_CODES,
+    )
+    i.add_argument("root", help="the payload root directory")
+    _group_flag(i)
+    _report_flags(i, "rollfeed.cli.inspect_root")
+    v = sub.add_parser(
+        "verify",
+        help="check a payload root's files, or (--steps) a step directory's records against it",
+        description="Check every payload file under ROOT: headers, region chain, sizes, CSR "
+        "indexes and the checksum of every block. With --steps DIR, check instead every record "
+        "of every step file in DIR against ROOT: each sample read as the loader reads it, each "
+        "segment record read back from ROOT.",
+        epilog=EXIT_CODES,
+    )
+    v.add_argument("root", help="the payload root directory")
+    _group_flag(v)
+    v.add_argument(
+        "--steps",
+        metavar="DIR",
+        help="check the records of the step files (step_NNNNNN.jsonl) in DIR against ROOT",
+    )
+    v.add_argument(
+        "--checksums",
+        action="store_true",
+        help="with --steps: also check the checksum of every block a record's read reads",
+    )
+    _report_flags(v, "rollfeed.cli.verify_root; with --steps: rollfeed.cli.verify_steps")
+    s = sub.add_parser(
+        "steps",
+        help="per step of a step directory: samples, tokens, loss tokens, truncation, kept sets",
+        description="Per step file in DIR: samples, tokens (min/median/max length), loss "
+        "tokens; with --seq-len, what truncation would cut; with --root, kept-set widths.",
+        epilog=EXIT_CODES,
+    )
+    s.add_argument("dir", metavar="DIR", help="the step directory (step_NNNNNN.jsonl files)")
+    s.add_argument(
+        "--seq-len",
+        type=_positive,
+        metavar="N",
+        help="count the samples truncation at N tokens would cut and the tokens it would drop",
+    )
+    s.add_argument(
+        "--root",
+        metavar="ROOT",
+        help="the payload root the records point into: adds kept-set widths (mean/p99/max)",
+    )
+    _report_flags(s, "rollfeed.cli.step_summary")
+    return ap
