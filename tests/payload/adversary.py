@@ -26,6 +26,7 @@ import numpy as np
 from tests.loaders.step_attacks import family_step_replace
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
+from tests.payload.adversary_fork import family_fork
 from tests.payload.adversary_records import family_records
 from tests.payload.adversary_steps import family_steps
 from tests.payload.adversary_stores import family_stores
@@ -105,6 +106,7 @@ FAMILIES = {
     "stores": family_stores,
     "bounds": family_bounds,
     "step_replace": family_step_replace,
+    "fork": family_fork,
 }
 
 
