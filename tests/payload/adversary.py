@@ -27,6 +27,7 @@ from tests.loaders.step_attacks import family_step_replace
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_fork import family_fork
+from tests.payload.adversary_ragged import family_ragged_rows
 from tests.payload.adversary_records import family_records
 from tests.payload.adversary_steps import family_steps
 from tests.payload.adversary_stores import family_stores
@@ -107,6 +108,7 @@ FAMILIES = {
     "bounds": family_bounds,
     "step_replace": family_step_replace,
     "fork": family_fork,
+    "ragged_rows": family_ragged_rows,
 }
 
 
