@@ -31,8 +31,8 @@ from rollfeed.payload.stores.object_lease import merge_spans
 from rollfeed.payload.stores.object_prune import incomplete_uploads
 from rollfeed.payload.stores.s3 import S3Store
 from tests.object_store_server import SECRET_KEY
-from tests.payload.adversary_fork import run_forked
 from tests.payload.common import FIELDS, packed_micro_batch, same_read
+from tests.payload.forked import run_forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
