@@ -221,6 +221,9 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         """One pass = one training step (see module doc)."""
+        return _Pass(self, self._micro_batches())
+
+    def _micro_batches(self) -> Iterator[list[int]]:
         self._normalize()
         step, start, micro = self._resume(self._step, self._consumed, self._counted, log=True)
         self._step, self._consumed = step, start
@@ -285,3 +288,26 @@ class MicroBatchSampler(Sampler[list[int]]):
             on_reshard=self.config.on_reshard,
         )
         self._step_size = None
+
+
+class _Pass(Iterator[list[int]]):
+    """One pass, whose state says whether it handed out its step's last micro batch: restored
+    from that state it yields nothing, and the next pass is the next step. torchdata's
+    ``StatefulDataLoader`` saves it beside the sampler's and, restoring a pass that had ended,
+    draws its workers' prefetch from the restored pass before it starts the next: a pass of the
+    next step there would lose those micro batches (torchdata's own samplers end an epoch so)."""
+
+    def __init__(self, sampler: MicroBatchSampler, micro_batches: Iterator[list[int]]) -> None:
+        self._sampler, self._micro_batches, self._ended = sampler, micro_batches, False
+
+    def __next__(self) -> list[int]:
+        got = next(self._micro_batches)
+        self._ended = self._sampler._consumed == self._sampler._step_size
+        return got
+
+    def state_dict(self) -> dict[str, bool]:
+        return {"ended": self._ended}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("ended"):
+            self._micro_batches, self._ended = iter(()), True

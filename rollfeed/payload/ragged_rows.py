@@ -18,6 +18,13 @@ The value is frozen; :meth:`apply` maps both tensors (device moves, pinning, a s
 it travels wherever a tensor of a micro batch does. On CPU the offsets are checked when the value
 is made (``offsets[0] == 0``, non-decreasing, ``offsets[-1] == nnz``); on an accelerator that
 check would cost a host sync, so a value made there is trusted to come from a checked one.
+
+Every argument is checked too (:mod:`~rollfeed.payload.ragged_args`): lengths and row indices
+are 1-D integer tensors (a boolean mask or float indices are refused, not read as row numbers), a
+fill is a number the rows' dtype holds (3.5 for int rows is refused, not written as 3), ``to``
+moves between devices only (a dtype would convert the offsets). Each misuse is a
+:class:`RaggedRowsError` naming the method, the argument, what it got and what it needs. Rows a
+reader made (:meth:`RaggedRows.trusted`) skip every check.
 """
 
 from __future__ import annotations
@@ -29,6 +36,14 @@ from typing import Any
 import torch
 
 from rollfeed.payload.errors import RaggedRowsError
+from rollfeed.payload.ragged_args import (
+    applied,
+    device_move,
+    fill_value,
+    integer_tensor,
+    row_number,
+    tensor,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +54,8 @@ class RaggedRows:
     values: torch.Tensor
 
     def __post_init__(self) -> None:
-        off, val = self.offsets, self.values
+        off = tensor(self.offsets, "RaggedRows", "offsets", "a 1-D int64 tensor [n + 1]")
+        val = tensor(self.values, "RaggedRows", "values", "a 1-D tensor [nnz]")
         if off.dtype != torch.int64 or off.dim() != 1 or off.numel() < 1:
             raise RaggedRowsError(
                 f"offsets must be a 1-D int64 tensor of n + 1 >= 1 entries, got "
@@ -71,8 +87,29 @@ class RaggedRows:
 
     @classmethod
     def from_lengths(cls, lengths: torch.Tensor, values: torch.Tensor) -> RaggedRows:
-        """Rows of ``lengths [n]`` over ``values [sum(lengths)]``."""
-        return cls(_offsets(lengths.to(values.device)), values)
+        """Rows of ``lengths [n]`` (integers >= 0) over ``values [sum(lengths)]``."""
+        lengths = integer_tensor(lengths, "from_lengths", "lengths", "row lengths >= 0")
+        values = tensor(values, "from_lengths", "values", "a 1-D tensor [sum(lengths)]")
+        if values.dim() != 1:
+            raise RaggedRowsError(
+                f"from_lengths: values must be a 1-D tensor [sum(lengths)], got shape "
+                f"{tuple(values.shape)}"
+            )
+        lengths = lengths.to(device=values.device, dtype=torch.int64)
+        if lengths.device.type == "cpu" and lengths.numel():
+            if int(lengths.min()) < 0:
+                at = int(torch.nonzero(lengths < 0)[0])
+                raise RaggedRowsError(
+                    f"from_lengths: lengths must be >= 0, got lengths[{at}] = {int(lengths[at])}"
+                )
+            offsets = _offsets(lengths)
+            if int(offsets[-1]) != values.numel() or int(lengths.max()) > values.numel():
+                raise RaggedRowsError(
+                    f"from_lengths: lengths must sum to the {values.numel()} values, got a sum "
+                    f"of {int(lengths.sum())}"
+                )
+            return cls(offsets, values)
+        return cls(_offsets(lengths), values)
 
     @classmethod
     def from_padded(
@@ -81,16 +118,24 @@ class RaggedRows:
         """Rows of ``padded [n, W]``: each row up to its last slot that is not ``fill`` (a fill
         before that slot is kept: the read form's empty label place), or, with ``like``, the rows
         of ``like``'s lengths (values aligned with another field's rows)."""
+        padded = tensor(padded, "from_padded", "padded", "a 2-D tensor [n, W]")
         if padded.dim() != 2:
-            raise RaggedRowsError(f"padded rows must be [n, W], got shape {tuple(padded.shape)}")
+            raise RaggedRowsError(
+                f"from_padded: padded must be a 2-D tensor [n, W], got shape {tuple(padded.shape)}"
+            )
         n, width = padded.shape
         if like is not None:
+            if not isinstance(like, RaggedRows):
+                raise RaggedRowsError(
+                    f"from_padded: like must be RaggedRows, got {type(like).__name__}"
+                )
             if like.n_rows != n:
                 raise RaggedRowsError(f"{n} padded rows cannot follow {like.n_rows} rows")
             lengths = like.lengths()
             if lengths.numel() and int(lengths.max()) > width:
                 raise RaggedRowsError(f"a row of {int(lengths.max())} does not fit width {width}")
         else:
+            fill = fill_value(fill, padded.dtype, "from_padded")
             held = padded != fill
             if padded.is_floating_point() and fill != fill:
                 held = ~padded.isnan()
@@ -134,30 +179,57 @@ class RaggedRows:
 
     def padded(self, width: int | None = None, *, fill: float | int = -1) -> torch.Tensor:
         """``[n, width]`` with each row left-aligned and ``fill`` after it; ``width`` defaults to
-        the longest row. Raises :class:`RaggedRowsError` if a row is longer than ``width``."""
+        the longest row; ``fill`` a number the rows' dtype holds. Raises
+        :class:`RaggedRowsError` if a row is longer than ``width``, or the padded form cannot be
+        allocated."""
+        fill = fill_value(fill, self.dtype, "padded")
         longest = self.width()
-        width = longest if width is None else width
-        if longest > width:
-            raise RaggedRowsError(f"a row of {longest} values does not fit width {width}")
-        out = torch.full((self.n_rows, width), fill, dtype=self.dtype, device=self.device)
+        width = longest if width is None else row_number(width, "padded", "width")
+        if longest > width or width < 0:
+            raise RaggedRowsError(
+                f"padded: width must be >= 0 and hold the longest row, {longest} values, got "
+                f"width {width}"
+                f": a row of {longest} values does not fit width {width}"
+            )
+        size = self.n_rows * width * self.values.element_size()
+        try:
+            if size >= 1 << 63:
+                raise RuntimeError("its size overflows int64")
+            out = torch.full((self.n_rows, width), fill, dtype=self.dtype, device=self.device)
+        except RuntimeError as err:  # the allocation (or its size) failed
+            raise RaggedRowsError(
+                f"padded: [{self.n_rows}, {width}] {self.dtype} ({size} bytes) cannot be made: "
+                f"{str(err).splitlines()[0][:120]}"
+            ) from None
         rows = self.row_index()
         cols = torch.arange(self.nnz, device=self.device) - self.offsets[rows]
         out[rows, cols] = self.values
         return out
 
     def rows(self, start: int, stop: int) -> RaggedRows:
-        """Rows ``start .. stop - 1`` with re-based offsets; the values are a view."""
+        """Rows ``start .. stop - 1`` (ints, ``0 <= start <= stop <= n``) with re-based
+        offsets; the values are a view."""
+        start, stop = row_number(start, "rows", "start"), row_number(stop, "rows", "stop")
         if not 0 <= start <= stop <= self.n_rows:
-            raise RaggedRowsError(f"rows {start}..{stop} outside 0..{self.n_rows}")
+            raise RaggedRowsError(
+                f"rows: start and stop must satisfy 0 <= start <= stop <= {self.n_rows}, got "
+                f"rows {start}..{stop}, outside 0..{self.n_rows}"
+            )
         off = self.offsets[start : stop + 1]
         first, last = (int(off[0]), int(off[-1]))
         return RaggedRows(off - first, self.values[first:last])
 
     def take(self, index: torch.Tensor) -> RaggedRows:
-        """The rows ``index [m]`` (int64, in that order, repeats allowed), re-based."""
+        """The rows ``index [m]`` (a 1-D integer tensor, in that order, repeats allowed),
+        re-based."""
+        index = integer_tensor(index, "take", "index")
         index = index.to(device=self.device, dtype=torch.int64)
         if index.numel() and (int(index.min()) < 0 or int(index.max()) >= self.n_rows):
-            raise RaggedRowsError(f"row index outside 0..{self.n_rows - 1}")
+            bad = int(index[(index < 0) | (index >= self.n_rows)][0])
+            raise RaggedRowsError(
+                f"take: index must hold row numbers in 0..{self.n_rows - 1}, got {bad}: row "
+                f"index outside 0..{self.n_rows - 1}"
+            )
         lengths = self.lengths()[index]
         offsets = _offsets(lengths)
         total = int(offsets[-1])
@@ -168,7 +240,8 @@ class RaggedRows:
         return RaggedRows(offsets, self.values[source])
 
     def with_values(self, values: torch.Tensor) -> RaggedRows:
-        """The same rows over other values aligned slot for slot (``[nnz]``)."""
+        """The same rows over other values aligned slot for slot (``[nnz]``, any dtype)."""
+        values = tensor(values, "with_values", "values", f"a tensor of shape [{self.nnz}]")
         if values.shape != self.values.shape:
             raise RaggedRowsError(
                 f"aligned values must have shape {tuple(self.values.shape)}, got "
@@ -181,20 +254,31 @@ class RaggedRows:
         return self.offsets, self.values
 
     def apply(self, fn: Callable[[torch.Tensor], Any]) -> RaggedRows:
-        """A copy with ``fn`` applied to the offsets and the values, not checked again: ``fn``
-        moves or copies bytes (a device, pinned or shared buffer), it does not change rows. (A
-        loader's hand-over maps the two to buffer slots this way, and back.)"""
-        return RaggedRows.trusted(fn(self.offsets), fn(self.values))
+        """A copy with ``fn`` applied to the offsets and the values, their bytes not checked
+        again: ``fn`` moves or copies bytes (a device, pinned or shared buffer), it does not
+        change rows. Tensors it returns keep their kind (offsets 1-D int64, values 1-D, both of
+        the same lengths and on one device), else :class:`RaggedRowsError`. (A loader's
+        hand-over maps the two to buffer slots this way, and back.)"""
+        if not callable(fn):
+            raise RaggedRowsError(f"apply: fn must be callable, got {type(fn).__name__}")
+        offsets, values = fn(self.offsets), fn(self.values)
+        applied(self.offsets, self.values, offsets, values)
+        return RaggedRows.trusted(offsets, values)
 
     def to(self, *args: Any, **kwargs: Any) -> RaggedRows:
-        """Device moves only (``dtype`` would change the offsets too): ``rows.to("cuda")``."""
-        return self.apply(lambda t: t.to(*args, **kwargs))
+        """Device moves only: ``rows.to("cuda")``, ``rows.to(device, non_blocking=True)``,
+        ``copy=True``; a dtype (which would convert the offsets too) is refused: convert the
+        values with ``rows.with_values(rows.values.to(dtype))``."""
+        moves = device_move(args, kwargs)
+        return self.apply(lambda t: t.to(**moves))
 
     def pin_memory(self) -> RaggedRows:
         return self.apply(torch.Tensor.pin_memory)
 
     def equal(self, other: RaggedRows) -> bool:
         """Bitwise equality of rows and values (dtype included)."""
+        if not isinstance(other, RaggedRows):
+            raise RaggedRowsError(f"equal: other must be RaggedRows, got {type(other).__name__}")
         return (
             self.dtype == other.dtype
             and torch.equal(self.offsets, other.offsets)

@@ -32,6 +32,8 @@ from tests.loaders.step_attacks import family_step_replace
 from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
+from tests.payload.adversary_fork import family_fork
+from tests.payload.adversary_ragged import family_ragged_rows
 from tests.payload.adversary_records import family_records
 from tests.payload.adversary_steps import family_steps
 from tests.payload.adversary_stores import family_stores
@@ -117,6 +119,8 @@ FAMILIES = {
     "objectives": family_objectives,
     "loss_runs": family_loss_runs,
     "cli_steps": family_cli_steps,
+    "fork": family_fork,
+    "ragged_rows": family_ragged_rows,
 }
 
 

@@ -25,8 +25,10 @@ FAMILIES = (
     "versions",
     "stores",
     "bounds",
+    "fork",
+    "ragged_rows",
 )
-STORE_FAMILIES = ("versions", "stores")  # these reach the session's S3 server
+STORE_FAMILIES = ("versions", "stores", "fork")  # these reach the session's S3 server
 # Fewer cases than this means an attack family silently stopped attacking.
 MIN_CASES = {
     "records": 2000,
@@ -39,6 +41,8 @@ MIN_CASES = {
     "versions": 1000,  # the object-store sequences too: the local ones alone are fewer
     "stores": 60,
     "bounds": 450,
+    "fork": 75,
+    "ragged_rows": 6000,
 }
 
 
@@ -123,3 +127,16 @@ def test_outputs_past_their_bound_are_refused_before_allocation(summaries):
     """Wide rows over long windows against every output bound: refused exactly past the bound,
     exact within it, never an allocation beyond the allocation bound."""
     _holds(summaries["bounds"], "bounds")
+
+
+def test_forked_children_of_object_store_users_answer_or_are_refused_never_hang(summaries):
+    """Children forked after a root, a writer, a listing or a prune made requests (also with
+    threads still requesting, and their own children) get a typed refusal at once, whatever they
+    build; children forked before any request read and write exactly, each under a hard bound."""
+    _holds(summaries["fork"], "fork")
+
+
+def test_ragged_rows_misuse_is_refused_and_the_rest_is_exact(summaries):
+    """Every RaggedRows entry point over dtypes, shapes, NaN / inf / negative / huge values and
+    non-tensors: a RaggedRowsError, or exactly what plain Python lists say."""
+    _holds(summaries["ragged_rows"], "ragged_rows")

@@ -32,6 +32,7 @@ from rollfeed.payload.stores.object_prune import incomplete_uploads
 from rollfeed.payload.stores.s3 import S3Store
 from tests.object_store_server import SECRET_KEY
 from tests.payload.common import FIELDS, packed_micro_batch, same_read
+from tests.payload.forked import run_forked
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -211,6 +212,50 @@ def test_after_the_parent_used_the_store_a_fork_server_child_reads_and_a_forked_
     assert (
         pickle.loads(pickle.dumps(root)).store.client._state is None
     )  # no client crosses a pickle
+
+
+def test_a_child_forked_after_requests_is_refused_at_once_whatever_it_builds(object_store, s3_url):
+    """obstore's runtime, started by the parent's requests, never answers in a forked child (a
+    new root there gave no answer in 40 s with timeout_s=2): the parent's root, a new root, a
+    writer on either and a new step store are each refused with a typed error naming the ways
+    out, well within the roots' timeouts; each child runs under a hard wall-clock bound."""
+    from rollfeed.loaders.step_store import StepStore
+
+    bounds = {"timeout_s": 2.0, "retry_timeout_s": 4.0}
+    root = s3_root(object_store, s3_url, **bounds)
+    with PayloadWriter(root, group="g", name="w") as w:
+        segs = w.write({"routed_experts": np.arange(12).reshape(6, 2) % 5}, pos=0)
+    read_fields(segs, {"routed_experts": (0, 6)}, root=root)  # the runtime runs from here
+
+    def fresh():
+        return s3_root(object_store, s3_url, **bounds)
+
+    def write(r):
+        with PayloadWriter(r, group="child", name="w") as w:
+            return w.write({"routed_experts": np.ones((3, 2), np.int64)}, pos=0)
+
+    children = {
+        "the parent's root": lambda: read_fields(segs, {"routed_experts": (0, 6)}, root=root),
+        "a new root": lambda: read_fields(segs, {"routed_experts": (0, 6)}, root=fresh()),
+        "a writer on the parent's root": lambda: write(root),
+        "a writer on a new root": lambda: write(fresh()),
+        "a new step store": lambda: StepStore(
+            f"{s3_url}/steps", **object_store.options(**bounds)
+        ).read_index(1),
+    }
+    answers = {}
+    for what, child in children.items():
+        t0 = time.monotonic()
+        kind, got = run_forked(child, 2 * bounds["retry_timeout_s"], own_group=True)
+        answers[what] = (kind, time.monotonic() - t0, got)
+    hung = {what: a for what, a in answers.items() if a[0] == "hang"}
+    assert not hung, f"children that never answered: {hung}"
+    for what, (kind, took, got) in answers.items():
+        assert kind == "raised" and took < bounds["timeout_s"], (what, kind, took, got)
+        module, name, message, _ = got
+        assert (module, name) == ("rollfeed.payload.errors", "PayloadInputError"), (what, got)
+        assert "forked from one that used the object store" in message, (what, message)
+        assert "'forkserver'" in message and "before the first" in message, (what, message)
 
 
 def test_store_down_then_back_retries_then_reads_and_down_for_good_is_typed(object_store, s3_url):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,3 +108,98 @@ def test_wrong_shapes_and_selections_are_refused() -> None:
         ragged.take(torch.tensor([2]))
     with pytest.raises(RaggedRowsError, match="shape"):
         ragged.with_values(torch.zeros(3))
+
+
+_R = _ragged([[7], [3, 9, 4], []])
+_MISUSES = {
+    "float lengths": (
+        lambda: RaggedRows.from_lengths(torch.tensor([1.0, 3.0]), torch.zeros(4)),
+        r"from_lengths: lengths must be a 1-D integer tensor.*got torch.float32",
+    ),
+    "negative lengths": (
+        lambda: RaggedRows.from_lengths(torch.tensor([2, -1]), torch.zeros(1)),
+        r"from_lengths: lengths must be >= 0, got lengths\[1\] = -1",
+    ),
+    "lengths not summing to nnz": (
+        lambda: RaggedRows.from_lengths(torch.tensor([2, 2]), torch.zeros(3)),
+        r"from_lengths: lengths must sum to the 3 values, got a sum of 4",
+    ),
+    "a boolean mask to take": (
+        lambda: _R.take(torch.tensor([True, False, True])),
+        r"take: index must be a 1-D integer tensor.*got torch.bool.*nonzero",
+    ),
+    "float indices to take": (
+        lambda: _R.take(torch.tensor([1.7, 0.2])),
+        r"take: index must be a 1-D integer tensor.*got torch.float32",
+    ),
+    "a 2-D index": (
+        lambda: _R.take(torch.tensor([[0, 1]])),
+        r"take: index must be a 1-D integer tensor.*shape \(1, 2\)",
+    ),
+    "a 0-D index": (lambda: _R.take(torch.tensor(1)), r"take: index .* shape \(\)"),
+    "a list index": (lambda: _R.take([0, 1]), r"take: index .*got list"),
+    "a float rows() start": (lambda: _R.rows(0.5, 2), r"rows: start must be an int.*float 0.5"),
+    "a bool rows() stop": (lambda: _R.rows(0, True), r"rows: stop must be an int.*bool"),
+    "fill 3.5 on int rows": (lambda: _R.padded(fill=3.5), r"padded: fill .*3.5, not an integer"),
+    "a NaN fill on int rows": (lambda: _R.padded(fill=math.nan), r"padded: fill .*nan"),
+    "a fill out of int32": (lambda: _R.padded(fill=2**40), r"padded: fill .*outside \["),
+    "a fill out of float16": (
+        lambda: _ragged([[1]], torch.float16).padded(fill=1e10),
+        r"padded: fill .*outside the range of torch.float16",
+    ),
+    "a padded form too large to make": (
+        lambda: _R.padded(1 << 58),
+        r"padded: \[3, 288230376151711744\] torch.int32 .* cannot be made",
+    ),
+    "a padded form whose size overflows": (lambda: _R.padded(1 << 62), r"padded: .*overflows"),
+    "a negative width": (lambda: _ragged([[], []]).padded(-1), r"padded: width must be >= 0"),
+    "a float width": (lambda: _R.padded(3.0), r"padded: width must be an int"),
+    "fill 3.5 to from_padded over int rows": (
+        lambda: RaggedRows.from_padded(torch.zeros(2, 2, dtype=torch.int64), fill=3.5),
+        r"from_padded: fill .*3.5",
+    ),
+    "from_padded like a tensor": (
+        lambda: RaggedRows.from_padded(torch.zeros(3, 3), like=torch.zeros(3)),
+        r"from_padded: like must be RaggedRows",
+    ),
+    ".to(torch.float32)": (lambda: _R.to(torch.float32), r"to: moves rows between devices only"),
+    ".to(dtype=...)": (lambda: _R.to("cpu", dtype=torch.int64), r"to: moves rows .*dtype"),
+    ".to(a tensor)": (lambda: _R.to(torch.zeros(1)), r"to: takes a device, not a tensor"),
+    ".to(a bad device)": (lambda: _R.to("float32"), r"to: device 'float32' is not a device"),
+    "apply changing the offsets' dtype": (
+        lambda: _R.apply(torch.Tensor.float),
+        r"apply: fn must move or copy the tensors.*torch.float32",
+    ),
+    "offsets as a list": (
+        lambda: RaggedRows([0, 1], torch.zeros(1)),
+        r"RaggedRows: offsets must be a 1-D int64 tensor.*got list",
+    ),
+    "equal to a tensor": (lambda: _R.equal(_R.values), r"equal: other must be RaggedRows"),
+    "with_values of a list": (lambda: _R.with_values([1, 2, 3, 4]), r"with_values: values must"),
+}
+
+
+@pytest.mark.parametrize("misuse", list(_MISUSES))
+def test_each_misuse_is_a_ragged_rows_error_naming_argument_and_need(misuse: str) -> None:
+    call, match = _MISUSES[misuse]
+    with pytest.raises(RaggedRowsError, match=match):
+        call()
+
+
+def test_what_the_checks_let_through_is_exact() -> None:
+    rows = [[7], [3, 9, 4], []]
+    for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64):  # any integer index dtype
+        assert _rows(_R.take(torch.tensor([2, 0, 1], dtype=dtype))) == [[], [7], [3, 9, 4]]
+    lengths = torch.tensor([1, 3, 0], dtype=torch.uint8)
+    assert _rows(RaggedRows.from_lengths(lengths, _R.values)) == rows
+    assert _rows(_R.rows(np.int64(1), torch.tensor(3))) == rows[1:]
+    assert _R.padded(fill=2.0).tolist() == [[7, 2, 2], [3, 9, 4], [2, 2, 2]]  # integral: 2
+    assert _R.padded(4, fill=True)[2].tolist() == [1, 1, 1, 1]
+    floats = _ragged(rows, torch.float32).padded(fill=math.nan)
+    assert floats[0, 1:].isnan().all() and floats[1].tolist() == [3.0, 9.0, 4.0]
+    moved = _R.to("cpu", copy=True)
+    assert moved.equal(_R) and moved.values.data_ptr() != _R.values.data_ptr()
+    assert _R.to(device=torch.device("cpu"), non_blocking=True).equal(_R)
+    half = _R.with_values(_R.values.to(torch.float16))  # the way to another value dtype
+    assert half.dtype == torch.float16 and torch.equal(half.offsets, _R.offsets)
+    assert _ragged([]).padded(1 << 62).shape == (0, 1 << 62)  # no rows: nothing to allocate

@@ -7,11 +7,13 @@ Every request an ``s3://`` root or a step store makes goes through :class:`Obsto
 (obstore; the two multipart requests obstore does not offer, a step store's bounded listing, and
 a profile's credentials are botocore's: :mod:`~rollfeed.payload.stores.object_botocore`).
 
-obstore's runtime does not survive ``fork`` (a child forked after its parent made a request hangs
-on its own first), so processes that use it start from a fork server or are spawned
-(:meth:`~rollfeed.loaders.LoaderOptions.start_method`); a forked child that finds its parent's
-state is refused with :class:`~rollfeed.payload.errors.PayloadInputError` instead of hanging. The
-obstore store is built once from :class:`~rollfeed.payload.stores.store_url.StoreAccess`, which
+obstore's runtime does not survive ``fork`` (a child forked after a request of its parent hangs
+on its own first, on any client: :mod:`~rollfeed.payload.stores.object_runtime`), so processes
+that use it start from a fork server or are spawned
+(:meth:`~rollfeed.loaders.LoaderOptions.start_method`); in a child forked after a request,
+building a client and every request are refused with
+:class:`~rollfeed.payload.errors.PayloadInputError` instead of hanging. The obstore store is built
+once from :class:`~rollfeed.payload.stores.store_url.StoreAccess`, which
 holds the one retry policy (each attempt bounded as a whole by ``timeout_s``, retries with
 backoff within ``retry_timeout_s``) and where credentials come from. Every failure is a typed
 :class:`~rollfeed.payload.errors.PayloadError` (:func:`~rollfeed.payload.stores.object_errors.
@@ -44,7 +46,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rollfeed.payload.errors import (
-    PayloadInputError,
     PayloadIOError,
     PayloadMissingFileError,
     PayloadPathError,
@@ -55,6 +56,7 @@ from rollfeed.payload.stores.object_botocore import (
     profile_provider,
 )
 from rollfeed.payload.stores.object_errors import store_error
+from rollfeed.payload.stores.object_runtime import before_request, check_usable, forked_error
 from rollfeed.payload.stores.store import PerProcess
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
@@ -76,6 +78,7 @@ class ObstoreClient:
     """This process's obstore client for one bucket (see the module doc)."""
 
     def __init__(self, access: StoreAccess, url: StoreURL) -> None:
+        check_usable(str(url))  # a fork after a request: no client of obstore's would answer
         self.access, self.url = access, url
         self.pid = os.getpid()
         self.bucket_url = access.bucket_url(url.bucket)
@@ -121,6 +124,7 @@ class ObstoreClient:
         if etag is not None:
             options["if_match"] = etag
         what = f"GET bytes [{start}, {end})"
+        before_request(where)
         try:
             got = obstore.get(self.store, key, options=options)
             data, meta = memoryview(got.bytes()), got.meta
@@ -134,6 +138,7 @@ class ObstoreClient:
         body unread."""
         import obstore
 
+        before_request(where)
         try:
             got = obstore.get(self.store, key)
             size = int(got.meta["size"])
@@ -156,6 +161,7 @@ class ObstoreClient:
         """``(size, ETag)`` of ``key``; ``None`` when it does not exist."""
         import obstore
 
+        before_request(where)
         try:
             meta = obstore.head(self.store, key)
         except FileNotFoundError:
@@ -199,6 +205,7 @@ class ObstoreClient:
         """Store ``data`` as ``key`` whether or not it exists (one PUT)."""
         import obstore
 
+        before_request(where)
         try:
             obstore.put(self.store, key, data, use_multipart=False)
         except Exception as raw:
@@ -220,6 +227,7 @@ class ObstoreClient:
         import obstore
 
         out: list[dict] = []
+        before_request(where)
         try:
             for batch in obstore.list(self.store, prefix=prefix or None, chunk_size=1000):
                 out += batch
@@ -231,6 +239,7 @@ class ObstoreClient:
         """Delete ``keys`` (bulk requests of up to 1,000)."""
         import obstore
 
+        before_request(where)
         try:
             obstore.delete(self.store, list(keys))
         except Exception as raw:
@@ -293,17 +302,12 @@ class ObjectClient(PerProcess):
         return f"ObjectClient({self.path!r})"
 
     def process(self) -> ObjectProcessState:
-        """This process's state; in a process forked from one that made it,
-        :class:`PayloadInputError` (obstore's runtime would hang there)."""
+        """This process's state (its parent's is dropped); in a process forked after an
+        object-store request, :class:`PayloadInputError`
+        (:mod:`~rollfeed.payload.stores.object_runtime`: obstore's runtime would hang there)."""
         return self._here(
-            lambda: ObjectProcessState(self.access, self.url, self.threads), forked=self._forked
-        )
-
-    def _forked(self) -> PayloadInputError:
-        return PayloadInputError(
-            f"this process was forked from one that used the object store {self.path}: "
-            "obstore's runtime does not survive fork (the first request would hang); start "
-            "it from a fork server or spawn it (multiprocessing.get_context('forkserver'))"
+            lambda: ObjectProcessState(self.access, self.url, self.threads),
+            forked=lambda: forked_error(self.path),
         )
 
     def where(self, rel: str) -> str:

@@ -15,11 +15,14 @@ reopens the key once, and the record's file id then names the mismatch
 (:class:`PayloadStaleFileError`).
 
 The client (obstore) and the threads that issue requests are per process
-(:class:`~rollfeed.payload.stores.object_client.ObjectClient`); a process forked from one that
-used the store is refused (:class:`PayloadInputError`) instead of hanging, so a process that
-reads or writes an object store is started from a fork server or spawned (a loader's workers
-are, :meth:`~rollfeed.loaders.LoaderOptions.start_method`). The store is picklable and carries
-no client, and its ``repr`` names the URL only (never a credential).
+(:class:`~rollfeed.payload.stores.object_client.ObjectClient`). obstore's runtime does not
+survive ``fork``: in a process forked after an object-store request, building a store and using
+one (the parent's or a new one) are refused (:class:`PayloadInputError`) instead of hanging
+(:mod:`~rollfeed.payload.stores.object_runtime`), so a process that reads or writes an object
+store is started from a fork server or spawned (a loader's workers are,
+:meth:`~rollfeed.loaders.LoaderOptions.start_method`), or forked before the first request. The
+store is picklable and carries no client, and its ``repr`` names the URL only (never a
+credential).
 
 Example::
 
@@ -36,6 +39,7 @@ from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_head
 from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
 from rollfeed.payload.stores.object_lease import ObjectLease
 from rollfeed.payload.stores.object_prune import prune_group
+from rollfeed.payload.stores.object_runtime import check_usable
 from rollfeed.payload.stores.store import Listed, Retry
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 from rollfeed.payload.write.object_writer import ObjectSink
@@ -89,6 +93,7 @@ class S3Store:
                 "an object-store PayloadRoot needs max_open >= 1, concurrency >= 1 and "
                 f"merge_gap >= 0, got {max_open}, {concurrency}, {merge_gap}"
             )
+        check_usable(url)  # refused here, not at the first request: it would hang
         access = StoreAccess(
             endpoint=endpoint,
             region=region,

@@ -72,7 +72,7 @@ class PerProcess:
     """A picklable value whose open files, clients or threads (``_state``: made by
     :meth:`_here`, with a ``pid`` and a ``close()``) belong to one process: never pickled, and a
     forked child makes its own instead of using its parent's (or, given ``forked``, is refused
-    with the error it makes: a client whose runtime does not survive ``fork``)."""
+    with the error it returns, if any: a client whose runtime does not survive ``fork``)."""
 
     _state: Any = None
 
@@ -82,10 +82,12 @@ class PerProcess:
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state, _state=None)
 
-    def _here(self, make: Callable[[], T], *, forked: Callable[[], Exception] | None = None) -> T:
+    def _here(
+        self, make: Callable[[], T], *, forked: Callable[[], Exception | None] | None = None
+    ) -> T:
         if self._state is not None and self._state.pid != os.getpid():
-            if forked is not None:
-                raise forked()
+            if forked is not None and (err := forked()) is not None:
+                raise err
             self._state = None
         if self._state is None:
             self._state = make()
