@@ -22,7 +22,7 @@ PUBLIC = {
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
-        SegmentRangeError""",
+        SegmentRangeError LossRuns StepCounts StepLoss""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
@@ -32,7 +32,8 @@ PUBLIC = {
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
         RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError
         VocabularyRangeError TemperatureError PackingError UnpackableAttentionError
-        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError NonFiniteLogitError""",
+        RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError NonFiniteLogitError
+        GradientReductionError sum_gradients""",
     "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine
         capture_request_output capture_completion CapturedCompletion SupportCapture LogprobRows
         logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts
@@ -46,7 +47,7 @@ PUBLIC = {
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError
         ObjectiveCompositionError ObjectiveMissingInputError NoSamplerLogprobError
-        ObjectiveOverflowError""",
+        ObjectiveOverflowError aggregate AGGREGATIONS""",
 }
 
 

@@ -14,9 +14,11 @@ from rollfeed.collate.errors import (
     SampleValueError,
     SegmentRangeError,
 )
+from rollfeed.collate.loss_runs import LossRuns
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
 from rollfeed.collate.sample import Sample
+from rollfeed.collate.step_counts import StepCounts, StepLoss
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
 from rollfeed.collate.topology import Topology
@@ -29,6 +31,7 @@ __all__ = [
     "CollateError",
     "DuplicateFieldError",
     "KeptSetError",
+    "LossRuns",
     "MeshAxisError",
     "MicroBatch",
     "OverlongError",
@@ -40,6 +43,8 @@ __all__ = [
     "SampleLengthError",
     "SampleValueError",
     "SegmentRangeError",
+    "StepCounts",
+    "StepLoss",
     "TensorMicroBatch",
     "Topology",
     "place_micro_batch",

@@ -3,7 +3,9 @@
 :func:`place_micro_batch` lays out one planned micro batch's samples (in packing order, as
 :func:`~rollfeed.collate.plan_lengths` lists them): each truncated at ``seq_len`` in a slot of its
 length (rounded up to ``2 * cp_size`` for zigzag), the row padded to ``config.pad`` by a tail slot;
-no samples give a dummy of ``config.pad`` tokens. The micro batch records its config.
+no samples give a dummy of ``config.pad`` tokens. The micro batch records its config and, when
+planned with them, its step's loss-token counts (:mod:`rollfeed.collate.step_counts`), held to its
+samples: each sample's count must be what its truncated ``loss_mask`` brings.
 
 Worked example (samples of 3 and 2 tokens, zigzag with ``cp_size=1`` -> slots padded to 2,
 pad multiple 2)::
@@ -28,8 +30,9 @@ import numpy as np
 
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.cp import slot_lengths
-from rollfeed.collate.errors import OverlongError
+from rollfeed.collate.errors import OverlongError, SampleValueError
 from rollfeed.collate.sample import Sample
+from rollfeed.collate.step_counts import StepCounts
 from rollfeed.collate.truncate import truncate_sample
 from rollfeed.payload import PayloadSegment, clip_segments, shift_segments
 
@@ -44,6 +47,7 @@ class MicroBatch:
     cu_seqlens: tuple[int, ...]  # [num_slots + 1] slot boundaries, 0 .. length
     length: int  # S: tokens in the padded row
     config: PlanConfig  # the options it was planned with (CP size and layout, fields)
+    step_counts: StepCounts | None = None  # the step's loss-token counts, when planned with them
 
     @property
     def is_dummy(self) -> bool:
@@ -73,6 +77,7 @@ def place_micro_batch(
     *,
     indices: Sequence[int] | None = None,
     check_fields: bool = True,
+    step_counts: StepCounts | None = None,
 ) -> MicroBatch:
     """The micro batch of ``samples`` in packing order (``[]``: the dummy); see the module doc.
 
@@ -83,6 +88,9 @@ def place_micro_batch(
             ``0 .. n-1``), recorded in the micro batch and named by errors.
         check_fields: check each sample's fields against ``config.fields`` (``False``: the
             caller has checked them).
+        step_counts: the step's loss-token counts from the plan (``BatchPlan.loss.counts``),
+            recorded in the micro batch; each sample's count is checked against its truncated
+            ``loss_mask`` (:class:`SampleValueError` when they differ).
 
     A sample longer than ``seq_len`` is truncated under ``overlong="truncate"`` and refused
     (:class:`OverlongError`) otherwise: planning leaves such samples out or fails.
@@ -105,6 +113,8 @@ def place_micro_batch(
             s, n = truncate_sample(s, seq_len), seq_len
         kept.append(s)
         lengths.append(n)
+    if step_counts is not None:
+        _check_counts(kept, indices, step_counts)
     cu = [0]
     for n in slot_lengths(np.array(lengths, np.int64), config.cp_size, config.cp_layout).tolist():
         cu.append(cu[-1] + n)
@@ -120,4 +130,26 @@ def place_micro_batch(
         cu_seqlens=tuple(cu),
         length=length,
         config=config,
+        step_counts=step_counts,
     )
+
+
+def _check_counts(samples: list[Sample], indices: tuple[int, ...], counts: StepCounts) -> None:
+    """Each (truncated) sample brings the loss tokens the plan counted: ``loss_mask[1:]``, the
+    labels that end up in the micro batch's ``loss_mask``."""
+    planned = counts.sample_loss_tokens.tolist()
+    if len(planned) != len(samples):
+        raise SampleValueError(
+            f"step counts hold {len(planned)} samples, the micro batch {len(samples)}: they are "
+            "another micro batch's; pass the plan's counts of these samples"
+        )
+    for i, s, want in zip(indices, samples, planned, strict=True):
+        got = int(np.count_nonzero(s.loss_mask[1:]))
+        if got != want:
+            raise SampleValueError(
+                f"the sample brings {got} loss tokens (loss_mask[1:] after truncation), the plan "
+                f"counted {want}: its loss_mask changed after the step was planned (or the loss "
+                "runs it was planned from are not this sample's)",
+                sample=i,
+                field="loss_mask",
+            )

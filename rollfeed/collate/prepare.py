@@ -14,6 +14,10 @@ deterministic (same inputs -> same plan on every rank):
 4. Pad each micro batch to a multiple of the pad multiple (``PlanConfig.pad``) and give short
    ranks dummy micro batches of that minimum length, so every rank runs the same number of micro
    steps.
+5. Given the samples' loss runs (:class:`~rollfeed.collate.loss_runs.LossRuns`), count the step's
+   loss tokens after truncation (:mod:`rollfeed.collate.step_counts`): ``plan.loss``, which every
+   micro batch carries as its ``step_counts``, and the metrics ``loss_tokens``,
+   ``samples_with_loss``, ``samples_without_loss`` and ``micro_batches_without_loss``.
 
 Worked example (``seq_len=8``, ``dp_size=2``, lengths ``[5, 3, 6, 2]``, contiguous, cp 1)::
 
@@ -33,27 +37,37 @@ from rollfeed.collate.balance import partition_costs, sequence_cost
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.cp import slot_lengths
 from rollfeed.collate.errors import BatchConfigError, OverlongError, SampleLengthError
+from rollfeed.collate.loss_runs import LossRuns
 from rollfeed.collate.micro_batch import place_micro_batch
 from rollfeed.collate.pack import pack_ffd
 from rollfeed.collate.sample import Sample
+from rollfeed.collate.step_counts import StepLoss
 
 logger = logging.getLogger(__name__)
 
 
 class BatchPlan(list):
-    """``plan[dp_rank][micro_step]`` plus ``plan.metrics`` (counters, ratios).
+    """``plan[dp_rank][micro_step]`` plus ``plan.metrics`` (counters, ratios) and ``plan.loss``
+    (the step's loss tokens, :class:`~rollfeed.collate.step_counts.StepLoss`; ``None`` when
+    planned without loss runs).
 
     Entries are :class:`~rollfeed.collate.MicroBatch` from :func:`prepare_batch`, and tuples of
     sample positions in packing order (``()`` for a dummy) from :func:`plan_lengths`.
     """
 
-    def __init__(self, ranks: list[list], metrics: dict[str, float]) -> None:
+    def __init__(
+        self, ranks: list[list], metrics: dict[str, float], loss: StepLoss | None = None
+    ) -> None:
         super().__init__(ranks)
-        self.metrics = metrics
+        self.metrics, self.loss = metrics, loss
 
 
 def plan_lengths(
-    lengths: np.ndarray | Sequence[int], config: PlanConfig, *, dp_size: int
+    lengths: np.ndarray | Sequence[int],
+    config: PlanConfig,
+    *,
+    dp_size: int,
+    loss_runs: LossRuns | None = None,
 ) -> BatchPlan:
     """Plan ``[dp_rank][micro_step]`` micro batches from token counts alone; see the module doc.
 
@@ -61,13 +75,16 @@ def plan_lengths(
         lengths: ``[n]`` token count of each sample (ints >= 1).
         config: the planner's options.
         dp_size: data-parallel ranks to balance over.
+        loss_runs: each sample's loss runs (aligned with ``lengths``): the plan then counts the
+            step's loss tokens (``plan.loss`` and four more metrics, see the module doc).
 
     Returns:
         ``plan[r][k]``: positions into ``lengths`` of rank ``r``'s micro step ``k``, in packing
         order (the order :func:`place_micro_batch` takes them; ``()`` for a dummy), and
         ``plan.metrics``: samples, truncated, truncated_tokens, dropped, tokens, padding_tokens,
         padding_fraction, micro_steps, dummy_micro_batches, rank_cost_max, rank_cost_mean,
-        rank_cost_max_over_mean.
+        rank_cost_max_over_mean (with ``loss_runs``: loss_tokens, samples_with_loss,
+        samples_without_loss, micro_batches_without_loss, dummies included).
     """
     if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
         raise BatchConfigError(f"dp_size must be an int >= 1, got {dp_size!r}")
@@ -129,9 +146,35 @@ def plan_lengths(
         "rank_cost_mean": mean,
         "rank_cost_max_over_mean": top / mean if mean else 1.0,
     }
+    loss = None
+    if loss_runs is not None:
+        _check_runs(loss_runs, lengths)
+        planned = ~over if dropped else np.ones(len(lengths), bool)
+        loss = StepLoss.of(loss_runs.label_tokens(lengths, seq_len), planned)
+        empty = sum(not loss.per_sample[list(mb)].any() for r in ranks for mb in r)
+        metrics["loss_tokens"] = loss.loss_tokens
+        metrics["samples_with_loss"] = loss.samples_with_loss
+        metrics["samples_without_loss"] = loss.samples - loss.samples_with_loss
+        metrics["micro_batches_without_loss"] = empty
     if truncated or dropped:
         logger.debug("plan truncated %d and dropped %d samples", truncated, dropped)
-    return BatchPlan(ranks, metrics)
+    return BatchPlan(ranks, metrics, loss)
+
+
+def _check_runs(runs: LossRuns, lengths: np.ndarray) -> None:
+    """Loss runs that belong to these samples: one entry per sample, each run a non-empty range
+    inside its sample, after the one before."""
+    if len(runs) != len(lengths):
+        raise SampleLengthError(
+            f"loss_runs holds {len(runs)} samples, lengths {len(lengths)}; give one per sample"
+        )
+    at = runs.misplaced(lengths)
+    if at is not None:
+        raise SampleLengthError(
+            f"loss runs of sample {at} are not ranges in token order, non-empty, inside its "
+            f"{int(lengths[at])} tokens and apart: {runs.of(at).tolist()}",
+            sample=at,
+        )
 
 
 def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int) -> BatchPlan:
@@ -143,18 +186,26 @@ def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int
         dp_size: data-parallel ranks to balance over.
 
     Returns:
-        :func:`plan_lengths` of the samples' lengths, each micro batch placed
-        (:func:`place_micro_batch`); ``plan.metrics`` as there.
+        :func:`plan_lengths` of the samples' lengths and loss runs, each micro batch placed
+        (:func:`place_micro_batch`) with its step counts; ``plan.metrics`` and ``plan.loss`` as
+        there.
     """
     for i, sample in enumerate(samples):  # all of them, dropped ones too, in batch order
         sample.check_fields(config.fields, index=i)
     lengths = np.fromiter((len(s) for s in samples), np.int64, len(samples))
-    plan = plan_lengths(lengths, config, dp_size=dp_size)
+    plan = plan_lengths(lengths, config, dp_size=dp_size, loss_runs=LossRuns.of_samples(samples))
+    assert plan.loss is not None
     ranks = [
         [
-            place_micro_batch([samples[j] for j in mb], config, indices=mb, check_fields=False)
+            place_micro_batch(
+                [samples[j] for j in mb],
+                config,
+                indices=mb,
+                check_fields=False,
+                step_counts=plan.loss.counts(mb),
+            )
             for mb in rank
         ]
         for rank in plan
     ]
-    return BatchPlan(ranks, plan.metrics)
+    return BatchPlan(ranks, plan.metrics, plan.loss)

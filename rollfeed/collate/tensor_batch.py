@@ -50,6 +50,15 @@ A dummy micro batch (a DP rank that came up short) has ``num_samples == 0``, all
 ``loss_mask`` all False and ``fields == coverage == {}``: no payload is read for it, it has no
 recorded rows.
 
+``step_counts`` holds the step's loss-token counts from the plan every rank makes
+(:class:`~rollfeed.collate.step_counts.StepCounts`: the step's loss tokens, samples and samples
+with a loss token, and ``sample_loss_tokens [num_samples]``, each of this micro batch's samples'
+loss tokens over the whole step), so a loss is normalised over the step without a collective
+(:func:`rollfeed.objectives.aggregate`); a dummy carries them too. In the row above, a step of
+these two samples: ``loss_tokens 3, samples 2, samples_with_loss 2, sample_loss_tokens [2, 1]``.
+``None`` for a micro batch placed without a plan's counts (by hand, or a collator given a plain
+list of samples).
+
 ``checks`` holds what the collator found on the CPU while building it (largest and smallest token
 id, the first invalid temperature of a scored row: :mod:`rollfeed.collate.token_checks`), as plain
 Python values that every copy below keeps, so a scorer checks them without a device sync. ``None``
@@ -65,6 +74,7 @@ from typing import Any
 
 import torch
 
+from rollfeed.collate.step_counts import StepCounts
 from rollfeed.collate.token_checks import TokenChecks
 from rollfeed.payload import RaggedRows
 
@@ -81,6 +91,7 @@ class TensorMicroBatch:
     cu_seqlens: ``[num_slots + 1]`` int32, slot boundaries of the whole row (0 .. seq_len).
     fields: field name -> tensor (ragged: RaggedRows) over the field's window (see module doc).
     coverage: fixed-width ``inputs`` field name -> ``[n]`` bool, recorded rows (see module doc).
+    step_counts: the step's loss-token counts (see module doc), or None.
     checks: plain-Python facts recorded on the CPU (see module doc), or None.
     """
 
@@ -101,6 +112,7 @@ class TensorMicroBatch:
     fields: dict[str, torch.Tensor | RaggedRows] = field(default_factory=dict)
     fields_whole: bool = False
     coverage: dict[str, torch.Tensor] = field(default_factory=dict)
+    step_counts: StepCounts | None = None
     checks: TokenChecks | None = None
 
     @property
@@ -114,17 +126,20 @@ class TensorMicroBatch:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor: the dataclass fields in declaration order, then ``fields`` (a ragged
-        field's offsets, then values) and ``coverage`` in order."""
+        field's offsets, then values), ``coverage`` in order and the step counts'
+        ``sample_loss_tokens``."""
         top = [getattr(self, f.name) for f in dataclasses.fields(self)]
         fields = [
             t
             for v in self.fields.values()
             for t in (v.tensors() if isinstance(v, RaggedRows) else (v,))
         ]
+        counts = [] if self.step_counts is None else [self.step_counts.sample_loss_tokens]
         return [
             *(t for t in top if isinstance(t, torch.Tensor)),
             *fields,
             *self.coverage.values(),
+            *counts,
         ]
 
     def apply(self, fn: Callable[[torch.Tensor], Any]) -> TensorMicroBatch:
@@ -139,6 +154,7 @@ class TensorMicroBatch:
             **top,
             fields={k: map_field(v, fn) for k, v in self.fields.items()},
             coverage={k: fn(v) for k, v in self.coverage.items()},
+            step_counts=None if self.step_counts is None else self.step_counts.apply(fn),
         )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TensorMicroBatch:

@@ -265,5 +265,6 @@ def to_tensor_micro_batch(
         fields=out,
         fields_whole=whole_fields,
         coverage=coverage,
+        step_counts=mb.step_counts,
         checks=checks,
     )

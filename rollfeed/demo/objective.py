@@ -8,8 +8,9 @@ Per loss token, from :mod:`rollfeed.objectives` (``r = p^S(a) / q^S(a)``, both o
     + centering        ℓ += sg(A)·Σ_{v∈S} sg(q^S(v)·w(v))·log p^S(v)      (arXiv:2609.20807)
     no clip            ℓ = −sg(A)·sg(w_a)·log p^S(a) (+ centering)
 
-The step's loss is ``Σ ℓ / N`` over every loss token of every rank, ``N`` the global count. The
-corrections are fixed configurations of the library's weights (:data:`CORRECTIONS`): ``none``
+The step's loss is ``Σ ℓ / N`` over every loss token of every rank, ``N`` the step's count
+(:func:`rollfeed.objectives.aggregate`, ``token_mean``, from the counts each micro batch carries).
+The corrections are fixed configurations of the library's weights (:data:`CORRECTIONS`): ``none``
 (``w = 1``), ``tis`` (``min(r, 2)``), ``icepop`` (``r·1[0.5 ≤ r ≤ 2]``), ``trust``
 (``min(r, 2)·1[|p − q| ≤ 0.2]``). Centering uses the correction's own weight as its ``w_c``.
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import torch.distributed as dist
 
 from rollfeed.collate import TensorMicroBatch
@@ -101,8 +101,3 @@ class DemoObjective:
             cu_seqlens=mb.cu_seqlens,
             group=cp_group,
         )
-
-
-def step_loss(terms: PolicyTerms, total_tokens: int) -> torch.Tensor:
-    """This rank's part of the step's loss: ``Σ ℓ / total_tokens``."""
-    return terms.loss.sum() / total_tokens

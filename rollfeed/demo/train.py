@@ -5,15 +5,17 @@ rollfeed reads and scores; this module is the few lines a trainer adds on top, k
 **Loss.** :mod:`rollfeed.demo.objective`: per loss-bearing token the PPO clipped surrogate, a
 token-level correction and score centering, each a flag, from the support-conditioned logprobs
 (:meth:`~rollfeed.models.PolicyScorer.score`, the kept ids' too) and the sampler's mask logprobs.
-The step's loss is ``Σ ℓ / N`` over every loss token of every rank, ``N`` the global count (one
-all-reduce per step), so the loss does not depend on how tokens fall on ranks. The objectives'
-mismatch sums (:func:`rollfeed.objectives.finish_metrics`) are added over every rank once per step.
+The step's loss is ``Σ ℓ / N`` over every loss token of every rank, ``N`` the step's count, which
+every micro batch carries (:func:`rollfeed.objectives.aggregate`, ``token_mean``; planned from the
+step index on every rank, no collective), so the loss does not depend on how tokens fall on
+ranks. The objectives' mismatch sums (:func:`rollfeed.objectives.finish_metrics`) are added over
+every rank once per step.
 
 **Gradients.** The model is sharded with FSDP2 (``fully_shard``, each decoder layer and the root)
 over the flattened ``dp × cp`` mesh. A cp peer holds part of every token's gradient (attention
 mixes its shard with its peers'), a dp peer other tokens: each rank's loss is its own tokens' part
-of the global sum, so the gradient is the SUM over dp and cp; the gradient divide factor is 1
-(FSDP's default would average), reduced with a plain SUM. ``N`` already normalises.
+of the global sum, so the gradient is the SUM over dp and cp (:func:`rollfeed.models.sum_gradients`;
+FSDP's default would average). ``N`` already normalises.
 
 **Checkpoint.** ``torch.distributed.checkpoint`` (DCP) saves the model and AdamW state as sharded
 state dicts (``get_state_dict``), and each rank's loader position (``RolloutLoader.state_dict``)
@@ -36,13 +38,13 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
 from rollfeed.collate import TensorMicroBatch
-from rollfeed.demo.objective import DemoObjective, step_loss
+from rollfeed.demo.objective import DemoObjective
 from rollfeed.loaders import RolloutLoader
-from rollfeed.models import PolicyScorer
-from rollfeed.objectives import finish_metrics, micro_batch_rows
+from rollfeed.models import PolicyScorer, sum_gradients
+from rollfeed.objectives import aggregate, finish_metrics, micro_batch_rows
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +56,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh) -> None:
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            # A plain SUM reduce-scatter: for float32 FSDP would otherwise fold the factor into
-            # NCCL's PREMUL_SUM, which gloo lacks.
-            module.set_force_sum_reduction_for_comms(True)
+    sum_gradients(model)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,7 +65,8 @@ class StepTokens:
 
     ``sampler``, ``trainer``, ``entropy``: ``[n]`` float64 (entropy over the kept set);
     ``kept``: ``[n]`` kept-set sizes; ``loss``: the global loss (the same on every rank);
-    ``tokens``: the global count ``N``; ``clipped``: this rank's tokens whose ratio was clipped;
+    ``tokens``: the step's count ``N`` of loss tokens; ``clipped``: this rank's tokens whose ratio
+    was clipped;
     ``objective``: the objectives' metrics over every rank
     (:func:`rollfeed.objectives.finish_metrics`); a mean not computed is absent, its name in
     ``objective["not_computed"]``.
@@ -96,15 +94,11 @@ def train_step(
 ) -> StepTokens:
     """One optimizer step on one loader pass's micro batches (see the module doc); collective.
 
-    The pass is read before the call (its micro batches are small): the global token count must
-    be known before the first backward. Every dp rank has the same number of micro batches (the
-    planner pads a short rank with dummies), so FSDP's collectives line up.
+    Every micro batch carries the step's loss-token count (``mb.step_counts``), so each is
+    trained on as it comes. Every dp rank has the same number of micro batches (the planner pads
+    a short rank with dummies), so FSDP's collectives line up.
     """
     t0 = time.perf_counter()
-    # One all-reduce of the loss-token count (a host sync, once per step).
-    count = torch.tensor(sum(int(mb.loss_mask.sum()) for mb in batches), dtype=torch.int64)
-    dist.all_reduce(count)
-    total = max(int(count), 1)
     loss_sum = torch.zeros((), dtype=torch.float64)
     clipped = 0
     sums: dict[str, torch.Tensor] = {}
@@ -112,7 +106,7 @@ def train_step(
     for mb in batches:
         out = scorer.score(mb, return_kept_logprobs=True)
         terms = objective.terms(mb, out, cp_group=scorer.cp.group)
-        loss = step_loss(terms, total)
+        loss = aggregate(terms.loss, mb, mode="token_mean")
         loss.backward()
         loss_sum += loss.detach().double()
         for name, value in terms.metrics.items():
@@ -146,7 +140,7 @@ def train_step(
     return StepTokens(
         step=step,
         loss=float(loss_sum),
-        tokens=int(count),
+        tokens=batches[0].step_counts.loss_tokens,
         clipped=clipped,
         sampler=cat(sampler, torch.float64),
         trainer=cat(trainer, torch.float64),

@@ -5,7 +5,8 @@ yielded (packing order, ``[]`` for a dummy), places the planner's micro batch
 (:func:`rollfeed.collate.place_micro_batch`), and calls
 :func:`rollfeed.collate.to_tensor_micro_batch` for this rank's CP coordinate — so the payload bytes
 are read here, inside a worker process when ``num_workers > 0``. The result equals, bitwise, the
-single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank, cp_rank)``. Samples
+single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank, cp_rank)``, its
+step's loss-token counts (``step_counts``, planned by the sampler) included. Samples
 that come with the sampler's config (:class:`~rollfeed.loaders.plan.Planned`, through the
 dataset's ``__getitems__``) are refused with :class:`~rollfeed.loaders.errors.PlanMismatchError`
 when it is not the collator's.
@@ -85,7 +86,8 @@ class MicroBatchCollator:
                 f"sampler vs collator: {'; '.join(samples.config.differences(self.config.plan))}); "
                 "build both from one LoaderConfig"
             )
-        mb = place_micro_batch(samples, self.config.plan)
+        counts = samples.counts if isinstance(samples, Planned) else None
+        mb = place_micro_batch(samples, self.config.plan, step_counts=counts)
         return to_tensor_micro_batch(
             mb,
             cp_rank=self.topology.cp_rank,

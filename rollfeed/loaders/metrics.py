@@ -9,6 +9,10 @@ logs as they are:
 - the step's plan (the whole step, the same on every rank; ``plan_lengths``): ``step``,
   ``samples``, ``tokens`` (after truncation), ``truncated`` and ``truncated_tokens``, ``dropped``
   (overlong samples left out under ``overlong="drop"``), ``padding_fraction``, ``micro_steps``;
+  the loss tokens it holds (label coordinates, after truncation: what every rank's ``loss_mask``
+  holds together): ``loss_tokens``, ``samples_without_loss`` (planned samples left with no loss
+  token, truncation included), ``micro_batches_without_loss`` (of the ``micro_steps * dp``
+  micro batches of every rank, dummies included) and ``dummy_micro_batches``;
 - this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
   ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
@@ -43,6 +47,10 @@ PLAN_KEYS = (
     "dropped",
     "padding_fraction",
     "micro_steps",
+    "loss_tokens",
+    "samples_without_loss",
+    "micro_batches_without_loss",
+    "dummy_micro_batches",
 )
 
 

@@ -8,10 +8,12 @@ are equal (:class:`~rollfeed.loaders.errors.PlanMismatchError`): a sampler and a
 with different options inside one DataLoader never give a micro batch silently different from
 the plan. An index list also carries what it was planned from: the step file's version
 (:class:`~rollfeed.loaders.step_version.StepVersion`) and each sample's planned token count, which
-the dataset holds the samples it reads to. Example::
+the dataset holds the samples it reads to, and the step's loss-token counts
+(:class:`~rollfeed.collate.StepCounts`), which go on with the samples to the micro batch.
+Example::
 
-    Planned([7, 3], config, version=v, lengths=[12, 5])  # -> dataset.__getitems__
-    -> Planned([s7, s3], config)                          # read from version v, len 12 and 5
+    Planned([7, 3], config, version=v, lengths=[12, 5], counts=c)  # -> dataset.__getitems__
+    -> Planned([s7, s3], config, counts=c)              # read from version v, len 12 and 5
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rollfeed.collate import PlanConfig
+import torch
+
+from rollfeed.collate import PlanConfig, StepCounts
 from rollfeed.loaders.step_version import StepVersion
 
 
 class Planned(list):
-    """A list (indices or samples of one micro batch) and the ``config`` it was planned with;
-    for indices, the step file's ``version`` (``None``: an in-memory list) and the planned
-    ``lengths`` (one per index, or ``None``)."""
+    """A list (indices or samples of one micro batch) and the ``config`` it was planned with,
+    the step's loss-token ``counts`` for its items; for indices, the step file's ``version``
+    (``None``: an in-memory list) and the planned ``lengths`` (one per index, or ``None``)."""
 
     def __init__(
         self,
@@ -35,11 +39,38 @@ class Planned(list):
         *,
         version: StepVersion | None = None,
         lengths: Sequence[int] | None = None,
+        counts: StepCounts | None = None,
     ) -> None:
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
+        self.counts = counts
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a DataLoader worker) with its counts as plain numbers: a tensor would go
+        by torch's shared memory, a file descriptor and a resource-sharer thread's round trip
+        per micro batch."""
+        state, c = dict(self.__dict__), self.counts
+        if c is not None:
+            per = c.sample_loss_tokens.tolist()
+            state["counts"] = (c.loss_tokens, c.samples, c.samples_with_loss, per)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        c = state["counts"]
+        if c is not None:
+            tokens, samples, with_loss, per = c
+            state["counts"] = StepCounts(
+                loss_tokens=tokens,
+                samples=samples,
+                samples_with_loss=with_loss,
+                sample_loss_tokens=torch.tensor(per, dtype=torch.int64),
+            )
+        self.__dict__.update(state)
 
     @staticmethod
     def like(source: Any, items: list[Any]) -> list[Any]:
-        """``items`` as a ``Planned`` with ``source``'s config when ``source`` is planned."""
-        return Planned(items, source.config) if isinstance(source, Planned) else items
+        """``items`` as a ``Planned`` with ``source``'s config and counts when ``source`` is
+        planned."""
+        if not isinstance(source, Planned):
+            return items
+        return Planned(items, source.config, counts=source.counts)

@@ -17,9 +17,12 @@ yet, the pass waits for it (bounded by ``step_timeout_s`` and logged at INFO, th
 of its rollouts waits or fails; it never trains on a quiet empty step.
 
 Each planned micro batch carries the step file's version and its samples' planned lengths
-(:class:`~rollfeed.loaders.plan.Planned`), which the dataset holds its reads to. A step with
-samples truncated at ``seq_len`` is logged once (a warning naming samples and tokens, and how to
-make it an error); its plan's counts are :meth:`MicroBatchSampler.plan_metrics`.
+(:class:`~rollfeed.loaders.plan.Planned`), which the dataset holds its reads to, and the step's
+loss-token counts (:class:`~rollfeed.collate.StepCounts`, planned from ``dataset.loss_runs(step)``:
+exact after truncation, the same on every rank, no collective), which the micro batch carries.
+A step with samples truncated at ``seq_len`` is logged once, on one rank of the world (the one at
+dp 0, cp 0, tp 0, pp 0; DEBUG on the others): a warning naming samples and tokens, and how to
+make it an error; its plan's counts are :meth:`MicroBatchSampler.plan_metrics`.
 
 Example (lengths ``[5, 3, 6, 2]``, ``seq_len=8``, ``dp_size=2``)::
 
@@ -115,12 +118,14 @@ class MicroBatchSampler(Sampler[list[int]]):
         if got is None or got.step != step:
             order = self.dataset.step_indices(step)
             lengths = self.dataset.lengths(step)
+            runs = self.dataset.loss_runs(step)
             version = self.dataset.step_version(step)
             identity = self.dataset.step_identity(step)
             if self.config.shuffle:
                 perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
-                order, lengths = order[perm], lengths[perm]
-            plan = plan_lengths(lengths, self.config.plan, dp_size=self.topology.dp_size)
+                order, lengths, runs = order[perm], lengths[perm], runs.take(perm)
+            dp_size = self.topology.dp_size
+            plan = plan_lengths(lengths, self.config.plan, dp_size=dp_size, loss_runs=runs)
             got = self._plan = _StepPlan(
                 step=step,
                 plan=plan,
@@ -133,10 +138,14 @@ class MicroBatchSampler(Sampler[list[int]]):
         return got
 
     def _log_truncation(self, step: int, metrics: Mapping[str, float]) -> None:
-        """A truncation is never silent: one warning per step (also counted in the metrics)."""
+        """A truncation is never silent: one warning per step, on one rank of the world (every
+        rank plans the same step; also counted in the metrics)."""
         if metrics["truncated"] and self._warned != step:
             self._warned = step
-            logger.warning(
+            topo = self.topology
+            first = not (topo.dp_rank or topo.cp_rank or topo.tp_rank or topo.pp_rank)
+            logger.log(
+                logging.WARNING if first else logging.DEBUG,
                 "step %d: %d of %d samples are longer than seq_len=%d and were truncated to it, "
                 "%d tokens cut (overlong='truncate'); pass PlanConfig(overlong='error') to make "
                 "this an error, or overlong='drop' to leave such samples out",
@@ -151,11 +160,13 @@ class MicroBatchSampler(Sampler[list[int]]):
         """This DP rank's micro batches of ``step`` as dataset indices (packing order), each
         with the step file's version and its samples' planned lengths."""
         got = self._step_plan(step)
-        out = []
+        loss, out = got.plan.loss, []
+        assert loss is not None  # planned with the dataset's loss runs
         for mb in got.plan[self.topology.dp_rank]:
             at = list(mb)
-            lengths, plan = got.lengths[at].tolist(), self.config.plan
-            out.append(Planned(got.order[at].tolist(), plan, version=got.version, lengths=lengths))
+            lengths, plan, counts = got.lengths[at].tolist(), self.config.plan, loss.counts(at)
+            indices = got.order[at].tolist()
+            out.append(Planned(indices, plan, version=got.version, lengths=lengths, counts=counts))
         return out
 
     def plan_metrics(self, step: int) -> dict[str, float]:

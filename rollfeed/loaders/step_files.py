@@ -6,11 +6,12 @@ ignored, so a half-written temporary file is never read.
 
 Each line is a :class:`~rollfeed.collate.Sample` record (``Sample.to_json``); blank lines are
 skipped. Beside each step file :func:`write_step_file` puts its index, ``step_000042.index.json``
-(token counts, line offsets and a content hash per line, :mod:`rollfeed.loaders.step_index`). A
-line that does not parse raises :class:`StepFileError` naming the file and the 1-based line number;
-so does anything but a regular file under a step file's name (:mod:`rollfeed.loaders.step_open`).
-A write that fails (disk full, a file size limit, an I/O error) raises :class:`StepWriteError`
-naming the file and leaves neither temporary file nor a new index behind.
+(token counts, line offsets, a content hash and the loss runs of each line,
+:mod:`rollfeed.loaders.step_index`). A line that does not parse raises :class:`StepFileError`
+naming the file and the 1-based line number; so does anything but a regular file under a step
+file's name (:mod:`rollfeed.loaders.step_open`). A write that fails (disk full, a file size limit,
+an I/O error) raises :class:`StepWriteError` naming the file and leaves neither temporary file nor
+a new index behind.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def write_step_file(
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
             f.writelines(lines)
-        write_step_index(path, index_of_lines(lines, [len(s) for s in samples]))
+        write_step_index(path, index_of_lines(lines, samples))
         indexed = True
         os.replace(tmp, path)
     except BaseException as err:

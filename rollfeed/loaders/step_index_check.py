@@ -7,10 +7,11 @@ Each failure is a :class:`StepFileError` naming the file, and the line where kno
   token and one byte each, never overlapping; the bytes no entry covers are blank lines, as many
   as the line numbers skip (an index that leaves samples out, empty arrays included, fails here).
   A file without blank lines, as ``write_step_file`` writes it, is checked from the index and its
-  size alone; blank lines are read, only they;
+  size alone; blank lines are read, only they. Each sample's loss runs are in token order,
+  non-empty, inside the sample and apart (else the error names the sample and its line);
 - reading a line (a worker, :func:`read_indexed_sample`): the entry is at most
   :data:`~rollfeed.loaders.step_lines.MAX_LINE_BYTES`; its bytes are exactly one line, their
-  CRC-32C is the index's and the sample has the indexed token count.
+  CRC-32C is the index's and the sample has the indexed token count and loss runs.
 
 So a step file rewritten after its index was written -- to another size, to lines of other sizes,
 or in place to the very same size and line sizes with other bytes -- is refused when its index is
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rollfeed.collate import Sample
+from rollfeed.collate.loss_runs import mask_runs
 from rollfeed.loaders.errors import StepFileError
 from rollfeed.loaders.step_lines import MAX_LINE_BYTES, line_too_long, parse_sample
 from rollfeed.loaders.step_open import Pread, fd_pread, open_step
@@ -63,7 +65,7 @@ def check_index(
             file=step_file,
         )
     ok = len({len(getattr(index, k)) for k in ("lengths", "offsets", "sizes", "lines")}) == 1
-    ok = ok and len(index.crc32c) == len(index)
+    ok = ok and len(index.crc32c) == len(index) == len(index.runs)
     if ok:  # every value is in [0, 2**62) (the parse), so these sums cannot wrap
         ends = index.offsets + index.sizes
         gaps = index.offsets - np.concatenate([[0], ends])[:-1]  # bytes before each line
@@ -81,6 +83,15 @@ def check_index(
             f"overlap, go backwards or run past the file's {size} bytes); rebuild it with "
             "build_step_index",
             file=where,
+        )
+    at = index.runs.misplaced(index.lengths)
+    if at is not None:
+        raise StepFileError(
+            f"step index's loss runs of sample {at} ({index.runs.of(at).tolist()}) are not "
+            "[start, end) ranges in token order, non-empty, inside the sample's "
+            f"{int(index.lengths[at])} tokens and apart; rebuild it with build_step_index",
+            file=where,
+            line=int(index.lines[at]),
         )
     tail = size - (int(ends[-1]) if len(ends) else 0)
     if tail or gaps.any():
@@ -185,6 +196,15 @@ def read_indexed_sample(fd: int | Pread, index: StepIndex, i: int, *, file: str)
         raise StepFileError(
             f"step index says {int(index.lengths[i])} tokens, the line's sample has {len(sample)}: "
             f"{_REBUILD}",
+            file=file,
+            line=line_number,
+        )
+    runs = mask_runs(sample.loss_mask)
+    if not np.array_equal(runs, index.runs.of(i)):
+        raise StepFileError(
+            f"the line's sample {i} has loss runs {runs.tolist()}, the step index says "
+            f"{index.runs.of(i).tolist()}: the index does not describe this line's loss_mask; "
+            "rebuild it with build_step_index",
             file=file,
             line=line_number,
         )

@@ -223,7 +223,7 @@ class StepStore:
         """PUT step ``step``'s index, then its step file; returns the step file's URL."""
         name = step_file_name(step)
         lines = [(s.to_json() + "\n").encode("utf-8") for s in samples]
-        index = index_of_lines(lines, [len(s) for s in samples])
+        index = index_of_lines(lines, samples)
         client = self._reader()
         for obj, data in (
             (index_path(name).name, step_index_bytes(index)),

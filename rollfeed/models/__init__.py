@@ -15,6 +15,7 @@ from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
     CPGroupError,
     CPMismatchError,
+    GradientReductionError,
     LMHeadError,
     ModelError,
     NonFiniteLogitError,
@@ -28,6 +29,7 @@ from rollfeed.models.errors import (
     VocabularyRangeError,
 )
 from rollfeed.models.fused import fused_support_logprobs
+from rollfeed.models.gradient_sum import sum_gradients
 from rollfeed.models.policy import PolicyScorer
 from rollfeed.models.router_replay import RouterReplay, Routing
 from rollfeed.models.support import SupportScores, support_logprobs
@@ -36,6 +38,7 @@ __all__ = [
     "CPGroup",
     "CPGroupError",
     "CPMismatchError",
+    "GradientReductionError",
     "LMHeadError",
     "ModelError",
     "NonFiniteLogitError",
@@ -52,5 +55,6 @@ __all__ = [
     "UnpackableAttentionError",
     "VocabularyRangeError",
     "fused_support_logprobs",
+    "sum_gradients",
     "support_logprobs",
 ]

@@ -89,3 +89,8 @@ class LMHeadError(ModelError):
 class NonFiniteLogitError(ModelError):
     """A scored row whose logits are NaN or inf (a fault of the model: NaN activations or
     weights), or whose logits the temperature scales past the compute dtype's range."""
+
+
+class GradientReductionError(ModelError):
+    """A module whose gradient reduction :func:`~rollfeed.models.sum_gradients` cannot make a
+    sum: neither the root of an FSDP2 (``fully_shard``) model nor ``DistributedDataParallel``."""

@@ -11,7 +11,12 @@ and the sampler's (``sampling_mask_logprobs``). A loss step::
     terms = policy_loss(kept, out.logprobs[mb.positions], mb.advantages,
                         weight=TruncatedIS(cap=2.0), centering=ScoreCentering(),
                         positions=mb.positions, cu_seqlens=mb.cu_seqlens, group=cp_group)
-    (terms.loss.sum() / total_tokens).backward()
+    aggregate(terms.loss, mb, mode="token_mean").backward()   # this micro batch's share
+
+:func:`aggregate` normalises over the whole step from the counts every micro batch carries
+(``token_mean``, ``seq_mean_token_mean``, ``seq_mean_token_sum``): summed over every rank and
+micro batch, the shares are the loss of the whole step in one process (the gradients summed over
+ranks, :func:`rollfeed.models.sum_gradients`).
 
 Every function returns per-token terms ``[N]`` (the caller reduces them) and metric sums as 0-d
 tensors on the inputs' device; ``kept_distribution`` and ``policy_loss`` each read their input
@@ -24,6 +29,7 @@ get (:class:`ObjectiveMissingInputError`), a loss token without a sampler logpro
 A mean :func:`finish_metrics` cannot compute is absent and named in ``metrics["not_computed"]``.
 """
 
+from rollfeed.objectives.aggregate import AGGREGATIONS, aggregate
 from rollfeed.objectives.errors import (
     NoSamplerLogprobError,
     ObjectiveCompositionError,
@@ -46,6 +52,7 @@ from rollfeed.objectives.token_weights import (
 )
 
 __all__ = [
+    "AGGREGATIONS",
     "KeptDistribution",
     "MaskedIS",
     "NoSamplerLogprobError",
@@ -62,6 +69,7 @@ __all__ = [
     "TruncatedIS",
     "TrustRegion",
     "Unweighted",
+    "aggregate",
     "finish_metrics",
     "kept_distribution",
     "micro_batch_rows",

@@ -10,6 +10,7 @@ import pytest
 
 from rollfeed.collate import (
     BatchConfigError,
+    LossRuns,
     OverlongError,
     PlanConfig,
     Sample,
@@ -45,10 +46,16 @@ def test_plan_from_lengths_is_the_plan_prepare_batch_places(overlong, dp, cp, la
         samples = inline_batch(rng, n, SEQ_LEN if n == 1 else 2 * SEQ_LEN)
         # the counts as a loader has them: a step index's JSON ints, no sample in sight
         lengths = [int(n) for n in np.array([len(s) for s in samples]).tolist()]
-        planned = plan_lengths(lengths, config, dp_size=dp)
+        runs = LossRuns.of_samples(samples)
+        runs = LossRuns(counts=runs.counts.tolist(), spans=runs.spans.ravel().tolist())
+        planned = plan_lengths(lengths, config, dp_size=dp, loss_runs=runs)
         plan = prepare_batch(samples, config, dp_size=dp)
         assert [[mb.indices for mb in rank] for rank in plan] == planned
         assert planned.metrics == plan.metrics
+        assert planned.loss.per_sample.tolist() == plan.loss.per_sample.tolist()
+        bare = plan_lengths(lengths, config, dp_size=dp)  # without runs: no loss counts
+        assert bare == planned and bare.loss is None
+        assert {k: v for k, v in planned.metrics.items() if k in bare.metrics} == bare.metrics
         for rank in plan:
             for mb in rank:
                 # the collator's view: the samples in packing order, nothing else

@@ -31,4 +31,6 @@ def test_apply_maps_every_tensor_in_order_and_keeps_the_rest():
 def test_to_moves_every_tensor():
     mb = micro_batch().to("meta")
     assert all(t.device.type == "meta" for t in mb.tensors())
+    counts = mb.step_counts  # the step's counts go along: an aggregate on the device reads them
+    assert counts.sample_loss_tokens.device.type == "meta" and counts.loss_tokens == 4
     assert mb.fields["routed_experts"].dtype == torch.uint8

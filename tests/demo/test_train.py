@@ -1,14 +1,16 @@
 """The demo's training loss: the clip-only worked example, centering's, and the normalisation."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from rollfeed.collate import RaggedRows, TensorMicroBatch
-from rollfeed.demo.objective import DemoObjective, step_loss
+from rollfeed.collate import RaggedRows, StepCounts, TensorMicroBatch
+from rollfeed.demo.objective import DemoObjective
 from rollfeed.demo.train import checkpoint_path, latest_checkpoint
 from rollfeed.models import SupportScores
+from rollfeed.objectives import aggregate
 
 
 def _micro_batch(sampler, advantages, fields=None):  # type: ignore[no-untyped-def]
@@ -29,6 +31,18 @@ def _micro_batch(sampler, advantages, fields=None):  # type: ignore[no-untyped-d
         cp_size=1,
         cp_layout="contiguous",
         fields=fields or {},
+        step_counts=_counts(n),
+    )
+
+
+def _counts(loss_tokens: int) -> StepCounts:
+    """A step of one sample whose ``loss_tokens`` loss tokens are all in this micro batch, or
+    (more of them) partly elsewhere."""
+    return StepCounts(
+        loss_tokens=loss_tokens,
+        samples=1,
+        samples_with_loss=1,
+        sample_loss_tokens=torch.tensor([loss_tokens]),
     )
 
 
@@ -52,14 +66,15 @@ def test_clip_only_worked_example():
     ).requires_grad_()
     objective = DemoObjective(clip_eps=0.2, correction="none", centering=False)
     terms = objective.terms(mb, _scores(logprobs), cp_group=None)
-    loss = step_loss(terms, 3)
+    loss = aggregate(terms.loss, mb)
     assert loss.dtype == torch.float64
     assert loss.item() == pytest.approx((-1.0 - 1.2 + 1.6) / 3, abs=1e-7)
     loss.backward()
     # Clipped ratios carry no gradient; the unclipped one: -A * r / N.
     assert logprobs.grad.tolist() == pytest.approx([-1 / 3, 0.0, 0.0], abs=1e-7)
     # The same tokens as part of a step with 12 loss tokens on all ranks: a quarter of the loss.
-    assert step_loss(terms, 12).item() == pytest.approx(loss.item() / 4, abs=1e-12)
+    part = aggregate(terms.loss, dataclasses.replace(mb, step_counts=_counts(12)))
+    assert part.item() == pytest.approx(loss.item() / 4, abs=1e-12)
 
 
 def test_centering_worked_example():

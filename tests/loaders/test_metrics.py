@@ -28,11 +28,11 @@ def run(tmp_path_factory):
     return base, ref[1, 1], plan
 
 
-def _loader(base, **options):
+def _loader(base, topology=TOPO, **options):
     ds = RolloutDataset.from_step_dir(base / "steps")
     opts = LoaderOptions(**options)
     return build_dataloader(
-        ds, TOPO, LoaderConfig(plan=CONFIG), root=base / "payload", options=opts
+        ds, topology, LoaderConfig(plan=CONFIG), root=base / "payload", options=opts
     )
 
 
@@ -44,6 +44,8 @@ def _expected(ref, plan, taken: int) -> dict:
     widths = np.concatenate([m.lengths().numpy() for m in masks])
     widths = widths[widths > 0]
     keys = ("samples", "tokens", "truncated", "truncated_tokens", "dropped", "padding_fraction")
+    keys += ("loss_tokens", "samples_without_loss", "micro_batches_without_loss")
+    keys += ("dummy_micro_batches",)
     out = {k: plan.metrics[k] for k in keys}
     out.update(
         step=0,
@@ -85,7 +87,7 @@ def test_metrics_count_the_micro_batches_handed_out_and_the_plan(run, num_worker
 
 def test_truncation_is_a_warning_once_per_step_naming_samples_and_tokens(run, caplog):
     base, ref, plan = run
-    loader = _loader(base)
+    loader = _loader(base, Topology(dp_rank=0, dp_size=2, cp_rank=0, cp_size=2))
     with caplog.at_level(logging.WARNING, logger="rollfeed.loaders"):
         assert len(loader) == len(ref)  # plans the step
         list(loader)  # plans it again only if it must: still one warning

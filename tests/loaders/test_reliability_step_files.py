@@ -59,8 +59,11 @@ def _write_index_record(path, record: dict) -> None:
 
 
 def _keep(record: dict, keep: list[int]) -> dict:
-    arrays = ("lengths", "offsets", "sizes", "lines", "crc32c")
-    return {**record, **{k: [record[k][i] for i in keep] for k in arrays}}
+    """The index of the samples ``keep`` only (their loss runs too)."""
+    arrays = ("lengths", "offsets", "sizes", "lines", "crc32c", "loss_runs")
+    first = np.cumsum([0, *record["loss_runs"]]).tolist()
+    spans = [v for i in keep for v in record["loss_spans"][2 * first[i] : 2 * first[i + 1]]]
+    return {**record, **{k: [record[k][i] for i in keep] for k in arrays}, "loss_spans": spans}
 
 
 @pytest.mark.parametrize(

@@ -164,7 +164,8 @@ def test_index_bytes_are_the_documented_layout(tmp_path):
         '{"format":"rollfeed.step_index","version":2,'
         f'"file_bytes":{sum(sizes)},"lengths":[3,2],"offsets":[0,{sizes[0]}],'
         f'"sizes":[{sizes[0]},{sizes[1]}],"lines":[1,2],'
-        f'"crc32c":[{crc32c.crc32c(lines[0])},{crc32c.crc32c(lines[1])}]}}'
+        f'"crc32c":[{crc32c.crc32c(lines[0])},{crc32c.crc32c(lines[1])}],'
+        '"loss_runs":[1,1],"loss_spans":[1,3,1,2]}'  # loss_mask [0, 1, 1] and [0, 1]
     )
     assert index_path(path).read_bytes() == want.encode()
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rollfeed.collate import PlanConfig
+from rollfeed.collate.loss_runs import mask_runs
 from rollfeed.loaders import (
     LoaderConfig,
     LoaderConfigError,
@@ -187,7 +188,7 @@ def test_token_count_disagreement_names_line(run):
 
 
 def _fields(index):
-    return {k: getattr(index, k) for k in ("file_bytes", *ARRAYS)}
+    return {k: getattr(index, k) for k in ("file_bytes", *ARRAYS, "runs")}
 
 
 @pytest.mark.parametrize(
@@ -215,6 +216,58 @@ def test_inconsistent_index_names_index_file(run):
     with pytest.raises(StepFileError, match="inconsistent") as err:
         RolloutDataset.from_step_dir(tmp / "steps").lengths(0)
     assert err.value.file == str(index_path(path))
+
+
+def test_index_holds_each_samples_loss_runs(run):
+    _, samples, path = run
+    runs = read_step_index(path).runs
+    assert runs.counts.sum() > 0
+    for i, s in enumerate(samples):
+        mask = np.zeros(len(s), bool)
+        for a, b in runs.of(i).tolist():
+            mask[a:b] = True
+        assert np.array_equal(mask, s.loss_mask), i
+
+
+def _with_runs(path, i: int, spans: list[int]) -> None:
+    """The index of ``path`` with sample ``i``'s loss runs replaced by ``spans`` (flat)."""
+    record = json.loads(index_path(path).read_bytes())
+    counts, flat = record["loss_runs"], record["loss_spans"]
+    at = 2 * sum(counts[:i])
+    flat[at : at + 2 * counts[i]] = spans
+    counts[i] = len(spans) // 2
+    index_path(path).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("what", "spans"),
+    [
+        ("out of order", [5, 7, 1, 3]),
+        ("overlapping", [1, 5, 3, 7]),
+        ("touching", [1, 3, 3, 5]),
+        ("empty", [2, 2]),
+        ("past the sample", [1, 10_000]),
+    ],
+)
+def test_loss_runs_that_cannot_be_the_samples_name_index_file_and_line(run, what, spans):
+    tmp, _, path = run
+    _with_runs(path, 6, spans)
+    with pytest.raises(StepFileError, match="loss runs of sample 6") as err:
+        RolloutDataset.from_step_dir(tmp / "steps").lengths(0)
+    assert (err.value.file, err.value.line) == (str(index_path(path)), 7), what
+
+
+def test_loss_runs_other_than_the_lines_are_refused_when_the_line_is_read(run):
+    tmp, samples, path = run
+    T = len(samples[4])
+    assert T >= 2
+    true = mask_runs(samples[4].loss_mask).ravel().tolist()
+    _with_runs(path, 4, [0, T] if true != [0, T] else [0, T - 1])  # well formed, not sample 4's
+    ds = RolloutDataset.from_step_dir(tmp / "steps")
+    assert ds.lengths(0).tolist()  # planning reads the index only
+    with pytest.raises(StepFileError, match="loss runs") as err:
+        ds[4]
+    assert (err.value.file, err.value.line) == (str(path), 5)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

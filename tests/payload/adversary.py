@@ -26,6 +26,7 @@ import numpy as np
 from tests.capture.adversary_capture import family_capture_settings
 from tests.cli.adversary_cli import family_cli_steps
 from tests.loaders.guard_attacks import family_step_guards
+from tests.loaders.run_attacks import family_loss_runs
 from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
 from tests.objectives.adversary_objectives import family_objectives
@@ -116,6 +117,7 @@ FAMILIES = {
     "loader_states": family_loader_states,
     "step_guards": family_step_guards,
     "objectives": family_objectives,
+    "loss_runs": family_loss_runs,
     "cli_steps": family_cli_steps,
     "fork": family_fork,
     "ragged_rows": family_ragged_rows,

@@ -192,6 +192,8 @@ def family_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
         "sizes": [size // 3] * 3,
         "lines": [1, 2, 3],
         "crc32c": [crc32c.crc32c(good + b"\n")] * 3,
+        "loss_runs": [1] * 3,  # GOOD's loss_mask [0, 1, 1]: the run [1, 3)
+        "loss_spans": [1, 3] * 3,
     }
     for what, text in [
         ("list", b"[1, 2]"), ("deep nesting", b"[" * 100_000 + b"]" * 100_000),
@@ -204,6 +206,8 @@ def family_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
         ("null arrays", json.dumps({**ok, "lengths": None}).encode()),
         ("crc32c missing", json.dumps({k: v for k, v in ok.items() if k != "crc32c"}).encode()),
         ("crc32c strings", json.dumps({**ok, "crc32c": ["a", "b", "c"]}).encode()),
+        ("loss_spans odd", json.dumps({**ok, "loss_spans": [1, 3, 1, 3, 1]}).encode()),
+        ("loss_runs huge", json.dumps({**ok, "loss_runs": [2**61] * 3}).encode()),
         ("invalid UTF-8", b'{"format": "\xff"}'),
     ]:  # fmt: skip
         ipath = step.with_name("step_000001.index.json")
