@@ -10,14 +10,15 @@ import inspect
 import pytest
 
 ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadFieldError
-    PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMissingFileError
+    PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMediaError PayloadMissingFileError
     PayloadOutputBoundError PayloadPathError PayloadRegionError PayloadSegmentError
     PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError
     PayloadWidthError RaggedRowsError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
-        FieldRead RaggedRows canonical_rows {ERRORS_PAYLOAD}""",
+        FieldRead RaggedRows canonical_rows MediaRef ImageSpan MediaWriter read_media
+        ImageProcessorSpec {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
