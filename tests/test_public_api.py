@@ -10,10 +10,10 @@ import inspect
 import pytest
 
 ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadFieldError
-    PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMediaError PayloadMissingFileError
-    PayloadOutputBoundError PayloadPathError PayloadRegionError PayloadSegmentError
-    PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError
-    PayloadWidthError RaggedRowsError UnknownFieldError"""
+    PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMediaError
+    PayloadMissingFileError PayloadOutputBoundError PayloadPathError PayloadRegionError
+    PayloadSegmentError PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError
+    PayloadTruncatedError PayloadWidthError RaggedRowsError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
@@ -23,7 +23,7 @@ PUBLIC = {
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
-        SegmentRangeError LossRuns StepCounts StepLoss""",
+        SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError

@@ -6,6 +6,7 @@ from rollfeed.collate.errors import (
     BatchConfigError,
     CollateError,
     DuplicateFieldError,
+    ImageInputError,
     KeptSetError,
     MeshAxisError,
     OverlongError,
@@ -14,7 +15,9 @@ from rollfeed.collate.errors import (
     SampleValueError,
     SegmentRangeError,
 )
+from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
+from rollfeed.collate.media_batch import MediaBatch
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
 from rollfeed.collate.sample import Sample
@@ -30,8 +33,11 @@ __all__ = [
     "BatchPlan",
     "CollateError",
     "DuplicateFieldError",
+    "ImageInputError",
+    "ImageRuns",
     "KeptSetError",
     "LossRuns",
+    "MediaBatch",
     "MeshAxisError",
     "MicroBatch",
     "OverlongError",

@@ -90,6 +90,12 @@ class ImageProcessorSpec(BaseModel):
         """Patches merged per side into one placeholder token."""
         return int(self.config.get("merge_size", 1))
 
+    @property
+    def patch_dim(self) -> int:
+        """Values per patch row of ``pixel_values``: ``3 * temporal_patch_size * patch_size**2``."""
+        config = self.config
+        return 3 * int(config.get("temporal_patch_size", 1)) * int(config["patch_size"]) ** 2
+
     def build(self) -> Any:
         """The processor, built once in this process."""
         if self._built is None:

@@ -57,6 +57,13 @@ class _Record(BaseModel):
         except ValidationError as err:
             raise _typed(type(self), err) from None
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Any:
+        """A copy with ``update`` applied, checked as a new record (pydantic's own copy checks
+        nothing)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return type(self)(**{**self.__dict__, **update})
+
     @classmethod
     def from_json(cls, text: str | bytes) -> Any:
         try:
@@ -164,9 +171,7 @@ class ImageSpan(_Record):
 
     def shifted(self, delta: int) -> ImageSpan:
         """The same image at ``start + delta`` (row coordinates of a packed micro batch)."""
-        if delta == 0:
-            return self
-        return ImageSpan(**{**self.__dict__, "start": self.start + delta})
+        return self if delta == 0 else self.model_copy(update={"start": self.start + delta})
 
     @property
     def key(self) -> tuple[str, tuple[int, int, int]]:
