@@ -1,5 +1,5 @@
-"""A tiny Qwen3-VL-MoE (vision tower, deepstack, MoE text model) built locally from a config, its
-PIL image processor, and samples with images for it (no downloads).
+"""Samples with images for the tiny Qwen3-VL-MoE (:mod:`rollfeed.demo.tiny_vlm`: the model and
+its PIL image processor, built locally from a config; re-exported here under the tests' names).
 
 Token ids below ``IMAGE_TOKEN`` are text; ``IMAGE_TOKEN`` is the image placeholder. The processor
 turns a 16..48 pixel image into a ``(1, h, w)`` patch grid of 8-pixel patches (h, w in 2..6,
@@ -11,76 +11,37 @@ from __future__ import annotations
 import io
 
 import numpy as np
-import torch
 from PIL import Image
-from transformers import (
-    Qwen2VLImageProcessorPil,
-    Qwen3VLMoeConfig,
-    Qwen3VLMoeForConditionalGeneration,
-)
 
 from rollfeed.collate import Sample
+from rollfeed.demo.tiny_vlm import (
+    IMAGE_TOKEN,
+    TOKENS,
+    VIDEO_TOKEN,
+    VISION_END,
+    VISION_START,
+    VOCAB,
+    tiny_vlm_config,
+)
+from rollfeed.demo.tiny_vlm import tiny_image_processor as tiny_processor
+from rollfeed.demo.tiny_vlm import tiny_vlm as tiny_qwen3_vl_moe
 from rollfeed.payload import ImageProcessorSpec, ImageSpan, MediaWriter
 
-VOCAB = 128
-IMAGE_TOKEN, VIDEO_TOKEN, VISION_START, VISION_END = 120, 121, 122, 123
-TEXT = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=512,
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [6, 5, 5]},
-    tie_word_embeddings=False,
-)
-VISION = dict(
-    depth=2,
-    hidden_size=32,
-    intermediate_size=64,
-    num_heads=2,
-    patch_size=8,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    out_hidden_size=64,
-    num_position_embeddings=64,
-    deepstack_visual_indexes=[0],
-)
-TOKENS = dict(
-    image_token_id=IMAGE_TOKEN,
-    video_token_id=VIDEO_TOKEN,
-    vision_start_token_id=VISION_START,
-    vision_end_token_id=VISION_END,
-)
-
-
-def tiny_vlm_config() -> Qwen3VLMoeConfig:
-    return Qwen3VLMoeConfig(
-        text_config=dict(TEXT), vision_config=dict(VISION), tie_word_embeddings=False, **TOKENS
-    )
-
-
-def tiny_qwen3_vl_moe(*, seed: int = 0, dtype: torch.dtype = torch.float64):
-    """The tiny VLM, eval mode; routers widened so replaying other experts changes the output."""
-    torch.manual_seed(seed)
-    model = Qwen3VLMoeForConditionalGeneration(tiny_vlm_config())
-    model.set_experts_implementation("eager")  # the grouped kernels refuse float64
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0, 1.0)
-    return model.to(dtype).eval()
-
-
-def tiny_processor() -> Qwen2VLImageProcessorPil:
-    return Qwen2VLImageProcessorPil(
-        patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=48 * 48
-    )
+__all__ = [
+    "IMAGE_TOKEN",
+    "TOKENS",
+    "VIDEO_TOKEN",
+    "VISION_END",
+    "VISION_START",
+    "VOCAB",
+    "image_span",
+    "png",
+    "processor_spec",
+    "tiny_processor",
+    "tiny_qwen3_vl_moe",
+    "tiny_vlm_config",
+    "vlm_sample",
+]
 
 
 def processor_spec() -> ImageProcessorSpec:
