@@ -21,7 +21,7 @@ PUBLIC = {
         ImageProcessorSpec {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
-        BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
+        BatchConfigError DuplicateFieldError SupportSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
         SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
@@ -44,7 +44,7 @@ PUBLIC = {
         CompletionRecord ServerInfo TurnCapture TurnPrefixError CaptureRequestError
         ModelPathError""",
     "rollfeed.orchestrator": "CaptureClient Rollout OpenAIRollouts",
-    "rollfeed.objectives": """KeptDistribution kept_distribution micro_batch_rows policy_loss
+    "rollfeed.objectives": """SupportDistribution support_distribution micro_batch_rows policy_loss
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError
         ObjectiveCompositionError ObjectiveMissingInputError NoSamplerLogprobError

@@ -19,7 +19,8 @@ is the engine's own generator, untouched.
 4. hands vLLM's handler the output with the logprobs the client asked for (none, or its top
    ``n``, as the engine would have returned them), so the answer is vLLM's own.
 
-The records wait under the key until the HTTP layer adds them to the answer (:meth:`close`).
+The records wait under the key until the HTTP layer adds them to the answer
+(:meth:`OpenAICapture.close`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch;
-the rank's place in the parallel grid (:class:`Topology`)."""
+the rank's place in the parallel grid (:class:`Topology`).
+
+Renamed (the old name works until the next release, with a ``DeprecationWarning``):
+``KeptSetError`` is :class:`SupportSetError`.
+"""
 
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.errors import (
@@ -7,13 +11,13 @@ from rollfeed.collate.errors import (
     CollateError,
     DuplicateFieldError,
     ImageInputError,
-    KeptSetError,
     MeshAxisError,
     OverlongError,
     SampleDtypeError,
     SampleLengthError,
     SampleValueError,
     SegmentRangeError,
+    SupportSetError,
 )
 from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
@@ -25,7 +29,10 @@ from rollfeed.collate.step_counts import StepCounts, StepLoss
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
 from rollfeed.collate.topology import Topology
+from rollfeed.deprecation import renamed_names as _renamed_names
 from rollfeed.payload import RaggedRows, RaggedRowsError
+
+__getattr__ = _renamed_names(__name__, {"KeptSetError": "SupportSetError"})
 
 __all__ = [
     "IGNORE_INDEX",
@@ -35,7 +42,6 @@ __all__ = [
     "DuplicateFieldError",
     "ImageInputError",
     "ImageRuns",
-    "KeptSetError",
     "LossRuns",
     "MediaBatch",
     "MeshAxisError",
@@ -51,6 +57,7 @@ __all__ = [
     "SegmentRangeError",
     "StepCounts",
     "StepLoss",
+    "SupportSetError",
     "TensorMicroBatch",
     "Topology",
     "place_micro_batch",

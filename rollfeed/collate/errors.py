@@ -52,7 +52,7 @@ class MeshAxisError(RollfeedError):
     PLACE = ("axis",)
 
 
-class KeptSetError(CollateError):
+class SupportSetError(CollateError):
     """An inline kept set (a field declared with a ``label``) does not hold the token sampled
     from it, or the values aligned with it (mask logprobs) do not follow its rows."""
 

@@ -16,7 +16,7 @@ Coordinates, for ``S = 6``, ``cp = 2``, contiguous shards (``rollfeed.collate.Te
 Every rank of the ``cp`` group gets the same ``[S]`` result; compute the same loss from it on each
 rank and sum parameter gradients over the ``cp`` group (as a data-parallel all-reduce would).
 
-``kept_logprobs`` (``return_kept_logprobs=True``) is *not* gathered: it holds this rank's own
+``support_logprobs`` (``return_support_logprobs=True``) is *not* gathered: it holds this rank's own
 ``N`` rows, aligned slot for slot with the support the rank gave (``fields["sampling_mask"]``,
 this rank's window). A loss term over it is this rank's part of the row's loss: each rank computes
 the term over its own rows, and the parameter gradients summed over the ``cp`` group (as for the
@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from rollfeed.collate import RaggedRows
+from rollfeed.deprecation import renamed_keywords
 from rollfeed.models.candidates import MissingLabel
 from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
@@ -50,7 +51,7 @@ from rollfeed.models.packing_modules import install_packed_forwards
 from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.segments import segment_count
-from rollfeed.models.support import SupportScores, support_logprobs
+from rollfeed.models.support import RENAMED_KEYWORDS, SupportScores, support_logprobs
 from rollfeed.models.support_checks import support_rows
 from rollfeed.models.support_head import HeadCall, check_head, support_head
 from rollfeed.models.tp import ProcessGroup
@@ -142,6 +143,7 @@ class PolicyScorer:
         head is read from its DTensor weight, so ``tp`` needs nothing here."""
         return cls(model, cp=CPGroup.from_mesh(mesh), **options)
 
+    @renamed_keywords("PolicyScorer.score_tokens", **RENAMED_KEYWORDS)
     def score_tokens(
         self,
         input_ids: torch.Tensor,
@@ -154,7 +156,7 @@ class PolicyScorer:
         canonical_index: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         fallback_mask: torch.Tensor | None = None,
-        return_kept_logprobs: bool = False,
+        return_support_logprobs: bool = False,
         media: MediaBatch | None = None,
     ) -> SupportScores:
         """Score this rank's ``N`` tokens and gather the row (``[S]``, ``S = N * cp.size``).
@@ -165,8 +167,8 @@ class PolicyScorer:
         ``temperature`` scalar or ``[N]``; ``routing`` over the same ``N`` input positions;
         ``canonical_index [N]`` / ``cu_seqlens [B+1]`` as in
         :func:`rollfeed.models.packing_attention.packed_layout`; ``fallback_mask [N]`` rows scored
-        over the full vocabulary; ``return_kept_logprobs``: also return this rank's
-        ``kept_logprobs`` (local rows, aligned with ``support``; see the module doc).
+        over the full vocabulary; ``return_support_logprobs``: also return this rank's
+        ``support_logprobs`` (local rows, aligned with ``support``; see the module doc).
         ``media``: the micro batch's images (:class:`~rollfeed.collate.MediaBatch`) for a
         vision-language model: embedded in the model's forward, the vision tower's work spread
         over ``cp`` (:mod:`rollfeed.models.vision`); ``position_ids`` stays the one-axis
@@ -200,7 +202,7 @@ class PolicyScorer:
             chunk_size=self.chunk_size,
             compute_entropy=self.compute_entropy,
             entropy_requires_grad=self.entropy_requires_grad,
-            return_kept_logprobs=return_kept_logprobs,
+            return_support_logprobs=return_support_logprobs,
             missing_label=self.missing_label,
             tp_group=self.tp_group,
             vocab_start=self.vocab_start,
@@ -239,12 +241,13 @@ class PolicyScorer:
                 metrics[name] = torch.tensor(counts.get(name, 0), device=input_ids.device)
         return self._gather(scores, canonical_index, metrics)
 
+    @renamed_keywords("PolicyScorer.score", **RENAMED_KEYWORDS)
     def score(
         self,
         micro_batch: TensorMicroBatch,
         *,
         fallback_unsupported: bool = False,
-        return_kept_logprobs: bool = False,
+        return_support_logprobs: bool = False,
     ) -> SupportScores:
         """:meth:`score_tokens` on this rank's :class:`rollfeed.collate.TensorMicroBatch`.
 
@@ -252,8 +255,8 @@ class PolicyScorer:
         padded tensor; all rows invalid when absent), routing from
         ``fields["routed_experts"]`` (and ``routed_expert_weights``). ``fallback_unsupported``:
         score loss-bearing rows that have no recorded support over the full vocabulary (counted in
-        ``rows_fallback``) instead of leaving them invalid. ``return_kept_logprobs``: also return
-        ``kept_logprobs``, this rank's rows aligned slot for slot with
+        ``rows_fallback``) instead of leaving them invalid. ``return_support_logprobs``: also return
+        ``support_logprobs``, this rank's rows aligned slot for slot with
         ``fields["sampling_mask"]`` (the label's slot first where the read put it first).
 
         Before the forward, the values the collator recorded on the CPU (``micro_batch.checks``)
@@ -311,7 +314,7 @@ class PolicyScorer:
             canonical_index=mb.positions,
             cu_seqlens=mb.cu_seqlens,
             fallback_mask=fallback,
-            return_kept_logprobs=return_kept_logprobs,
+            return_support_logprobs=return_support_logprobs,
             media=mb.media,
         )
 
@@ -391,7 +394,7 @@ class PolicyScorer:
             if entropy is None
             else gather_sequence(entropy, cp, canonical_index=canonical_index),
             valid_mask=valid.bool(),
-            kept_logprobs=scores.kept_logprobs,
+            support_logprobs=scores.support_logprobs,
             metrics=metrics,
         )
 
