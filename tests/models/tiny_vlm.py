@@ -8,9 +8,12 @@ even), merged 2 x 2 into ``h * w / 4`` placeholder tokens.
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Iterator
 
 import numpy as np
+import torch
 from PIL import Image
 
 from rollfeed.collate import Sample
@@ -35,6 +38,7 @@ __all__ = [
     "VISION_START",
     "VOCAB",
     "image_span",
+    "one_thread",
     "png",
     "processor_spec",
     "tiny_processor",
@@ -42,6 +46,18 @@ __all__ = [
     "tiny_vlm_config",
     "vlm_sample",
 ]
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread while the tiny model runs: on a busy machine more threads only wait
+    on each other (10-100x slower forwards measured on 2 shared cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def processor_spec() -> ImageProcessorSpec:
