@@ -8,7 +8,10 @@ to that run itself). :func:`capture_images` walks the engine's prompt ids with t
 checks each run against the processor (other settings than the engine's would give the trainer
 other positions), writes each image of the turn under the payload root once
 (:class:`~rollfeed.payload.MediaWriter`: ``media/<sha256>``) and returns its
-:class:`~rollfeed.payload.ImageSpan`, turn-relative like every record of the turn. Images of
+:class:`~rollfeed.payload.ImageSpan`, turn-relative like every record of the turn; the processor
+settings its ``processor`` digest names are stored once beside them
+(``media/<processor digest>``: the canonical JSON of the
+:class:`~rollfeed.payload.ImageProcessorSpec`). Images of
 earlier turns (before ``prompt_start``) were captured with their turn and are skipped.
 
 Worked example (placeholder 9, an image of a (1, 4, 6) grid, merge 2: 6 tokens; a turn from 0)::
@@ -125,6 +128,8 @@ def capture_images(
                 pos=prompt_start,
             )
         if start >= prompt_start:
+            if not out:  # the settings the records name, stored once beside the images
+                writer.put(spec.to_bytes())
             out.append(
                 ImageSpan(
                     start=start - prompt_start,

@@ -244,12 +244,18 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def _empty_step_error(self, step: int) -> EmptyStepError:
         samples = len(self.plan(step)[1])
+        at_image = self.plan_metrics(step)["dropped_at_image"]
         why = (
             "its step file holds no samples"
             if samples == 0
             else f"all {samples} samples were dropped as longer than "
             f"seq_len={self.config.plan.seq_len} "
-            "(overlong='drop'; use 'truncate' to keep them)"
+            + (
+                f"({at_image} of them because nothing precedes the image a cut would split; "
+                "raise seq_len)"
+                if at_image
+                else "(overlong='drop'; use 'truncate' to keep them)"
+            )
         )
         directory = self.dataset.directory
         return EmptyStepError(

@@ -14,6 +14,7 @@ model, gives back the sampler's logprobs over the recorded kept sets.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 
 import numpy as np
@@ -35,7 +36,7 @@ from rollfeed.loaders import (
 )
 from rollfeed.models import PolicyScorer
 from rollfeed.orchestrator.client import Rollout
-from rollfeed.payload import MediaWriter
+from rollfeed.payload import ImageProcessorSpec, MediaWriter
 from tests.models.tiny_vlm import (
     IMAGE_TOKEN,
     one_thread,
@@ -103,9 +104,11 @@ def test_images_through_the_route_are_stored_once_and_score_as_sampled(tmp_path,
         assert all(s.token_ids[im.start : im.end].tolist() == [IMAGE_TOKEN] * im.tokens
                    for im in s.images)  # fmt: skip
         assert {seg.field for seg in s.payload} >= {"sampling_mask", "routed_experts"}
-    stored = sorted(p.stat().st_size for p in (root / "media").iterdir())
-    assert stored == sorted([len(a), len(b)])  # two rollouts x three images: two files
-    assert route.media.metrics["media_stored"] == 2
+    stored = {p.name: p.read_bytes() for p in (root / "media").iterdir()}
+    spec_bytes = stored.pop(SPEC.sha256)  # the settings the records name, stored once
+    assert ImageProcessorSpec.model_validate_json(spec_bytes) == SPEC
+    assert sorted(map(len, stored.values())) == sorted([len(a), len(b)])  # 2 x 3 images: 2 files
+    assert route.media.metrics["media_stored"] == 3
 
     write_step_file(tmp_path / "steps", 0, samples)
     loader = build_dataloader(
@@ -141,7 +144,7 @@ def test_capture_images_refuses_images_and_placeholders_that_do_not_match(tmp_pa
 
     got = spans([a, a], ids, start=6)
     assert [(im.start, im.tokens, im.grid) for im in got] == [(0, 4, (1, 4, 4))]
-    assert writer.metrics["media_stored"] == 1
+    assert writer.metrics["media_stored"] == 2  # the image and the processor settings
     with pytest.raises(CaptureRequestError, match="placeholder runs for 1 images"):
         spans([a, a], [1, *run_image(a), 2])
     with pytest.raises(CaptureRequestError, match="belongs to no image"):
@@ -153,6 +156,25 @@ def test_capture_images_refuses_images_and_placeholders_that_do_not_match(tmp_pa
     with pytest.raises(CaptureRequestError, match="do not decode") as err:
         spans([b"not an image"], ids[:6])
     assert isinstance(err.value, ValueError)
+
+
+def test_images_vllm_loaded_for_an_openai_request_are_stored_as_lossless_png():
+    from PIL import Image
+
+    from rollfeed.capture.openai_capture import _prompt_images
+
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (30, 20, 3), dtype=np.uint8)
+    picture = Image.fromarray(pixels)
+    for prompt in (
+        {"multi_modal_data": {"image": [picture]}},
+        {"multi_modal_data": {"image": picture}},
+    ):
+        (data,) = _prompt_images(prompt)
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(data))), pixels)
+        want = tiny_processor()(images=[picture], return_tensors="np")["pixel_values"]
+        assert np.array_equal(SPEC.process(data).pixel_values, want)
+    assert _prompt_images({"prompt_token_ids": [1, 2]}) == [] == _prompt_images([1, 2])
 
 
 def test_image_capture_reads_the_model_directory(tmp_path):

@@ -20,12 +20,12 @@ from rollfeed.loaders import (
     build_dataloader,
     write_step_file,
 )
-from rollfeed.loaders.errors import StepFileError
+from rollfeed.loaders.errors import EmptyStepError, StepFileError
 from rollfeed.loaders.step_index import index_path, read_step_index
 from rollfeed.payload import MediaWriter, PayloadWriter
 from tests.collate.test_multimodal import SPEC, _image_pairs
 from tests.loaders.common import assert_bitwise
-from tests.models.tiny_vlm import png
+from tests.models.tiny_vlm import png, vlm_sample
 
 SEQ_LEN = 64
 
@@ -99,6 +99,27 @@ def test_step_index_carries_image_runs_and_a_text_step_keeps_its_bytes(step_dir,
     path.write_text(json.dumps(record))
     with pytest.raises(StepFileError, match="image runs"):
         RolloutDataset.from_step_dir(tmp_path)[1 << 32]
+
+
+def test_cuts_at_images_are_counted_by_the_loader_and_an_empty_step_says_why(tmp_path):
+    rng = np.random.default_rng(12)
+    image = png(rng, 48, 48)  # 9 placeholder tokens
+    media = MediaWriter(tmp_path)
+    first = [
+        vlm_sample(rng, [image, 12], SPEC, writer=media) for _ in range(2)
+    ]  # cut: nothing left
+    later = vlm_sample(rng, [4, image, 12], SPEC, writer=media)  # cut before the image: 4 tokens
+    config = LoaderConfig(plan=PlanConfig(seq_len=8), image_processor=SPEC, step_timeout_s=0)
+    for step, samples in enumerate([[*first, later], first]):
+        write_step_file(tmp_path / "steps", step, samples)
+    loader = build_dataloader(RolloutDataset.from_step_dir(tmp_path / "steps"), Topology(),
+                              config, root=tmp_path)  # fmt: skip
+    (tmb,) = list(loader)
+    assert tmb.media is None and int(tmb.seq_lens.sum()) == 4  # the text before the image
+    m = loader.metrics
+    assert (m["truncated_before_image"], m["dropped_at_image"], m["dropped"]) == (1, 2, 2)
+    with pytest.raises(EmptyStepError, match="2 of them because nothing precedes the image"):
+        list(loader)
 
 
 def test_loader_config_takes_only_an_image_processor_spec():
