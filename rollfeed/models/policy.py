@@ -81,7 +81,10 @@ class PolicyScorer:
     slots counted in ``metrics["slots_replaced"]``). Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`) and runs
     its Gated DeltaNet and Llama-4 NoPE layers with packed forwards of their own
-    (:mod:`rollfeed.models.packing_modules`).
+    (:mod:`rollfeed.models.packing_modules`). A vision-language model (Qwen3-VL, Qwen3-VL-MoE)
+    scores micro batches with images (``TensorMicroBatch.media``): its forward embeds them, its
+    vision tower's work spread over ``cp`` (:mod:`rollfeed.models.vision`); the tower keeps its
+    own attention (sdpa, within each image).
 
     Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
     feature, a model that packing over ``cp`` cannot reproduce exactly (state-space mixers,
