@@ -238,6 +238,18 @@ def _openai_capture(ns: dict, ctx: SimpleNamespace) -> None:
     assert not any(kept[t] for t in set(range(T)) - set(loss))
 
 
+def _multimodal(ns: dict, ctx: SimpleNamespace) -> None:
+    tmb, out = ns["tmb"], ns["out"]
+    assert ns["grid"] == (1, 4, 6) and ns["tokens"] == 6
+    assert ns["media"].metrics["media_stored"] == 1  # four samples, one stored image
+    assert sorted(p.name for p in Path(ns["root"], "media").iterdir()) == [ns["media"].put(
+        ns["image"]).sha256]  # fmt: skip
+    assert tmb.media.image_spans[:, 1:].tolist() == [[6, 0]] * 4  # four runs of image 0
+    assert list(tmb.media.pixel_values.shape) == [24, 384]
+    assert int(out.metrics["images_encoded"]) == 1 and int(ns["scored"].sum()) == 4 * 5
+    assert ns["model"].model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+
+
 CHECKS: dict[tuple[str, str], Callable[[dict, SimpleNamespace], None]] = {
     QUICK_START: _quick_start,
     ("docs/payload.md", "Payload: bytes ↔ handles"): _payload,
@@ -247,6 +259,7 @@ CHECKS: dict[tuple[str, str], Callable[[dict, SimpleNamespace], None]] = {
     (CAPTURE, "Capture in your own rollout code"): _capture,
     (CAPTURE, "Serving: capture at the inference server"): _serving,
     (CAPTURE, "Request format, and capture through the OpenAI endpoints"): _openai_capture,
+    ("docs/multimodal.md", "Scoring and a loss"): _multimodal,
 }
 
 

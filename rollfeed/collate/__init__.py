@@ -10,6 +10,7 @@ from rollfeed.collate.errors import (
     BatchConfigError,
     CollateError,
     DuplicateFieldError,
+    ImageInputError,
     MeshAxisError,
     OverlongError,
     SampleDtypeError,
@@ -18,7 +19,9 @@ from rollfeed.collate.errors import (
     SegmentRangeError,
     SupportSetError,
 )
+from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
+from rollfeed.collate.media_batch import MediaBatch
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
 from rollfeed.collate.sample import Sample
@@ -37,7 +40,10 @@ __all__ = [
     "BatchPlan",
     "CollateError",
     "DuplicateFieldError",
+    "ImageInputError",
+    "ImageRuns",
     "LossRuns",
+    "MediaBatch",
     "MeshAxisError",
     "MicroBatch",
     "OverlongError",

@@ -8,7 +8,10 @@ logs as they are:
 
 - the step's plan (the whole step, the same on every rank; ``plan_lengths``): ``step``,
   ``samples``, ``tokens`` (after truncation), ``truncated`` and ``truncated_tokens``, ``dropped``
-  (overlong samples left out under ``overlong="drop"``), ``padding_fraction``, ``micro_steps``;
+  (samples left out: overlong under ``overlong="drop"``, or with nothing before an image the cut
+  would split), ``truncated_before_image`` and ``dropped_at_image`` (of those truncated and
+  dropped, the ones cut before an image: :mod:`rollfeed.collate.image_runs`),
+  ``padding_fraction``, ``micro_steps``;
   the loss tokens it holds (label coordinates, after truncation: what every rank's ``loss_mask``
   holds together): ``loss_tokens``, ``samples_without_loss`` (planned samples left with no loss
   token, truncation included), ``micro_batches_without_loss`` (of the ``micro_steps * dp``
@@ -51,6 +54,8 @@ PLAN_KEYS = (
     "truncated",
     "truncated_tokens",
     "dropped",
+    "truncated_before_image",
+    "dropped_at_image",
     "padding_fraction",
     "micro_steps",
     "loss_tokens",

@@ -27,6 +27,7 @@ all-to-all carries each rank's part back to the positions it depends on).
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,6 +39,7 @@ from rollfeed.models.candidates import MissingLabel
 from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
     CPMismatchError,
+    PackingError,
     RoutingReplayError,
     TemperatureError,
     VocabularyRangeError,
@@ -54,9 +56,10 @@ from rollfeed.models.support_checks import support_rows
 from rollfeed.models.support_head import HeadCall, check_head, support_head
 from rollfeed.models.tp import ProcessGroup
 from rollfeed.models.ulysses import gather_rank_order, gather_sequence
+from rollfeed.models.vision import check_placeholders, find_vision, image_features, tower_sharded
 
 if TYPE_CHECKING:
-    from rollfeed.collate import TensorMicroBatch
+    from rollfeed.collate import MediaBatch, TensorMicroBatch
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +81,10 @@ class PolicyScorer:
     slots counted in ``metrics["slots_replaced"]``). Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`) and runs
     its Gated DeltaNet and Llama-4 NoPE layers with packed forwards of their own
-    (:mod:`rollfeed.models.packing_modules`).
+    (:mod:`rollfeed.models.packing_modules`). A vision-language model (Qwen3-VL, Qwen3-VL-MoE)
+    scores micro batches with images (``TensorMicroBatch.media``): its forward embeds them, its
+    vision tower's work spread over ``cp`` (:mod:`rollfeed.models.vision`); the tower keeps its
+    own attention (sdpa, within each image).
 
     Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
     feature, a model that packing over ``cp`` cannot reproduce exactly (state-space mixers,
@@ -117,7 +123,13 @@ class PolicyScorer:
         self.vocab_size = head_vocab_size(
             self.head.weight, tp_group=tp_group, vocab_start=vocab_start
         )
-        model.set_attn_implementation(register_packed_attention())
+        self.vision = find_vision(model)
+        if self.vision is None:
+            model.set_attn_implementation(register_packed_attention())
+        else:  # the tower attends within each image, as its sdpa path does (one call each)
+            model.set_attn_implementation(
+                {"text_config": register_packed_attention(), "vision_config": "sdpa"}
+            )
         install_packed_forwards(model)
         self.attention_chunk = _attention_chunk(model)
         self.replay = (
@@ -148,6 +160,7 @@ class PolicyScorer:
         cu_seqlens: torch.Tensor | None = None,
         fallback_mask: torch.Tensor | None = None,
         return_support_logprobs: bool = False,
+        media: MediaBatch | None = None,
     ) -> SupportScores:
         """Score this rank's ``N`` tokens and gather the row (``[S]``, ``S = N * cp.size``).
 
@@ -159,6 +172,10 @@ class PolicyScorer:
         :func:`rollfeed.models.packing_attention.packed_layout`; ``fallback_mask [N]`` rows scored
         over the full vocabulary; ``return_support_logprobs``: also return this rank's
         ``support_logprobs`` (local rows, aligned with ``support``; see the module doc).
+        ``media``: the micro batch's images (:class:`~rollfeed.collate.MediaBatch`) for a
+        vision-language model: embedded in the model's forward, the vision tower's work spread
+        over ``cp`` (:mod:`rollfeed.models.vision`); ``position_ids`` stays the one-axis
+        position and the model takes ``media.mrope_position_ids``.
         """
         support = support_rows(support, labels.shape[0])
         layout = packed_layout(
@@ -194,13 +211,25 @@ class PolicyScorer:
             vocab_start=self.vocab_start,
             vocab_size=self.vocab_size,
         )
+        site = self.vision
+        if media is not None and site is None:
+            raise PackingError(
+                f"the micro batch holds images but {type(self.model).__name__} has no vision "
+                "tower; score it with the vision-language model the rollout was sampled with",
+                tensor="pixel_values",
+            )
+        dummy = site is not None and tower_sharded(site)
+        vision = (
+            image_features(site, media, self.cp, order=layout.order, dummy=dummy)
+            if site is not None and (media is not None or dummy)
+            else nullcontext(None)
+        )
         try:
-            with support_head(self.head, call) as read:
+            with support_head(self.head, call) as read, vision as seen:
+                inputs = {"position_ids": position_ids.reshape(1, -1)}
+                inputs.update({} if seen is None else seen.kwargs)
                 out = self.model(
-                    input_ids=input_ids.reshape(1, -1),
-                    position_ids=position_ids.reshape(1, -1),
-                    packing=layout,
-                    use_cache=False,
+                    input_ids=input_ids.reshape(1, -1), packing=layout, use_cache=False, **inputs
                 )
                 scores = read(out.logits)
         finally:
@@ -209,6 +238,10 @@ class PolicyScorer:
             if routing is not None and not _checkpointing(self.model):
                 self.replay.clear()
         metrics.update(scores.metrics)
+        if site is not None:
+            counts = {} if seen is None else seen.counts
+            for name in ("images_encoded", "vision_patches"):
+                metrics[name] = torch.tensor(counts.get(name, 0), device=input_ids.device)
         return self._gather(scores, canonical_index, metrics)
 
     @renamed_keywords("PolicyScorer.score", **RENAMED_KEYWORDS)
@@ -272,6 +305,8 @@ class PolicyScorer:
         fallback = None
         if fallback_unsupported:
             fallback = mb.loss_mask & ~_has_ids(support)
+        if mb.media is not None and self.vision is not None:
+            check_placeholders(self.vision, mb)
         return self.score_tokens(
             mb.input_ids,
             mb.position_ids,
@@ -283,6 +318,7 @@ class PolicyScorer:
             cu_seqlens=mb.cu_seqlens,
             fallback_mask=fallback,
             return_support_logprobs=return_support_logprobs,
+            media=mb.media,
         )
 
     def _check_cp(self, mb: TensorMicroBatch) -> None:
