@@ -23,7 +23,8 @@ PUBLIC = {
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError SupportSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
-        SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError""",
+        SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError
+        SharedPrefixes SharedPrefixError PrefixTree TreeSpan TreeBatch""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
