@@ -25,6 +25,7 @@ import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
 from tests.cli.adversary_cli import family_cli_steps
+from tests.collate.tree_attacks import family_trees
 from tests.loaders.guard_attacks import family_step_guards
 from tests.loaders.run_attacks import family_loss_runs
 from tests.loaders.state_attacks import family_loader_states
@@ -123,6 +124,7 @@ FAMILIES = {
     "fork": family_fork,
     "ragged_rows": family_ragged_rows,
     "media": family_media,
+    "trees": family_trees,
 }
 
 
