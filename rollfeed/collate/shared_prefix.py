@@ -7,8 +7,8 @@ over them); the tokens are confirmed when the samples are placed
 (:func:`~rollfeed.collate.place_micro_batch`) and the routes when they are read
 (:func:`~rollfeed.collate.to_tensor_micro_batch`): a mismatch is a :class:`SharedPrefixError`.
 
-- A GRPO group: every sample of the group names one node, ``(group_id, prompt_len)``
-  (:meth:`SharedPrefixes.of_groups`, the step index's two columns).
+- A GRPO group: every sample of the group names one node of ``prompt_len`` tokens, keyed by
+  its group id and that length (:meth:`SharedPrefixes.of_groups`, the step index's two columns).
 - A conversation with branches: a sample names the node of every turn boundary it shares with
   another branch, e.g. a 3-turn conversation with 2 branches per turn gives 8 samples whose
   chains are ``[(c, p0), (c.a, p1), (c.a.b, p2)]`` and so on; :meth:`SharedPrefixes.of_tokens`
@@ -17,7 +17,7 @@ over them); the tokens are confirmed when the samples are placed
 Worked example (samples 0-2 share a 4-token prompt, sample 3 shares nothing)::
 
     SharedPrefixes.of_groups([7, 7, 7, -1], [4, 4, 4, 0]).chains
-    -> (((7, 4),), ((7, 4),), ((7, 4),), ())
+    -> ((((7, 4), 4),), (((7, 4), 4),), (((7, 4), 4),), ())
 
 A key must mean one prefix: the same key with two lengths, or with two outer chains, is refused
 (:class:`SharedPrefixError` naming both samples).
@@ -87,26 +87,28 @@ class SharedPrefixes:
 
     @classmethod
     def of_groups(
-        cls, groups: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray
+        cls,
+        groups: Sequence[Hashable | None] | np.ndarray,
+        lengths: Sequence[int] | np.ndarray,
     ) -> SharedPrefixes:
-        """One level: sample ``i`` shares its first ``lengths[i]`` tokens with every sample of
-        group ``groups[i]``; a negative group or a length 0 claims nothing."""
-        g, n = np.asarray(groups), np.asarray(lengths)
-        if g.shape != n.shape or g.ndim != 1:
+        """One level, as a step index holds it: sample ``i`` shares its first ``lengths[i]``
+        tokens with every sample of group ``groups[i]`` (any hashable id, e.g. the prompt's);
+        a group ``None`` (or a negative integer id) or a length 0 claims nothing. The key is
+        ``(group, length)``: samples of one group claiming other lengths share nothing."""
+        if len(groups) != len(lengths):
             raise SharedPrefixError(
-                f"groups {g.shape} and lengths {n.shape} must be [n] alike", field="groups"
-            )
-        if g.size and (g.dtype.kind not in "iu" or n.dtype.kind not in "iu"):
-            raise SharedPrefixError(
-                f"groups and lengths must be integers, got {g.dtype} and {n.dtype}",
+                f"{len(groups)} groups for {len(lengths)} prefix lengths; give one per sample",
                 field="groups",
             )
-        return cls(
-            chains=tuple(
-                ((int(a), int(b)),) if a >= 0 and b > 0 else ()
-                for a, b in zip(g.tolist(), n.tolist(), strict=True)
-            )
-        )
+        chains = []
+        for i, (g, n) in enumerate(zip(_plain(groups), _plain(lengths), strict=True)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise SharedPrefixError(
+                    f"a shared-prefix length must be an int >= 0, got {n!r}", sample=i
+                )
+            none = g is None or (isinstance(g, int) and not isinstance(g, bool) and g < 0)
+            chains.append(() if none or n == 0 else (((g, n), n),))
+        return cls(chains=tuple(chains))
 
     @classmethod
     def of_tokens(
@@ -133,6 +135,11 @@ class SharedPrefixes:
         for g, idx in members.items():
             _split(g, idx, 0, tokens, chains)
         return cls(chains=tuple(tuple(c) for c in chains))
+
+
+def _plain(values) -> list:
+    """Python values of a list or NumPy array (NumPy integers as ints)."""
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def _split(group, idx, depth, tokens, chains) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rollfeed.models import PackingError
+from rollfeed.models import PackingError, tree_attention
 from rollfeed.models.packing_attention import packed_layout
 from rollfeed.models.tree_attention import attend_tree, tree_spans
 from tests.devices import DEVICES
@@ -74,10 +74,13 @@ def _reference(q, k, v, allowed, sinks=None):
     return weights @ v
 
 
+@pytest.mark.parametrize("pieces", [False, True], ids=["whole_branches", "branch_pieces"])
 @pytest.mark.parametrize(
     "feature", ["causal", "window", "chunk", "sinks", "mla_values"], ids=lambda f: f
 )
-def test_tree_attention_equals_the_dense_tree_mask(feature: str) -> None:
+def test_tree_attention_equals_the_dense_tree_mask(feature: str, pieces: bool, monkeypatch) -> None:
+    if pieces:  # a branch's queries in pieces of 2 (on long branches: of QUERY_CHUNK)
+        monkeypatch.setattr(tree_attention, "QUERY_CHUNK", 2)
     g = torch.Generator().manual_seed(0)
     dv = 12 if feature == "mla_values" else 16
     q = torch.randn(1, 4, S, 16, generator=g, dtype=torch.float64, requires_grad=True)
