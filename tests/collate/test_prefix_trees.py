@@ -243,3 +243,15 @@ def test_samples_with_images_are_packed_apart_from_trees() -> None:
     for mb, trees in zip(plan[0], plan.trees[0], strict=True):
         assert not (trees and 3 in mb)
     assert plan.metrics["trees"] == 1
+
+
+def test_of_groups_takes_the_step_index_columns() -> None:
+    prefixes = SharedPrefixes.of_groups(["p7", "p7", None, "p9", "p7"], [4, 4, 3, 5, 6])
+    assert [len(c) for c in prefixes.chains] == [1, 1, 0, 1, 1]
+    # the same group claiming another length shares nothing with the first two
+    assert prefixes.chains[0] == prefixes.chains[1] != prefixes.chains[4]
+    assert SharedPrefixes.of_groups(np.array([2, -1]), np.array([3, 3])).chains[1] == ()
+    with pytest.raises(SharedPrefixError, match="one per sample"):
+        SharedPrefixes.of_groups([1, 2], [3])
+    with pytest.raises(SharedPrefixError, match=">= 0"):
+        SharedPrefixes.of_groups([1], [-2])

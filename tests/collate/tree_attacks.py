@@ -18,6 +18,7 @@ that does not hold and still reads, is ``wrong``.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +52,13 @@ def _read_all(samples, prefixes, config, root, trees=None):
         if mb.is_dummy:
             continue
         flat_config = dataclasses.replace(config, seq_len=4096, cp_size=1, cp_layout="contiguous")
-        ref = to_tensor_micro_batch(
-            place_micro_batch(list(mb.samples), flat_config), cp_rank=0, root=root
+        # a tree's flat row is its samples back to back; a flat micro batch's is its own row
+        flat = (
+            place_micro_batch(list(mb.samples), flat_config)
+            if mb.tree is not None
+            else dataclasses.replace(mb, config=flat_config)
         )
+        ref = to_tensor_micro_batch(flat, cp_rank=0, root=root)
         held = []
         for rank in range(config.cp_size):
             t = to_tensor_micro_batch(mb, cp_rank=rank, root=root)
@@ -127,7 +132,7 @@ def _cases(tally, samples, prefixes, config, root, rng, tag, workdir, trial) -> 
         new = rows.copy()
         new[row, 0, 0] = (new[row, 0, 0] + change) % 8
         moved = [
-            _with_routes(s, new, root, workdir, f"r{trial}{change}") if j == k else s
+            _with_routes(s, new, root, workdir, uuid.uuid4().hex) if j == k else s
             for j, s in enumerate(samples)
         ]
         differs = change and row < _shared_below(prefixes, k)
