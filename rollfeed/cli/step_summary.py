@@ -29,8 +29,8 @@ Example text::
                 tokens_dropped, loss_tokens_dropped, kept_width, findings}], by step;
                 length: {min, median, max} (null for a step of no readable sample);
                 kept_width: {rows, mean, p99, max} (null without --root, or with no kept row)
-    findings    [{type, message, step_file, step, line, sample}] (+ field, pos, file, offset
-                for a kept-set read)
+    findings    [{type, message, step_file, step, sample}] (+ field, pos, file, offset for a
+                kept-set read)
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def run_steps(args: argparse.Namespace) -> int:
                     findings.append(step_finding(step, step.problem))
                     counts[-1].findings += 1
                 continue
-            at = {"line": got.line, "sample": got.sample}
+            at = {"sample": got.sample}
             if got.error is not None:
                 findings.append(step_finding(step, got.error, **at))
                 counts[-1].findings += 1
