@@ -284,7 +284,17 @@ class StoredSteps:
             self._forget(step)
             got = None
         if got is None:
-            got = self._cache[step] = self._load(step)
+            f = self._open(step)
+            if (
+                want is not None
+                and f is not None
+                and StepVersion(size=f.size, stamp=f.stamp) != want
+            ):
+                f.close()  # another file than the plan's: whatever it holds, it is not read
+                raise replaced_error(
+                    step, self.where(step), want, StepVersion(size=f.size, stamp=f.stamp)
+                )
+            got = self._cache[step] = self._load(step, f)
             while len(self._cache) > self.cache_steps:
                 self._forget(next(iter(self._cache)))
         else:
@@ -312,8 +322,9 @@ class StoredSteps:
         if f is not None:
             f.close()
 
-    def _load(self, step: int) -> LoadedStep:
-        """Step ``step``'s index, read from the file opened now (kept open for its records)."""
+    def _load(self, step: int, f: StepRecordFile | None) -> LoadedStep:
+        """Step ``step``'s index, read from ``f``, its file opened now (kept open for its
+        records)."""
         if step > MAX_STEP:
             raise StepFileError(
                 f"step {step} is beyond the largest step a loader reads, {MAX_STEP} (a dataset "
@@ -321,7 +332,6 @@ class StoredSteps:
                 file=self.where(step),
                 step=step,
             )
-        f = self._open(step)
         if f is None:
             raise self._missing(step)
         try:

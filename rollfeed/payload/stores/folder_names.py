@@ -80,7 +80,8 @@ def object_names(client: ObjectClient, folder: str) -> list[Listed]:
     url = client.url
     base = "/".join(p for p in (url.prefix, folder) if p)
     prefix = f"{base}/" if base else ""
-    signed, where = client.process().obstore.signed(), client.where(folder or ".")
+    signed = client.process().obstore.signed()
+    where = client.where(folder) if folder else client.path
     found, token = [], None
     while True:
         query = {"list-type": "2", "prefix": prefix, "delimiter": "/"}
