@@ -185,7 +185,7 @@ def _expanded(record: bytes, at: int, value: int) -> bytes:
 def test_claims_no_record_can_hold_are_refused_before_allocation():
     record = encode_record(_doc_record())
     spans = np.array([[1, 3]])
-    rows_at = 32 + 8 + 8 + 16  # header, ids, runs; then the descriptor's rows
+    rows_at = 32 + 8 + 8 + 12  # header, ids, runs; then the descriptor's rows (at 12)
     for rows in (4, 2**40, 2**63):
         with pytest.raises(ValueError, match="does not claim its"):
             decode_record(_expanded(record, rows_at, rows), 3, spans)
@@ -205,6 +205,18 @@ def test_claims_no_record_can_hold_are_refused_before_allocation():
         decode_record(record[:-8], 3, spans)
     with pytest.raises(ValueError, match="do not fit its 40 bytes"):
         decode_record(record[:40], 3, spans)
+
+
+def test_string_places_whose_sum_wraps_in_32_bits_are_refused():
+    """A text at offset 2**32 - 1 of length 2 ends at 1 in 32-bit arithmetic: it was read as an
+    empty string."""
+    record = bytearray(
+        encode_record(StepRecord(ids=np.arange(2), mask=np.ones(2, bool), texts={"uid": "a"}))
+    )
+    text_at = 32 + 8 + 8  # header, ids, runs; no column
+    struct.pack_into("<II", record, text_at + 8, 2**32 - 1, 2)
+    with pytest.raises(ValueError, match="past the 4 string bytes"):
+        decode_record(bytes(record), 2, np.array([[0, 2]]))
 
 
 def test_bad_records_are_refused_at_write_naming_what():

@@ -178,7 +178,14 @@ def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
     parts.append(bytes(_pad(strings.size)))
     for e in encoded:
         parts += [e.data, bytes(_pad(len(e.data)))]
-    return b"".join(parts)
+    data = b"".join(parts)
+    decoded = sum(sc.decoded_bytes(e.dtype, e.rows, e.dims) for e in encoded)
+    if decoded > sc.EXPANSION * len(data):
+        raise PayloadInputError(
+            f"the record's columns decode to {decoded} bytes, more than {sc.EXPANSION} times its "
+            f"{len(data)}: a reader refuses it (many columns of one value each); store them once"
+        )
+    return data
 
 
 def mask_runs(mask: np.ndarray) -> np.ndarray:
@@ -272,6 +279,7 @@ def decode_record(data: bytes | memoryview, tokens: int, spans: np.ndarray) -> S
 
 
 def _text(strings: memoryview, off: int, length: int) -> str:
+    off, length = int(off), int(length)  # u4 fields: their sum must not wrap
     if off + length > len(strings):
         raise ValueError(
             f"a string at [{off}, {off + length}) past the {len(strings)} string bytes"
@@ -320,9 +328,17 @@ def _columns(
 
 
 def _segment(strings: memoryview, s: np.void) -> PayloadSegment:
-    if s["ndim"] > 4 or s["flags"] > (_RAGGED | _FILE_ID):
-        raise ValueError(f"a segment record of {int(s['ndim'])} dims, flags {int(s['flags'])}")
     ints = {k: int(s[k]) for k in _INTS}
+    unused = [*s["shape"][int(s["ndim"]) :].tolist(), *s["pad"].tobytes()]
+    if not s["flags"] & _RAGGED:
+        unused += [ints[k] for k in ("r_rows", "r_values", "r_count", "r_block")]
+    if not s["flags"] & _FILE_ID:
+        unused.append(ints["file_id"])
+    if s["ndim"] > 4 or s["flags"] > (_RAGGED | _FILE_ID) or any(unused):
+        raise ValueError(
+            f"a segment record of {int(s['ndim'])} dims, flags {int(s['flags'])}, or a field it "
+            "does not use that is not 0"
+        )
     record = {
         "field": _text(strings, s["field_off"], s["field_len"]),
         "file": _text(strings, s["file_off"], s["file_len"]),
