@@ -26,14 +26,15 @@ prefix it shares with its group; 0 without a group). After the rows, each record
 order, each run two ``<u4`` (``start, end``): the record's mask is 1 exactly on
 ``[start, end)`` of each; runs are non-empty, in token order, apart and inside the record.
 
-Worked example (two records of 3 and 5 tokens, masks ``[0, 1, 1]`` and ``[1, 1, 0, 1, 1]``,
-records of 96 and 112 bytes)::
+Worked example (two records of token ids ``[5, 6, 7]`` and ``[8, 9, 1, 2, 3]``, masks
+``[0, 1, 1]`` and ``[1, 1, 0, 1, 1]``, no column: records of 48 and 56 bytes)::
 
-    offset  32: file header ... record 0 (96 bytes) at 32, record 1 (112 bytes) at 128
-    offset 240: index = rows [(32, 96, 3, c0, 1, -1, 0, 0), (128, 112, 5, c1, 2, -1, 0, 0)]
+    offset   0: file header (32 bytes)
+    offset  32: record 0 (48 bytes);  offset 80: record 1 (56 bytes)
+    offset 136: index = rows [(32, 48, 3, c0, 1, -1, 0, 0), (80, 56, 5, c1, 2, -1, 0, 0)]
                 + runs [1, 3], [0, 2], [3, 5]            -> 2 * 56 + 3 * 8 = 136 bytes
-    offset 376: footer (240, 136, 2, file id, crc(index), crc(footer[:40]), b"RFSTEND\\0")
-    file size 424
+    offset 272: footer (136, 136, 2, file id, crc(index), crc(footer[:36]), b"RFSTEND\0")
+    file size 320
 
 Why a file of its own rather than the payload's regions, with the per-token arrays as fields
 read by handle (so that a ``cp`` rank would read only its window): a sample's record is read
