@@ -36,26 +36,12 @@ from rollfeed.loaders.errors import (
     StepMissingError,
     StepReplacedError,
 )
-from rollfeed.loaders.step_files import (
-    MAX_STEP,
-    STEP_STRIDE,
-    parse_json_step_name,
-    parse_step_name,
-    step_error,
-    step_file_name,
-    step_root,
-)
+from rollfeed.loaders.step_files import MAX_STEP, STEP_STRIDE, step_error, step_file_name, step_root
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_records import record_sample
 from rollfeed.loaders.step_version import StepVersion, replaced_error
-from rollfeed.loaders.step_wait import Found, describe, wait_for_step
-from rollfeed.payload import (
-    PayloadMissingFileError,
-    PayloadPathError,
-    StepRecordFile,
-    StepRecordIndex,
-    is_store_url,
-)
+from rollfeed.loaders.step_wait import StepDirectory
+from rollfeed.payload import PayloadMissingFileError, StepRecordFile, StepRecordIndex, is_store_url
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -151,6 +137,7 @@ class StoredSteps:
         text = os.fspath(directory)
         self.directory = text if is_store_url(text) else os.path.abspath(text)
         self.root = step_root(self.directory, store)
+        self.steps = StepDirectory(self.root, self.directory)
         self.cache_steps = cache_steps
         self._reset()
 
@@ -162,7 +149,8 @@ class StoredSteps:
         self._counts: Counter[str] = Counter()
 
     def __getstate__(self) -> dict:
-        return {"directory": self.directory, "root": self.root, "cache_steps": self.cache_steps}
+        keys = ("directory", "root", "steps", "cache_steps")
+        return {k: getattr(self, k) for k in keys}
 
     def __setstate__(self, state: dict) -> None:
         vars(self).update(state)
@@ -186,75 +174,15 @@ class StoredSteps:
         return {k: self._counts[k] for k in ("steps_loaded", "samples_read")}
 
     def check(self) -> None:
-        """Refuse at once a local directory that cannot be a step directory (``from_step_dir``):
-        a missing path or a file, or a directory without step files whose subfolder has some."""
-        what = None
-        try:
-            entries = self.root.store.names("")
-        except PayloadMissingFileError:
-            what = "does not exist"
-        except PayloadPathError:
-            what = "is not a directory"
-        if what is not None:
-            raise LoaderConfigError(
-                f"step directory {self.directory!r} {what}; pass the directory that holds (or "
-                "will hold) the step_NNNNNN.rfs files (a producer's StepWriter makes it with its "
-                "first step: create it first to start a trainer before its producer)"
-            )
-        found = self._describe(entries)
-        if found.misplaced:
-            paths = [self.root.store.where(name) for name, _ in found.misplaced]
-            held = "; ".join(
-                f"{p} holds {w}" for p, (_, w) in zip(paths, found.misplaced, strict=True)
-            )
-            raise LoaderConfigError(
-                f"step directory {self.directory!r} holds no step file, but {held}: pass that "
-                f"directory, RolloutDataset.from_step_dir({paths[0]!r})"
-            )
-
-    def _entries(self) -> list | None:
-        """The directory's entries (``None`` when it does not exist); a JSON-lines step file
-        without its step record file is refused (module doc of step_files)."""
-        try:
-            entries = self.root.store.names("")
-        except PayloadMissingFileError:
-            return None
-        names = {e.rel for e in entries}
-        for e in entries:
-            old = parse_json_step_name(e.rel)
-            if old is not None and step_file_name(old) not in names:
-                raise StepFileError(
-                    f"step {old} is a step file of the JSON-lines format, which this loader no "
-                    "longer reads; convert the directory once: python -m rollfeed steps convert "
-                    f"{self.directory}",
-                    file=self.root.store.where(e.rel),
-                    step=old,
-                )
-        return entries
-
-    def _describe(self, entries: list | None = None) -> Found:
-        return describe(self._entries() if entries is None else entries, look=self.root.store.names)
+        """Refuse at once a local directory that cannot be a step directory (``from_step_dir``;
+        :meth:`~rollfeed.loaders.step_wait.StepDirectory.check`)."""
+        self.steps.check()
 
     def steps_from(self, step: int) -> list[int]:
-        entries = self._entries() or []
-        return sorted(s for e in entries if (s := parse_step_name(e.rel)) is not None and s >= step)
+        return self.steps.steps_from(step)
 
     def wait_for_step(self, step: int, *, timeout_s: float, exact: bool) -> int:
-        def find() -> int | None:
-            present = self.steps_from(step)
-            if exact:
-                return step if present[:1] == [step] else None
-            return present[0] if present else None
-
-        return wait_for_step(
-            find,
-            step,
-            exact=exact,
-            where=self.directory,
-            file=self.where(step),
-            describe=self._describe,
-            timeout_s=timeout_s,
-        )
+        return self.steps.wait_for_step(step, timeout_s=timeout_s, exact=exact)
 
     def indices(self, step: int) -> np.ndarray:
         return step * STEP_STRIDE + np.arange(len(self.loaded(step).lengths), dtype=np.int64)

@@ -1,12 +1,18 @@
-"""Bounded, logged waits for a step file, and what a step directory holds when none comes.
+"""A step directory as a listing: the steps it holds, bounded, logged waits for the next, and what
+it holds when none comes.
+
+:class:`StepDirectory` lists a directory or prefix through its root's store (one folder deep,
+:meth:`~rollfeed.payload.stores.store.Store.names`): the step files present, and a JSON-lines
+step file without its step record file refused naming the command that converts it.
 
 A pass waits for its step file (stream mode: exactly step ``s``; otherwise step ``s`` or a later
-one) by polling the directory or prefix's listing (no inotify: it does not see writes made on
-other hosts of a shared filesystem). The wait is never silent: it logs at INFO once as it starts
-and then every :data:`LOG_EVERY_S` what it waits for and where, and after ``step_timeout_s`` it
-raises :class:`StepTimeoutError` naming the directory, what it found there and the producer's last
-step seen (the newest step file there). :func:`describe` finds the mistake a new user makes most,
-a run folder given for its ``steps/`` subfolder, which ``from_step_dir`` refuses at build time.
+one) by polling that listing (no inotify: it does not see writes made on other hosts of a shared
+filesystem). The wait is never silent: it logs at INFO once as it starts and then every
+:data:`LOG_EVERY_S` what it waits for and where, and after ``step_timeout_s`` it raises
+:class:`StepTimeoutError` naming the directory, what it found there and the producer's last step
+seen (the newest step file there). :func:`describe` finds the mistake a new user makes most, a
+run folder given for its ``steps/`` subfolder, which ``from_step_dir`` refuses at build time
+(:meth:`StepDirectory.check`).
 
 Example (``/run/steps`` holds steps 0..5, the pass wants 6, ``step_timeout_s=600``)::
 
@@ -27,8 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from rollfeed.loaders.errors import StepTimeoutError
-from rollfeed.loaders.step_files import parse_step_name, step_file_name
+from rollfeed.loaders.errors import LoaderConfigError, StepFileError, StepTimeoutError
+from rollfeed.loaders.step_files import parse_json_step_name, parse_step_name, step_file_name
+from rollfeed.payload import PayloadMissingFileError, PayloadPathError, PayloadRoot
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_S = 30.0  # how often a wait logs again
@@ -151,3 +158,86 @@ def wait_for_step(
             waited = time.monotonic() - began
             logger.info("step %d present in %s after %.1f s", found, where, waited)
             return found
+
+
+class StepDirectory:
+    """The step files of ``directory`` (as given), listed through ``root``'s store; picklable."""
+
+    def __init__(self, root: PayloadRoot, directory: str) -> None:
+        self.root, self.directory = root, directory
+
+    def entries(self) -> list | None:
+        """The directory's entries (``None`` when it does not exist); a JSON-lines step file
+        without its step record file is a :class:`StepFileError` naming it and the command that
+        converts the directory."""
+        try:
+            entries = self.root.store.names("")
+        except PayloadMissingFileError:
+            return None
+        names = {e.rel for e in entries}
+        for e in entries:
+            old = parse_json_step_name(e.rel)
+            if old is not None and step_file_name(old) not in names:
+                raise StepFileError(
+                    f"step {old} is a step file of the JSON-lines format, which this loader no "
+                    "longer reads; convert the directory once: python -m rollfeed steps convert "
+                    f"{self.directory}",
+                    file=self.root.store.where(e.rel),
+                    step=old,
+                )
+        return entries
+
+    def describe(self, entries: list | None = None) -> Found:
+        return describe(self.entries() if entries is None else entries, look=self.root.store.names)
+
+    def steps_from(self, step: int) -> list[int]:
+        """The steps present from ``step`` on, sorted."""
+        entries = self.entries() or []
+        return sorted(s for e in entries if (s := parse_step_name(e.rel)) is not None and s >= step)
+
+    def wait_for_step(self, step: int, *, timeout_s: float, exact: bool) -> int:
+        """:func:`wait_for_step` over this directory's listing."""
+
+        def find() -> int | None:
+            present = self.steps_from(step)
+            if exact:
+                return step if present[:1] == [step] else None
+            return present[0] if present else None
+
+        return wait_for_step(
+            find,
+            step,
+            exact=exact,
+            where=self.directory,
+            file=self.root.store.where(step_file_name(step)),
+            describe=self.describe,
+            timeout_s=timeout_s,
+        )
+
+    def check(self) -> None:
+        """Refuse at once a local directory that cannot be a step directory: a missing path or
+        a file, or a directory without step files whose subfolder has some (a run folder given
+        for its ``steps/``); :class:`LoaderConfigError` naming it (and that subfolder)."""
+        what = None
+        try:
+            entries = self.root.store.names("")
+        except PayloadMissingFileError:
+            what = "does not exist"
+        except PayloadPathError:
+            what = "is not a directory"
+        if what is not None:
+            raise LoaderConfigError(
+                f"step directory {self.directory!r} {what}; pass the directory that holds (or "
+                "will hold) the step_NNNNNN.rfs files (a producer's StepWriter makes it with its "
+                "first step: create it first to start a trainer before its producer)"
+            )
+        found = self.describe(entries)
+        if found.misplaced:
+            paths = [self.root.store.where(name) for name, _ in found.misplaced]
+            held = "; ".join(
+                f"{p} holds {w}" for p, (_, w) in zip(paths, found.misplaced, strict=True)
+            )
+            raise LoaderConfigError(
+                f"step directory {self.directory!r} holds no step file, but {held}: pass that "
+                f"directory, RolloutDataset.from_step_dir({paths[0]!r})"
+            )
