@@ -1,5 +1,5 @@
 """Typed loader errors: :class:`~rollfeed.errors.RollfeedError` subclasses that name the value,
-the bound and the fix, and the place (step file and line, step, DataLoader worker).
+the bound and the fix, and the place (step file, step and sample, DataLoader worker).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class StepMissingError(StepFileError):
 
 class StepReplacedError(StepFileError):
     """A step file is not the version its step was planned from: it was replaced (or rewritten)
-    after planning, so its samples, lengths or lines may differ from the plan's."""
+    after planning, so its samples or lengths may differ from the plan's."""
 
 
 class StepWriteError(LoaderError):
