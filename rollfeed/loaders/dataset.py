@@ -11,8 +11,9 @@ made:
   sample``. ``lengths(step)`` reads the step file's index only, and ``dataset[i]`` reads only
   sample ``i``'s record.
 
-``lengths(step)`` gives token counts and ``loss_runs(step)`` where each sample's loss tokens lie
-(:mod:`rollfeed.collate.loss_runs`) without building micro batches, so the sampler plans, and
+``lengths(step)`` gives token counts, ``loss_runs(step)`` where each sample's loss tokens lie
+(:mod:`rollfeed.collate.loss_runs`) and ``image_runs(step)`` where its images' placeholder tokens
+lie (:mod:`rollfeed.collate.image_runs`) without building micro batches, so the sampler plans, and
 counts the step's loss tokens, from them only; ``step_version(step)`` names the version of the
 step file they came from (:mod:`rollfeed.loaders.step_version`). A batch of indices the sampler
 planned carries that version and the planned lengths: this process reads the step through a file
@@ -32,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from rollfeed.collate import LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample
 from rollfeed.loaders.errors import StepReplacedError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.step_identity import StepIdentity
@@ -146,6 +147,12 @@ class RolloutDataset(Dataset[Sample]):
         """Each sample's loss runs in ``step`` (aligned with ``step_indices``): from the index,
         or from the samples of an in-memory list."""
         return self.source.loaded(step).runs
+
+    def image_runs(self, step: int = 0) -> ImageRuns | None:
+        """Each sample's image placeholder runs in ``step`` (aligned with ``step_indices``), or
+        ``None`` when no sample of the step holds an image: from the index, or from the samples
+        of an in-memory list."""
+        return self.source.loaded(step).images
 
     def step_identity(self, step: int) -> StepIdentity:
         """The identity of step ``step``'s samples (:mod:`~rollfeed.loaders.step_identity`),

@@ -10,7 +10,10 @@ texts and segment records; this is where a sample's parts get their names:
   those names (an advantage the same for every token is stored once);
 - an inline field ``name`` -> the column ``field:name`` (fixed width ``[R, *shape]``), or the two
   columns ``field:name:counts`` and ``field:name:values`` (ragged);
-- ``uid`` -> the text ``uid``; ``payload`` -> the segment records, as they are.
+- ``uid`` -> the text ``uid``; ``payload`` -> the segment records, as they are;
+- ``images`` (:class:`~rollfeed.payload.ImageSpan`) -> the record's marked spans (each image's
+  placeholder run, which the index repeats so that a planner never cuts inside an image) and the
+  text ``images``, the image records as JSON (a handle or inline bytes each).
 
 A record holding a column or text of another name is not a sample's: :class:`ValueError` naming
 it (the reader adds the file, step and sample). The record's group id, shared prefix and policy
@@ -26,10 +29,12 @@ Example::
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from rollfeed.collate import Sample
-from rollfeed.payload import StepRecord
+from rollfeed.payload import ImageSpan, StepRecord
 
 _ARRAYS = ("advantages", "inference_logprobs", "temperatures")
 _FIELD = "field:"
@@ -51,12 +56,16 @@ def sample_record(
             columns[f"{_FIELD}{name}:counts"], columns[f"{_FIELD}{name}:values"] = data
         else:
             columns[f"{_FIELD}{name}"] = data
+    texts = {} if sample.uid is None else {"uid": sample.uid}
+    if sample.images:
+        texts["images"] = json.dumps([im.model_dump(mode="json") for im in sample.images])
     return StepRecord(
         ids=sample.token_ids,
         mask=sample.loss_mask,
         columns=columns,
-        texts={} if sample.uid is None else {"uid": sample.uid},
+        texts=texts,
         segments=sample.payload,
+        spans=np.array([(im.start, im.end) for im in sample.images], np.int64).reshape(-1, 2),
         policy_version=policy_version,
         group=group,
         shared_prefix=shared_prefix,
@@ -84,10 +93,9 @@ def record_sample(record: StepRecord) -> Sample:
         else:
             fields[name] = columns[key]
     lone = [k for k in columns if k.endswith(":values") and k[len(_FIELD) : -7] not in fields]
-    if lone or set(record.texts) - {"uid"}:
-        raise ValueError(
-            f"columns {lone} or texts {sorted(set(record.texts) - {'uid'})} that no sample has"
-        )
+    other = sorted(set(record.texts) - {"uid", "images"})
+    if lone or other:
+        raise ValueError(f"columns {lone} or texts {other} that no sample has")
     for name in ("advantages", "inference_logprobs"):
         if arrays[name] is None:
             raise ValueError(f"no {name} column")
@@ -99,5 +107,22 @@ def record_sample(record: StepRecord) -> Sample:
         temperatures=arrays["temperatures"],
         fields=fields,  # type: ignore[arg-type]
         payload=record.segments,
+        images=_images(record),
         uid=record.texts.get("uid"),
     )
+
+
+def _images(record: StepRecord) -> list[ImageSpan]:
+    """The record's image records, each one's placeholder run held to its marked span."""
+    text = record.texts.get("images")
+    images = [] if text is None else json.loads(text)
+    if not isinstance(images, list):
+        raise ValueError("the images text is not a list of image records")
+    out = [ImageSpan.parse(im) for im in images]
+    runs = np.array([(im.start, im.end) for im in out], np.int64).reshape(-1, 2)
+    if not np.array_equal(runs, np.asarray(record.spans).reshape(-1, 2)):
+        raise ValueError(
+            f"the image records' placeholder runs {runs.tolist()} are not the record's marked "
+            f"spans {np.asarray(record.spans).tolist()}"
+        )
+    return out

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rollfeed.collate import LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample
 from rollfeed.loaders.errors import (
     LoaderConfigError,
     StepFileError,
@@ -47,11 +47,13 @@ from rollfeed.payload import PayloadMissingFileError, StepRecordFile, StepRecord
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class LoadedStep:
     """One step as a process holds it: the ``version`` of its file (``None`` in memory), its
-    samples' ``lengths [n]``, loss ``runs`` and ``identity``, and its file's ``index``."""
+    samples' ``lengths [n]``, loss ``runs``, image placeholder runs (``images``; ``None`` when no
+    sample holds an image) and ``identity``, and its file's ``index``."""
 
     version: StepVersion | None
     lengths: np.ndarray
     runs: LossRuns
+    images: ImageRuns | None
     identity: StepIdentity
     index: StepRecordIndex | None = None
 
@@ -105,6 +107,11 @@ class SampleSteps:
                 version=None,
                 lengths=lengths,
                 runs=LossRuns.of_samples(self.samples),
+                images=(
+                    ImageRuns.of_samples(self.samples)
+                    if any(s.images for s in self.samples)
+                    else None
+                ),
                 identity=StepIdentity.of_samples(self.samples),
             )
         return self._step
@@ -273,6 +280,11 @@ class StoredSteps:
             version=StepVersion(size=f.size, stamp=f.stamp),
             lengths=index.tokens,
             runs=LossRuns(counts=index.run_counts, spans=index.run_spans),
+            images=(
+                ImageRuns(counts=index.span_counts, spans=index.span_spans)
+                if index.span_counts.sum()
+                else None
+            ),
             identity=StepIdentity.of(index.tokens, index.crc32c),
             index=index,
         )

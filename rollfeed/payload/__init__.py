@@ -16,6 +16,7 @@ from rollfeed.payload.errors import (
     PayloadIndexError,
     PayloadInputError,
     PayloadIOError,
+    PayloadMediaError,
     PayloadMissingFileError,
     PayloadOutputBoundError,
     PayloadPathError,
@@ -32,6 +33,7 @@ from rollfeed.payload.errors import (
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
 from rollfeed.payload.format.label_rows import canonical_rows
+from rollfeed.payload.media import ImageProcessorSpec, ImageSpan, MediaRef, MediaWriter, read_media
 from rollfeed.payload.ragged_rows import RaggedRows
 from rollfeed.payload.read.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.read.step_reader import StepRecordFile
@@ -45,6 +47,10 @@ from rollfeed.payload.write.writer import PayloadWriter
 __all__ = [
     "PAYLOAD_FIELDS",
     "FieldRead",
+    "ImageProcessorSpec",
+    "ImageSpan",
+    "MediaRef",
+    "MediaWriter",
     "PayloadChecksumError",
     "PayloadDtypeError",
     "PayloadError",
@@ -54,6 +60,7 @@ __all__ = [
     "PayloadIOError",
     "PayloadIndexError",
     "PayloadInputError",
+    "PayloadMediaError",
     "PayloadMissingFileError",
     "PayloadOutputBoundError",
     "PayloadPathError",
@@ -82,6 +89,7 @@ __all__ = [
     "lookup_field",
     "read_field",
     "read_fields",
+    "read_media",
     "register_field",
     "shift_segments",
 ]

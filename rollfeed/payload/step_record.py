@@ -36,6 +36,7 @@ class StepRecord:
     columns: Mapping[str, np.ndarray] = field(default_factory=dict)
     texts: Mapping[str, str] = field(default_factory=dict)
     segments: Sequence[PayloadSegment] = ()
+    spans: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
     policy_version: int | None = None
     group: str | None = None
     shared_prefix: int = 0
@@ -49,7 +50,8 @@ class StepRecordIndex:
     """A step's index: per record ``[n]`` int64 ``offsets``, ``sizes`` (bytes), ``tokens``,
     ``crc32c``, ``policy_version`` (-1: none), ``group`` (the group id's 64-bit hash as int64
     bits; 0: none) and ``shared`` (shared-prefix tokens); ``run_counts [n]`` and ``run_spans
-    [R, 2]`` every record's mask runs, ``run_offsets [n + 1]`` where each record's begin."""
+    [R, 2]`` every record's mask runs, ``run_offsets [n + 1]`` where each record's begin;
+    ``span_counts``, ``span_spans``, ``span_offsets`` the same of its marked spans."""
 
     offsets: np.ndarray
     sizes: np.ndarray
@@ -61,14 +63,18 @@ class StepRecordIndex:
     run_counts: np.ndarray
     run_spans: np.ndarray
     run_offsets: np.ndarray
+    span_counts: np.ndarray
+    span_spans: np.ndarray
+    span_offsets: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @classmethod
-    def of_rows(cls, rows: np.ndarray, spans: np.ndarray) -> StepRecordIndex:
-        """From the index's rows (``INDEX_ROW``) and runs ``[R, 2]``."""
+    def of_rows(cls, rows: np.ndarray, spans: np.ndarray, marked: np.ndarray) -> StepRecordIndex:
+        """From the index's rows (``INDEX_ROW``), runs ``[R, 2]`` and marked spans ``[K, 2]``."""
         counts = rows["runs"].astype(np.int64)
+        marks = rows["spans"].astype(np.int64)
         return cls(
             offsets=rows["offset"].astype(np.int64),
             sizes=rows["size"].astype(np.int64),
@@ -80,8 +86,15 @@ class StepRecordIndex:
             run_counts=counts,
             run_spans=np.asarray(spans, np.int64).reshape(-1, 2),
             run_offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            span_counts=marks,
+            span_spans=np.asarray(marked, np.int64).reshape(-1, 2),
+            span_offsets=np.concatenate([[0], np.cumsum(marks)]).astype(np.int64),
         )
 
     def runs_of(self, i: int) -> np.ndarray:
         """``[r, 2]``: record ``i``'s mask runs."""
         return self.run_spans[self.run_offsets[i] : self.run_offsets[i + 1]]
+
+    def marked_of(self, i: int) -> np.ndarray:
+        """``[k, 2]``: record ``i``'s marked spans."""
+        return self.span_spans[self.span_offsets[i] : self.span_offsets[i + 1]]

@@ -278,9 +278,11 @@ def _rewrites(samples: list, path: Path) -> list:
     """``(what, rewrite(path))``: parts of the step file ``path`` rewritten in place, each to the
     same size."""
     from rollfeed.loaders.step_files import write_step_file
+    from rollfeed.payload.format.step_layout import INDEX_ROW
     from tests.loaders.step_attacks import same_sizes_other_tokens
     from tests.loaders.step_bytes import flip, index_bytes, index_of, rewrite_index, write_at
 
+    ROW = INDEX_ROW.itemsize
     data = path.read_bytes()
     index = index_of(path)
     at, size = index.offsets.tolist(), index.sizes.tolist()
@@ -292,12 +294,12 @@ def _rewrites(samples: list, path: Path) -> list:
              != data[at[j + 1] : at[j + 1] + size[j + 1]])  # fmt: skip
     last, idx = N - 1, index_bytes(path)
     rows = bytearray(idx)
-    rows[56 * last + 24] ^= 1  # the last record's CRC-32C
+    rows[ROW * last + 24] ^= 1  # the last record's CRC-32C
     swapped = bytearray(idx)
     j = next(j for j in range(N - 1, 0, -1) if index.tokens[j] != index.tokens[j - 1])
-    swapped[56 * j + 16 : 56 * j + 24], swapped[56 * (j - 1) + 16 : 56 * (j - 1) + 24] = (
-        idx[56 * (j - 1) + 16 : 56 * (j - 1) + 24],
-        idx[56 * j + 16 : 56 * j + 24],
+    swapped[ROW * j + 16 : ROW * j + 24], swapped[ROW * (j - 1) + 16 : ROW * (j - 1) + 24] = (
+        idx[ROW * (j - 1) + 16 : ROW * (j - 1) + 24],
+        idx[ROW * j + 16 : ROW * j + 24],
     )
 
     def at_(offset: int, new: bytes) -> Callable[[Path], None]:

@@ -277,11 +277,12 @@ def _fields(good: bytes, rows: np.ndarray, codec) -> list[tuple[str, int, str, i
     out = []
     for i, row in enumerate(rows):
         at = int(row["offset"])
-        _, id_code, _, C, X, _, S, T, R, N = codec.RECORD_HEADER.unpack_from(good, at)
+        _, id_code, _, C, X, K, S, T, R, N = codec.RECORD_HEADER.unpack_from(good, at)
         head = [
             ("id dtype", 4, "<B", (4, 255)),
             ("columns", 6, "<H", (0, C + 1, 0xFFFF)),
             ("texts", 8, "<H", (X + 1, 0xFFFF)),
+            ("marked spans", 10, "<H", (K + 1, 0xFFFF)),
             ("segments", 12, "<I", (S + 1, 2**32 - 1)),
             ("tokens", 16, "<Q", (0, T - 1, T + 1, 2**63, 2**64 - 1)),
             ("runs", 24, "<I", (R + 1, 2**32 - 1)),
@@ -290,7 +291,7 @@ def _fields(good: bytes, rows: np.ndarray, codec) -> list[tuple[str, int, str, i
         ]
         out += [(f"record {i} {k}", at + o, f, v) for k, o, f, vs in head for v in vs]
         isz = (1, 2, 4, 8)[id_code]
-        cols_at = at + 32 + -(-T * isz // 8) * 8 + 8 * R
+        cols_at = at + 32 + -(-T * isz // 8) * 8 + 8 * R + 8 * K
         col = codec.COLUMN.fields
         for c in range(C if i == 0 else 1):
             d = cols_at + c * codec.COLUMN.itemsize
@@ -346,11 +347,16 @@ def _fields(good: bytes, rows: np.ndarray, codec) -> list[tuple[str, int, str, i
         ("size", "<Q", (0, 8, 2**63)),
         ("tokens", "<Q", (0, 2**62)),
         ("runs", "<I", (0, 2)),
+        ("spans", "<I", (1, 2**32 - 1)),
+        ("reserved", "<I", (1,)),
         ("policy_version", "<q", (-2, 2**62)),
         ("group", "<Q", (0, 1)),
         ("shared", "<Q", (1, 2**40)),
     ]:
-        out += [(f"index row {last} {k}", index_at + last * 56 + fields[k][1], f, v) for v in vs]
+        out += [
+            (f"index row {last} {k}", index_at + last * INDEX_ROW.itemsize + fields[k][1], f, v)
+            for v in vs
+        ]
     foot = len(good) - 48
     for k, o, vs in [
         ("index offset", 0, (0, index_at - 8, index_at + 8)),
@@ -370,7 +376,7 @@ def _resealed(data: bytes, *, records: bool, index: bool) -> bytes:
 
     data = bytearray(data)
     offset, size, n = struct.unpack_from("<QQQ", data, len(data) - 48)
-    fits = offset + size == len(data) - 48 and n * 56 <= size
+    fits = offset + size == len(data) - 48 and n * INDEX_ROW.itemsize <= size
     if fits and index:
         if records:
             rows = np.frombuffer(data, INDEX_ROW, n, offset).copy()

@@ -54,7 +54,12 @@ def test_a_file_is_the_documented_layout(tmp_path):
         w.append(_doc_record())
         ids = np.array([8, 9, 1, 2, 3])
         mask = np.array([1, 1, 0, 1, 1], bool)
-        w.append(StepRecord(ids=ids, mask=mask, group="p0", shared_prefix=2, policy_version=7))
+        spans = np.array([[1, 3]])
+        w.append(
+            StepRecord(
+                ids=ids, mask=mask, spans=spans, group="p0", shared_prefix=2, policy_version=7
+            )
+        )
     data = (tmp_path / "step_000000.rfs").read_bytes()
     magic, version, flags, reserved, file_id, zero = struct.unpack("<8sHHIQQ", data[:32])
     assert (magic, version, flags, reserved, zero) == (b"RFSTEPS\0", 1, 0, 0, 0)
@@ -62,10 +67,11 @@ def test_a_file_is_the_documented_layout(tmp_path):
     assert data[32:152] == rec0
     size1 = struct.unpack("<Q", data[-48:-40])[0] - 152  # the footer's index offset
     rec1 = data[152 : 152 + size1]
-    rows = struct.pack("<QQQIIqQQ", 32, 120, 3, crc32c.crc32c(rec0), 1, -1, 0, 0) + struct.pack(
-        "<QQQIIqQQ", 152, size1, 5, crc32c.crc32c(rec1), 2, 7, group_hash("p0"), 2
+    rows = struct.pack("<QQQIIIIqQQ", 32, 120, 3, crc32c.crc32c(rec0), 1, 0, 0, -1, 0, 0)
+    rows += struct.pack(
+        "<QQQIIIIqQQ", 152, size1, 5, crc32c.crc32c(rec1), 2, 1, 0, 7, group_hash("p0"), 2
     )
-    index = rows + struct.pack("<6I", 1, 3, 0, 2, 3, 5)
+    index = rows + struct.pack("<6I", 1, 3, 0, 2, 3, 5) + struct.pack("<2I", 1, 3)
     at = 152 + size1
     assert data[at : at + len(index)] == index
     head = struct.pack("<QQQQI", at, len(index), 2, file_id, crc32c.crc32c(index))
@@ -122,6 +128,7 @@ def test_every_encoding_round_trips_at_its_dtype(tmp_path, T):
         columns=columns,
         texts={"uid": "ünï", "note": ""},
         segments=_segments(),
+        spans=np.array([[0, 1], [1, T]] if T > 1 else [[0, 1]]),  # touching, as images may
         group="prompt 17",
         shared_prefix=min(T, 5),
         policy_version=3,
@@ -141,6 +148,10 @@ def test_every_encoding_round_trips_at_its_dtype(tmp_path, T):
         assert np.array_equal(got.columns[name], values), name
     assert dict(got.texts) == {"uid": "ünï", "note": ""}
     assert list(got.segments) == _segments()
+    assert np.array_equal(got.spans, record.spans) and index.span_counts.tolist() == [
+        len(record.spans),
+        0,
+    ]
     assert (got.group, got.shared_prefix, got.policy_version) == ("prompt 17", min(T, 5), 3)
     assert index.tokens.tolist() == [T, 1] and index.policy_version.tolist() == [3, -1]
 

@@ -12,29 +12,32 @@ section starts at a multiple of 8 bytes)::
                                        file id (random, 1 <= id < 2**63), reserved 0
     record 0 .. record n-1             back to back from byte 32, each a multiple of 8 bytes
                                        (:mod:`rollfeed.payload.format.step_record_codec`)
-    index         n rows of 56 bytes, then the mask runs of every record (below)
+    index         n rows of 64 bytes, then the mask runs and the marked spans of every record
     footer        48 bytes   <QQQQII8s index offset, index bytes, records n, file id,
                                        CRC-32C of the index bytes, CRC-32C of the footer's first
                                        36 bytes, magic b"RFSTEND\\0"
 
-An index row (``INDEX_ROW``, 56 bytes ``<QQQIIqQQ``): the record's ``offset`` and ``size`` in
+An index row (``INDEX_ROW``, 64 bytes ``<QQQIIIIqQQ``): the record's ``offset`` and ``size`` in
 bytes, its ``tokens``, the ``crc32c`` (CRC-32C) of its bytes, its mask's ``runs`` (the maximal
-ranges of mask 1 tokens), its ``policy_version`` (the oldest policy version among its tokens; -1:
+ranges of mask 1 tokens), its marked ``spans`` (token ranges a planner must not cut: a sample's
+image placeholder runs), 0, its ``policy_version`` (the oldest policy version among its tokens; -1:
 none recorded), its ``group`` (the 64-bit hash of its group id, the first 8 bytes of BLAKE2b of
 the id's UTF-8, little endian, 1 when that is 0; 0: no group) and ``shared`` (the tokens of the
 prefix it shares with its group; 0 without a group). After the rows, each record's runs in record
 order, each run two ``<u4`` (``start, end``): the record's mask is 1 exactly on
-``[start, end)`` of each; runs are non-empty, in token order, apart and inside the record.
+``[start, end)`` of each; runs are non-empty, in token order, apart and inside the record. Then
+each record's marked spans, the same way (they may touch: two images back to back).
 
 Worked example (two records of token ids ``[5, 6, 7]`` and ``[8, 9, 1, 2, 3]``, masks
 ``[0, 1, 1]`` and ``[1, 1, 0, 1, 1]``, no column: records of 48 and 56 bytes)::
 
     offset   0: file header (32 bytes)
     offset  32: record 0 (48 bytes);  offset 80: record 1 (56 bytes)
-    offset 136: index = rows [(32, 48, 3, c0, 1, -1, 0, 0), (80, 56, 5, c1, 2, -1, 0, 0)]
-                + runs [1, 3], [0, 2], [3, 5]            -> 2 * 56 + 3 * 8 = 136 bytes
-    offset 272: footer (136, 136, 2, file id, crc(index), crc(footer[:36]), b"RFSTEND\0")
-    file size 320
+    offset 136: index = rows [(32, 48, 3, c0, 1, 0, 0, -1, 0, 0),
+                              (80, 56, 5, c1, 2, 0, 0, -1, 0, 0)]
+                + runs [1, 3], [0, 2], [3, 5]            -> 2 * 64 + 3 * 8 = 152 bytes
+    offset 288: footer (136, 152, 2, file id, crc(index), crc(footer[:36]), b"RFSTEND\\0")
+    file size 336
 
 Why a file of its own rather than the payload's regions, with the per-token arrays as fields
 read by handle (so that a ``cp`` rank would read only its window): a sample's record is read
@@ -78,6 +81,8 @@ INDEX_ROW = np.dtype(
         ("tokens", "<u8"),
         ("crc32c", "<u4"),
         ("runs", "<u4"),
+        ("spans", "<u4"),
+        ("reserved", "<u4"),
         ("policy_version", "<i8"),
         ("group", "<u8"),
         ("shared", "<u8"),
@@ -86,7 +91,7 @@ INDEX_ROW = np.dtype(
 SPAN = np.dtype("<u4")
 MAX_INDEX_BYTES = 32 << 20  # about 600,000 records of a few runs each: a footer claiming more lies
 NO_POLICY_VERSION = -1
-assert FILE_HEADER.size == 32 and FOOTER.size == 48 and INDEX_ROW.itemsize == 56
+assert FILE_HEADER.size == 32 and FOOTER.size == 48 and INDEX_ROW.itemsize == 64
 
 
 def new_file_id() -> int:
@@ -106,9 +111,11 @@ def file_header(file_id: int) -> bytes:
     return FILE_HEADER.pack(MAGIC, VERSION, 0, 0, file_id, 0)
 
 
-def index_bytes(rows: np.ndarray, spans: np.ndarray) -> bytes:
-    """The index of ``rows [n]`` (``INDEX_ROW``) and ``spans [R, 2]`` (every record's runs)."""
-    return rows.astype(INDEX_ROW).tobytes() + np.asarray(spans, SPAN).tobytes()
+def index_bytes(rows: np.ndarray, spans: np.ndarray, marked: np.ndarray) -> bytes:
+    """The index of ``rows [n]`` (``INDEX_ROW``), ``spans [R, 2]`` (every record's runs) and
+    ``marked [K, 2]`` (every record's marked spans)."""
+    out = rows.astype(INDEX_ROW).tobytes() + np.asarray(spans, SPAN).tobytes()
+    return out + np.asarray(marked, SPAN).tobytes()
 
 
 def footer(index_offset: int, index: bytes, n: int, file_id: int) -> bytes:
@@ -188,9 +195,11 @@ def parse_file_header(data: bytes, foot: Footer, *, file: str) -> None:
         )
 
 
-def parse_index(data: bytes, foot: Footer, *, file: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows [n] INDEX_ROW, spans [R, 2] int64)`` of the index bytes ``data``, checked (see the
-    module doc)."""
+def parse_index(
+    data: bytes, foot: Footer, *, file: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows [n] INDEX_ROW, runs [R, 2], marked spans [K, 2])`` of the index bytes ``data``
+    (int64 pairs), checked (see the module doc)."""
     if crc(data) != foot.index_crc:
         raise StepRecordError(
             "the index bytes' CRC-32C is not the footer's: the index changed after it was "
@@ -202,16 +211,28 @@ def parse_index(data: bytes, foot: Footer, *, file: str) -> tuple[np.ndarray, np
     if n * INDEX_ROW.itemsize > len(data):
         raise _bad(f"{n} rows of {INDEX_ROW.itemsize} bytes do not fit its {len(data)}", foot, file)
     rows = np.frombuffer(data, INDEX_ROW, n)
-    runs = rows["runs"].astype(np.int64)
+    runs, marks = (rows[k].astype(np.int64) for k in ("runs", "spans"))
     left = (len(data) - n * INDEX_ROW.itemsize) // SPAN.itemsize
-    if int(runs.sum()) * 2 != left or (len(data) - n * INDEX_ROW.itemsize) % SPAN.itemsize:
-        raise _bad(
-            f"its runs ({int(runs.sum())}) do not fill its last {left * 4} bytes", foot, file
-        )
-    spans = np.frombuffer(data, SPAN, offset=n * INDEX_ROW.itemsize).astype(np.int64).reshape(-1, 2)
+    R, K = int(runs.sum()), int(marks.sum())
+    if left != 2 * (R + K) or (len(data) - n * INDEX_ROW.itemsize) % SPAN.itemsize:
+        why = f"its runs ({R}) and marked spans ({K}) do not fill its last {left * 4} bytes"
+        raise _bad(why, foot, file)
+    pairs = np.frombuffer(data, SPAN, offset=n * INDEX_ROW.itemsize).astype(np.int64)
+    spans, marked = pairs[: 2 * R].reshape(-1, 2), pairs[2 * R :].reshape(-1, 2)
     _check_rows(rows, foot, file)
     _check_runs(rows, runs, spans, foot, file)
-    return rows, spans
+    owner = np.repeat(np.arange(n), marks)
+    bad = marked_misplaced(marked, rows["tokens"].astype(np.int64), owner)
+    if bad is not None:
+        i = int(owner[bad])
+        raise StepRecordError(
+            f"record {i}'s marked spans are not [start, end) ranges in token order, non-empty, "
+            f"not overlapping and inside its {int(rows['tokens'][i])} tokens",
+            file=file,
+            offset=foot.offset,
+            record=i,
+        )
+    return rows, spans, marked
 
 
 def _check_rows(rows: np.ndarray, foot: Footer, file: str) -> None:
@@ -219,7 +240,7 @@ def _check_rows(rows: np.ndarray, foot: Footer, file: str) -> None:
     start = np.concatenate([[FILE_HEADER.size], (off + size)[:-1]]).astype(np.uint64)
     bad = (off != start) | (size % 8 != 0) | (size < 32) | (tokens < 1) | (tokens > size)
     bad |= (rows["policy_version"] < NO_POLICY_VERSION) | (rows["shared"] > tokens)
-    bad |= (rows["group"] == 0) & (rows["shared"] != 0)
+    bad |= ((rows["group"] == 0) & (rows["shared"] != 0)) | (rows["reserved"] != 0)
     if bad.any():
         i = int(np.argmax(bad))
         raise StepRecordError(
@@ -255,6 +276,22 @@ def _check_runs(
             offset=foot.offset,
             record=i,
         )
+
+
+def marked_misplaced(
+    spans: np.ndarray, tokens: np.ndarray | int, owner: np.ndarray | None = None
+) -> int | None:
+    """The first span (of ``spans [K, 2]``, each of record ``owner[k]`` of ``tokens``: an int, or
+    one per record) that is empty, out of token order, overlapping the span before it in its
+    record, or past its record's tokens; ``None`` when all hold. Spans may touch."""
+    owner = np.zeros(len(spans), np.int64) if owner is None else owner
+    limit = np.asarray(tokens, np.int64)
+    limit = np.full(int(owner.max(initial=0)) + 1, int(limit)) if limit.ndim == 0 else limit
+    starts, ends = spans[:, 0], spans[:, 1]
+    prev = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    prev[np.concatenate([[True], owner[1:] != owner[:-1]])[: len(prev)]] = 0
+    bad = (starts < 0) | (starts >= ends) | (ends > limit[owner]) | (starts < prev)
+    return int(np.argmax(bad)) if bad.any() else None
 
 
 def _row(row: np.void) -> str:

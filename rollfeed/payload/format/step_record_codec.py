@@ -1,13 +1,15 @@
-"""One step record's bytes: token ids, mask runs, columns, texts and segment records.
+"""One step record's bytes: token ids, mask runs, marked spans, columns, texts and segment records.
 
 Layout (format version 1 of :mod:`rollfeed.payload.format.step_layout`; little endian; the
 sections in this order, each padded with zeros to a multiple of 8 bytes where marked ``|8``)::
 
     header    32 bytes <4sBBHHHIQII  magic b"RREC", id dtype (0 uint8, 1 uint16, 2 uint32,
-                                     3 uint64), 0, columns C, texts X, 0, segments S, tokens T,
-                                     runs R, string bytes N
+                                     3 uint64), 0, columns C, texts X, marked spans K, segments
+                                     S, tokens T, runs R, string bytes N
     ids       T token ids at the id dtype (the narrowest unsigned one holding the largest)  |8
     runs      R pairs <u4 start, end: the mask's runs, exactly the index row's
+    spans     K pairs <u4 start, end: the record's marked spans (a sample's image placeholder
+              runs), exactly the index row's
     columns   C descriptors of 48 bytes (COLUMN): name (offset, length into the strings),
               encoding, dtype, stored dtype (codes of :data:`~rollfeed.payload.format.
               step_columns.DTYPES`), row dims n (0..4), rows, stored bytes, dims (4 x u32, unused 0)
@@ -44,6 +46,7 @@ from pydantic import ValidationError
 
 from rollfeed.payload.errors import PayloadInputError
 from rollfeed.payload.format import step_columns as sc
+from rollfeed.payload.format.step_layout import marked_misplaced
 from rollfeed.payload.segment import PayloadSegment
 from rollfeed.payload.step_record import StepRecord
 
@@ -132,6 +135,13 @@ def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
     if top > np.iinfo(id_dtype).max:
         raise PayloadInputError(f"token id {top} does not fit the ids' dtype {id_dtype}")
     edges = mask_runs(mask).ravel()
+    marked = np.asarray(record.spans, np.int64).reshape(-1, 2)
+    bad = marked_misplaced(marked, T)
+    if bad is not None or len(marked) > 0xFFFF:
+        raise PayloadInputError(
+            f"marked spans {marked.tolist()[:8]} are not at most 65535 [start, end) ranges in "
+            f"token order, non-empty, inside the record's {T} tokens and not overlapping"
+        )
     strings = _Strings()
     cols = np.zeros(len(record.columns), COLUMN)
     encoded = []
@@ -166,7 +176,7 @@ def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
         0,
         len(cols),
         len(tx),
-        0,
+        len(marked),
         len(segs),
         T,
         len(edges) // 2,
@@ -174,6 +184,7 @@ def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
     )
     ids_bytes = ids.astype(np.dtype(id_dtype).newbyteorder("<")).tobytes()
     parts = [head, ids_bytes, bytes(_pad(len(ids_bytes))), edges.astype("<u4").tobytes()]
+    parts.append(marked.astype("<u4").tobytes())
     parts += [cols.tobytes(), tx.tobytes(), segs.tobytes(), *strings.parts]
     parts.append(bytes(_pad(strings.size)))
     for e in encoded:
@@ -220,15 +231,18 @@ def _segments(segments, strings: _Strings) -> np.ndarray:
     return out
 
 
-def decode_record(data: bytes | memoryview, tokens: int, spans: np.ndarray) -> StepRecord:
-    """The record of ``data`` whose index row gives ``tokens`` and the mask runs ``spans [R, 2]``;
-    ``ValueError`` naming what does not hold (module doc). ``policy_version`` and
-    ``shared_prefix`` are the index's: the caller sets them."""
+def decode_record(
+    data: bytes | memoryview, tokens: int, spans: np.ndarray, marked: np.ndarray | None = None
+) -> StepRecord:
+    """The record of ``data`` whose index row gives ``tokens``, the mask runs ``spans [R, 2]``
+    and the marked spans ``marked [K, 2]`` (default none); ``ValueError`` naming what does not
+    hold (module doc). ``policy_version`` and ``shared_prefix`` are the index's: the caller sets
+    them."""
     view = memoryview(data)
     size = len(view)
     if size < RECORD_HEADER.size:
         raise ValueError(f"a record of {size} bytes is shorter than its header")
-    magic, id_code, _, C, X, _, S, T, R, N = RECORD_HEADER.unpack(view[: RECORD_HEADER.size])
+    magic, id_code, _, C, X, K, S, T, R, N = RECORD_HEADER.unpack(view[: RECORD_HEADER.size])
     if magic != RECORD_MAGIC or id_code >= len(ID_DTYPES) or tokens != T:
         raise ValueError(
             f"the record header is not its index row's (magic {bytes(magic)!r}, "
@@ -238,11 +252,11 @@ def decode_record(data: bytes | memoryview, tokens: int, spans: np.ndarray) -> S
     at = RECORD_HEADER.size
     ids_end = at + T * id_dtype.itemsize
     runs_at = ids_end + _pad(ids_end - at)
-    cols_at = runs_at + 8 * R
+    cols_at = runs_at + 8 * R + 8 * K
     strings_at = cols_at + C * COLUMN.itemsize + X * TEXT.itemsize + S * SEGMENT.itemsize
     if strings_at + N > size:
         raise ValueError(
-            f"its sections ({T} tokens, {R} runs, {C} columns, {X} texts, {S} "
+            f"its sections ({T} tokens, {R} runs, {K} spans, {C} columns, {X} texts, {S} "
             f"segments, {N} string bytes) do not fit its {size} bytes"
         )
     own = np.frombuffer(view, "<u4", 2 * R, runs_at).astype(np.int64).reshape(-1, 2)
@@ -250,6 +264,13 @@ def decode_record(data: bytes | memoryview, tokens: int, spans: np.ndarray) -> S
         raise ValueError(
             f"the record's mask runs {own.tolist()} are not its index row's "
             f"{np.asarray(spans).tolist()}"
+        )
+    own_marked = np.frombuffer(view, "<u4", 2 * K, runs_at + 8 * R).astype(np.int64).reshape(-1, 2)
+    marked = np.zeros((0, 2), np.int64) if marked is None else np.asarray(marked).reshape(-1, 2)
+    if not np.array_equal(own_marked, marked):
+        raise ValueError(
+            f"the record's marked spans {own_marked.tolist()} are not its index row's "
+            f"{marked.tolist()}"
         )
     ids = np.frombuffer(view, id_dtype, T, at)
     if id_dtype.itemsize == 8 and T and ids.max() > np.iinfo(np.int64).max:
@@ -274,6 +295,7 @@ def decode_record(data: bytes | memoryview, tokens: int, spans: np.ndarray) -> S
         columns=columns,
         texts=texts,
         segments=tuple(_segment(strings, s) for s in segs),
+        spans=own_marked,
         group=group,
     )
 

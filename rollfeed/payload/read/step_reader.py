@@ -86,10 +86,10 @@ class StepRecordFile:
         )
         foot = parse_footer(tail, size, file=self.rel)
         parse_file_header(self._read(0, FILE_HEADER.size, "the file header"), foot, file=self.rel)
-        rows, spans = parse_index(
+        rows, spans, marked = parse_index(
             self._read(foot.offset, foot.size, "the index"), foot, file=self.rel
         )
-        return StepRecordIndex.of_rows(rows, spans)
+        return StepRecordIndex.of_rows(rows, spans, marked)
 
     def read(self, index: StepRecordIndex, i: int) -> StepRecord:
         """Record ``i`` of ``index`` (this file's): its bytes, held to the row's size and CRC-32C,
@@ -115,7 +115,7 @@ class StepRecordFile:
                 record=i,
             )
         try:
-            record = decode_record(data, int(index.tokens[i]), index.runs_of(i))
+            record = decode_record(data, int(index.tokens[i]), index.runs_of(i), index.marked_of(i))
         except ValueError as err:
             raise StepRecordError(
                 f"record {i} is not one: {err}", file=self.rel, offset=offset, record=i
@@ -134,6 +134,7 @@ class StepRecordFile:
             columns=record.columns,
             texts=record.texts,
             segments=record.segments,
+            spans=record.spans,
             policy_version=None if version == NO_POLICY_VERSION else version,
             group=record.group,
             shared_prefix=int(index.shared[i]),

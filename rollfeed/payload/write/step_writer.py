@@ -66,6 +66,7 @@ class StepRecordWriter:
         self._staged: Staged | None = None
         self._rows: list[tuple] = []
         self._spans: list[np.ndarray] = []
+        self._marked: list[np.ndarray] = []
         self._at = FILE_HEADER.size
         self.closed = False
 
@@ -107,10 +108,12 @@ class StepRecordWriter:
                 f"shared_prefix must be an int in [0, {T}] (0 without a group), got {shared!r}"
             )
         runs = mask_runs(record.mask)
+        marked = np.asarray(record.spans, np.int64).reshape(-1, 2)
         self._write(data)
-        row = (self._at, len(data), T, crc(data), len(runs), version, group_hash(record.group))
-        self._rows.append((*row, shared))
+        row = (self._at, len(data), T, crc(data), len(runs), len(marked), 0, version)
+        self._rows.append((*row, group_hash(record.group), shared))
         self._spans.append(runs)
+        self._marked.append(marked)
         self._at += len(data)
 
     def close(self) -> None:
@@ -118,8 +121,9 @@ class StepRecordWriter:
         if self.closed:
             return
         rows = np.array(self._rows, INDEX_ROW) if self._rows else np.zeros(0, INDEX_ROW)
-        spans = np.concatenate(self._spans) if self._spans else np.zeros((0, 2), np.int64)
-        index = index_bytes(rows, spans)
+        none = np.zeros((0, 2), np.int64)
+        spans = np.concatenate([none, *self._spans])
+        index = index_bytes(rows, spans, np.concatenate([none, *self._marked]))
         self._write(index + footer(self._at, index, len(rows), self.file_id))
         self.closed = True
         assert self._staged is not None
