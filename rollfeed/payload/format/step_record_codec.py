@@ -20,6 +20,7 @@ sections in this order, each padded with zeros to a multiple of 8 bytes where ma
               bit 1: ``file_id`` given), then int64 ``offset``, ``pos``, ``rows``, ``first``,
               ``file_id``, the ragged layout's ``rows``, ``values``, ``count_bytes``,
               ``block_rows`` (0 when absent), and the shape (4 x int64, unused 0)
+              (:mod:`~rollfeed.payload.format.step_segments`)
     strings   N bytes of UTF-8, the names and values above (each distinct string once)        |8
     data      each column's stored bytes (:mod:`~rollfeed.payload.format.step_columns`), in
               descriptor order, each                                                          |8
@@ -42,12 +43,17 @@ import struct
 from collections.abc import Mapping
 
 import numpy as np
-from pydantic import ValidationError
 
 from rollfeed.payload.errors import PayloadInputError
 from rollfeed.payload.format import step_columns as sc
 from rollfeed.payload.format.step_layout import marked_misplaced
-from rollfeed.payload.segment import PayloadSegment
+from rollfeed.payload.format.step_segments import (
+    SEGMENT,
+    Strings,
+    decode_segment,
+    encode_segments,
+    text,
+)
 from rollfeed.payload.step_record import StepRecord
 
 RECORD_MAGIC = b"RREC"
@@ -69,46 +75,11 @@ COLUMN = np.dtype(
     ]
 )
 TEXT = np.dtype([("name_off", "<u4"), ("name_len", "<u4"), ("off", "<u4"), ("len", "<u4")])
-_INTS = ("offset", "pos", "rows", "first", "file_id", "r_rows", "r_values", "r_count", "r_block")
-SEGMENT = np.dtype(
-    [
-        ("field_off", "<u4"),
-        ("file_off", "<u4"),
-        ("dtype_off", "<u4"),
-        ("field_len", "<u2"),
-        ("file_len", "<u2"),
-        ("dtype_len", "<u2"),
-        ("ndim", "u1"),
-        ("flags", "u1"),
-        ("pad", "V4"),
-        *[(k, "<i8") for k in _INTS],
-        ("shape", "<i8", (4,)),
-    ]
-)
-assert RECORD_HEADER.size == 32 and COLUMN.itemsize == 48 and SEGMENT.itemsize == 128
-_RAGGED, _FILE_ID = 1, 2
+assert RECORD_HEADER.size == 32 and COLUMN.itemsize == 48
 
 
 def _pad(n: int) -> int:
     return -n % 8
-
-
-class _Strings:
-    """The record's string table: each distinct string once, as ``(offset, length)``."""
-
-    def __init__(self) -> None:
-        self.at: dict[str, tuple[int, int]] = {}
-        self.parts: list[bytes] = []
-        self.size = 0
-
-    def __call__(self, text: str) -> tuple[int, int]:
-        got = self.at.get(text)
-        if got is None:
-            data = text.encode()
-            got = self.at[text] = (self.size, len(data))
-            self.parts.append(data)
-            self.size += len(data)
-        return got
 
 
 def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
@@ -142,7 +113,7 @@ def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
             f"marked spans {marked.tolist()[:8]} are not at most 65535 [start, end) ranges in "
             f"token order, non-empty, inside the record's {T} tokens and not overlapping"
         )
-    strings = _Strings()
+    strings = Strings()
     cols = np.zeros(len(record.columns), COLUMN)
     encoded = []
     for j, (name, values) in enumerate(record.columns.items()):
@@ -169,7 +140,7 @@ def encode_record(record: StepRecord, *, id_dtype: str | None = None) -> bytes:
     tx = np.zeros(len(texts), TEXT)
     for j, (name, value) in enumerate(texts.items()):
         tx[j] = (*strings(name), *strings(value))
-    segs = _segments(record.segments, strings)
+    segs = encode_segments(record.segments, strings)
     head = RECORD_HEADER.pack(
         RECORD_MAGIC,
         ID_DTYPES.index(id_dtype),
@@ -205,30 +176,10 @@ def mask_runs(mask: np.ndarray) -> np.ndarray:
     return edges.reshape(-1, 2).astype(np.int64)
 
 
-def _name(strings: _Strings, name: object) -> tuple[int, int]:
+def _name(strings: Strings, name: object) -> tuple[int, int]:
     if not isinstance(name, str) or not name or len(name.encode()) > 0xFFFF:
         raise PayloadInputError(f"a column name is a non-empty string, got {name!r:.60}")
     return strings(name)
-
-
-def _segments(segments, strings: _Strings) -> np.ndarray:
-    out = np.zeros(len(segments), SEGMENT)
-    for j, s in enumerate(segments):
-        if not isinstance(s, PayloadSegment) or len(s.shape) > 4:
-            raise PayloadInputError(f"segment {j} is not a PayloadSegment of at most 4 row dims")
-        r = s.ragged
-        layout = (r.rows, r.values, r.count_bytes, r.block_rows) if r else (0, 0, 0, 0)
-        values = (s.offset, s.pos, s.rows, s.first, s.file_id or 0, *layout)
-        if not all(-(1 << 63) <= v < 1 << 63 for v in (*values, *s.shape)):
-            raise PayloadInputError(f"segment {j} holds an integer beyond int64")
-        for key, text in (("field", s.field), ("file", s.file), ("dtype", s.dtype)):
-            out[f"{key}_off"][j], out[f"{key}_len"][j] = strings(text)
-        out["ndim"][j] = len(s.shape)
-        out["flags"][j] = (_RAGGED if r else 0) | (_FILE_ID if s.file_id is not None else 0)
-        for k, v in zip(_INTS, values, strict=True):
-            out[k][j] = v
-        out["shape"][j, : len(s.shape)] = s.shape
-    return out
 
 
 def decode_record(
@@ -281,7 +232,7 @@ def decode_record(
     strings = view[strings_at : strings_at + N]
     columns = _columns(cols, strings, view, strings_at + N + _pad(N), T, size)
     texts = {
-        _text(strings, t["name_off"], t["name_len"]): _text(strings, t["off"], t["len"]) for t in tx
+        text(strings, t["name_off"], t["name_len"]): text(strings, t["off"], t["len"]) for t in tx
     }
     if len(texts) != X:
         raise ValueError("two texts of one name")
@@ -294,19 +245,10 @@ def decode_record(
         mask=mask,
         columns=columns,
         texts=texts,
-        segments=tuple(_segment(strings, s) for s in segs),
+        segments=tuple(decode_segment(strings, s) for s in segs),
         spans=own_marked,
         group=group,
     )
-
-
-def _text(strings: memoryview, off: int, length: int) -> str:
-    off, length = int(off), int(length)  # u4 fields: their sum must not wrap
-    if off + length > len(strings):
-        raise ValueError(
-            f"a string at [{off}, {off + length}) past the {len(strings)} string bytes"
-        )
-    return bytes(strings[off : off + length]).decode()
 
 
 def _columns(
@@ -322,7 +264,7 @@ def _columns(
         dtype, stored = (sc.DTYPES[k] for k in codes)
         dims = tuple(int(d) for d in c["dims"][:ndim])
         rows, nbytes = int(c["rows"]), int(c["data"])
-        name = _text(strings, c["name_off"], c["name_len"])
+        name = text(strings, c["name_off"], c["name_len"])
         ok = sc.valid_pair(dtype, stored, enc) and min(dims, default=1) >= 1
         ok = ok and not c["dims"][ndim:].any() and (enc == sc.RAW or rows == T)
         if not ok or sc.stored_bytes(enc, stored, rows, dims, nbytes) != nbytes:
@@ -347,36 +289,3 @@ def _columns(
     if len(out) != len(described):
         raise ValueError("two columns of one name")
     return out
-
-
-def _segment(strings: memoryview, s: np.void) -> PayloadSegment:
-    ints = {k: int(s[k]) for k in _INTS}
-    unused = [*s["shape"][int(s["ndim"]) :].tolist(), *s["pad"].tobytes()]
-    if not s["flags"] & _RAGGED:
-        unused += [ints[k] for k in ("r_rows", "r_values", "r_count", "r_block")]
-    if not s["flags"] & _FILE_ID:
-        unused.append(ints["file_id"])
-    if s["ndim"] > 4 or s["flags"] > (_RAGGED | _FILE_ID) or any(unused):
-        raise ValueError(
-            f"a segment record of {int(s['ndim'])} dims, flags {int(s['flags'])}, or a field it "
-            "does not use that is not 0"
-        )
-    record = {
-        "field": _text(strings, s["field_off"], s["field_len"]),
-        "file": _text(strings, s["file_off"], s["file_len"]),
-        "dtype": _text(strings, s["dtype_off"], s["dtype_len"]),
-        **{k: ints[k] for k in ("offset", "pos", "rows", "first")},
-        "shape": tuple(int(v) for v in s["shape"][: int(s["ndim"])]),
-        "file_id": ints["file_id"] if s["flags"] & _FILE_ID else None,
-    }
-    if s["flags"] & _RAGGED:
-        record["ragged"] = {
-            "rows": ints["r_rows"],
-            "values": ints["r_values"],
-            "count_bytes": ints["r_count"],
-            "block_rows": ints["r_block"],
-        }
-    try:
-        return PayloadSegment.model_validate(record)
-    except ValidationError as err:
-        raise ValueError(f"a segment record that is not one: {err}") from None
