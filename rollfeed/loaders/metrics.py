@@ -45,8 +45,8 @@ from typing import ClassVar
 import numpy as np
 
 from rollfeed.collate import RaggedRows, Sample, TensorMicroBatch
-from rollfeed.collate.token_checks import SUPPORT_FIELD
 from rollfeed.deprecation import RenamedKeys
+from rollfeed.payload import PAYLOAD_FIELDS
 
 PLAN_KEYS = (
     "samples",
@@ -96,7 +96,8 @@ class MicroBatchFacts:
 def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float) -> MicroBatchFacts:
     """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``)."""
     by_handle = {seg.field for s in samples for seg in s.payload}
-    support = tmb.fields.get(SUPPORT_FIELD)
+    kept = [name for name in tmb.fields if _kept_set(name)]  # the sampling mask's ids
+    support = tmb.fields[kept[0]] if kept else None
     widths = np.zeros(1, np.int64)
     if isinstance(support, RaggedRows) and support.n_rows:
         widths = np.bincount(support.lengths().numpy())
@@ -111,6 +112,12 @@ def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float)
         make_s=now - started,
         made_at=now,
     )
+
+
+def _kept_set(name: str) -> bool:
+    """Whether field ``name`` holds kept sets of token ids (declared ``label="omitted"``)."""
+    spec = PAYLOAD_FIELDS.get(name)
+    return spec is not None and spec.ragged and spec.label == "omitted"
 
 
 class StepMetrics:
