@@ -87,8 +87,10 @@ class MicroBatchCollator:
                 f"sampler vs collator: {'; '.join(samples.config.differences(self.config.plan))}); "
                 "build both from one LoaderConfig"
             )
-        counts = samples.counts if isinstance(samples, Planned) else None
-        mb = place_micro_batch(samples, self.config.plan, step_counts=counts)
+        planned = isinstance(samples, Planned)
+        counts = samples.counts if planned else None
+        trees = samples.trees if planned else ()
+        mb = place_micro_batch(samples, self.config.plan, step_counts=counts, trees=trees)
         return to_tensor_micro_batch(
             mb,
             cp_rank=self.topology.cp_rank,

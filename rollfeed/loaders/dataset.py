@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from rollfeed.collate import ImageRuns, LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample, SharedPrefixes
 from rollfeed.loaders.errors import StepReplacedError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.step_identity import StepIdentity
@@ -153,6 +153,12 @@ class RolloutDataset(Dataset[Sample]):
         ``None`` when no sample of the step holds an image: from the index, or from the samples
         of an in-memory list."""
         return self.source.loaded(step).images
+
+    def shared_prefixes(self, step: int = 0) -> SharedPrefixes | None:
+        """Each sample's claimed shared prefix in ``step`` (aligned with ``step_indices``): its
+        group and shared-prefix length from the index, or ``None`` when no sample claims one
+        (and for an in-memory list, whose samples carry no group)."""
+        return self.source.loaded(step).prefixes
 
     def step_identity(self, step: int) -> StepIdentity:
         """The identity of step ``step``'s samples (:mod:`~rollfeed.loaders.step_identity`),

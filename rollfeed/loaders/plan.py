@@ -8,8 +8,10 @@ are equal (:class:`~rollfeed.loaders.errors.PlanMismatchError`): a sampler and a
 with different options inside one DataLoader never give a micro batch silently different from
 the plan. An index list also carries what it was planned from: the step file's version
 (:class:`~rollfeed.loaders.step_version.StepVersion`) and each sample's planned token count, which
-the dataset holds the samples it reads to, and the step's loss-token counts
-(:class:`~rollfeed.collate.StepCounts`), which go on with the samples to the micro batch.
+the dataset holds the samples it reads to, the step's loss-token counts
+(:class:`~rollfeed.collate.StepCounts`) and the micro batch's prefix trees
+(:class:`~rollfeed.collate.PrefixTree`, as ``(first sample, tree)``), which go on with the
+samples to the micro batch.
 Example::
 
     Planned([7, 3], config, version=v, lengths=[12, 5], counts=c)  # -> dataset.__getitems__
@@ -23,14 +25,15 @@ from typing import Any
 
 import torch
 
-from rollfeed.collate import PlanConfig, StepCounts
+from rollfeed.collate import PlanConfig, PrefixTree, StepCounts
 from rollfeed.loaders.step_version import StepVersion
 
 
 class Planned(list):
     """A list (indices or samples of one micro batch) and the ``config`` it was planned with,
-    the step's loss-token ``counts`` for its items; for indices, the step file's ``version``
-    (``None``: an in-memory list) and the planned ``lengths`` (one per index, or ``None``)."""
+    the step's loss-token ``counts`` for its items and its prefix ``trees``; for indices, the
+    step file's ``version`` (``None``: an in-memory list) and the planned ``lengths`` (one per
+    index, or ``None``)."""
 
     def __init__(
         self,
@@ -40,10 +43,11 @@ class Planned(list):
         version: StepVersion | None = None,
         lengths: Sequence[int] | None = None,
         counts: StepCounts | None = None,
+        trees: tuple[tuple[int, PrefixTree], ...] = (),
     ) -> None:
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
-        self.counts = counts
+        self.counts, self.trees = counts, trees
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (to a DataLoader worker) with its counts as plain numbers: a tensor would go
@@ -73,4 +77,4 @@ class Planned(list):
         planned."""
         if not isinstance(source, Planned):
             return items
-        return Planned(items, source.config, counts=source.counts)
+        return Planned(items, source.config, counts=source.counts, trees=source.trees)

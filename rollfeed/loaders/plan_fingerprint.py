@@ -9,8 +9,13 @@ shape a step's plan besides the world shape (which the state holds as ``dp_size`
 
     plan_fingerprint(LoaderConfig(plan=PlanConfig(seq_len=64)))
     -> {"seq_len": 64, "cp_layout": "contiguous", "pad_to_multiple_of": None,
-        "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "shuffle": False}
+        "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "trees": True,
+        "tree_min_saving": 0.2, "shuffle": False}
     fingerprint_differences(saved, mine) -> ["seq_len: 64 -> 128"]
+
+A state saved before trees were planned has no ``trees`` and ``tree_min_saving``
+(:data:`BEFORE_TREES`): it is read with their defaults, as a plan of step files that claimed no
+shared prefix (a step index only holds groups since step records) is the same either way.
 
 The field registry is not in it: it changes what is read of a micro batch, not which samples a
 micro batch holds. The fingerprint is about configuration; which step file a plan was made from
@@ -25,8 +30,17 @@ from typing import Any
 
 from rollfeed.loaders.config import LoaderConfig
 
-PLAN_OPTIONS = ("seq_len", "cp_layout", "pad_to_multiple_of", "overlong", "quadratic_cost")
+PLAN_OPTIONS = (
+    "seq_len",
+    "cp_layout",
+    "pad_to_multiple_of",
+    "overlong",
+    "quadratic_cost",
+    "trees",
+    "tree_min_saving",
+)
 FINGERPRINT_KEYS = (*PLAN_OPTIONS, "shuffle")
+BEFORE_TREES = {"trees": True, "tree_min_saving": 0.2}  # the defaults, for older states
 
 
 def plan_fingerprint(config: LoaderConfig) -> dict[str, Any]:

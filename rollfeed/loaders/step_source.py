@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rollfeed.collate import ImageRuns, LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample, SharedPrefixes
 from rollfeed.loaders.errors import (
     LoaderConfigError,
     StepFileError,
@@ -48,7 +48,9 @@ from rollfeed.payload import PayloadMissingFileError, StepRecordFile, StepRecord
 class LoadedStep:
     """One step as a process holds it: the ``version`` of its file (``None`` in memory), its
     samples' ``lengths [n]``, loss ``runs``, image placeholder runs (``images``; ``None`` when no
-    sample holds an image) and ``identity``, and its file's ``index``."""
+    sample holds an image), claimed shared ``prefixes`` (each sample's group and shared-prefix
+    length from the index; ``None`` when no sample claims one) and ``identity``, and its file's
+    ``index``."""
 
     version: StepVersion | None
     lengths: np.ndarray
@@ -56,6 +58,7 @@ class LoadedStep:
     images: ImageRuns | None
     identity: StepIdentity
     index: StepRecordIndex | None = None
+    prefixes: SharedPrefixes | None = None
 
 
 class StepSource(Protocol):
@@ -287,6 +290,7 @@ class StoredSteps:
             ),
             identity=StepIdentity.of(index.tokens, index.crc32c),
             index=index,
+            prefixes=_prefixes(index),
         )
 
     def _missing(self, step: int) -> StepMissingError:
@@ -315,3 +319,12 @@ class StoredSteps:
             return record_sample(self._files[step].read(got.index, i))
         except ValueError as err:
             raise step_error(err, file=self.where(step), step=step, sample=i) from None
+
+
+def _prefixes(index: StepRecordIndex) -> SharedPrefixes | None:
+    """The shared prefixes the index's records claim (group hash 0: none), or None."""
+    claims = (index.group != 0) & (index.shared > 0)
+    if not claims.any():
+        return None
+    groups = [int(g) if c else None for g, c in zip(index.group.tolist(), claims, strict=True)]
+    return SharedPrefixes.of_groups(groups, index.shared)
