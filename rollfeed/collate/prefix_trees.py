@@ -195,3 +195,15 @@ def _build(members: list[int], paths, nodes, cuts) -> tuple[tuple[int, ...], Pre
         here = len(spans) - 1
         stack += [(item, here, end) for item in reversed(children.get(what, []))]
     return tuple(order), PrefixTree(spans=tuple(spans))
+
+
+def micro_batch_trees(
+    units: list[Unit], bin_units: list[int]
+) -> tuple[tuple[int, PrefixTree], ...]:
+    """The ``(first sample, tree)`` of each tree unit among ``bin_units`` (in row order)."""
+    out, first = [], 0
+    for j in bin_units:
+        if units[j].tree is not None:
+            out.append((first, units[j].tree))
+        first += len(units[j].members)
+    return tuple(out)

@@ -45,19 +45,14 @@ import numpy as np
 from rollfeed.collate.balance import partition_costs, sequence_cost
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.cp import slot_lengths
-from rollfeed.collate.errors import (
-    BatchConfigError,
-    OverlongError,
-    SampleLengthError,
-    SharedPrefixError,
-)
+from rollfeed.collate.errors import BatchConfigError, OverlongError, SampleLengthError
 from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
 from rollfeed.collate.micro_batch import place_micro_batch
 from rollfeed.collate.pack import pack_ffd
-from rollfeed.collate.prefix_trees import PrefixTree, Unit, plan_units
+from rollfeed.collate.prefix_trees import PrefixTree, Unit, micro_batch_trees, plan_units
 from rollfeed.collate.sample import Sample
-from rollfeed.collate.shared_prefix import SharedPrefixes
+from rollfeed.collate.shared_prefix import SharedPrefixes, check_prefixes
 from rollfeed.collate.step_counts import StepLoss
 
 logger = logging.getLogger(__name__)
@@ -158,7 +153,7 @@ def plan_lengths(
     truncated = int((over & keep).sum())
     truncated_tokens = int((lengths[over & keep] - cuts[over & keep]).sum())
     if prefixes is not None and config.trees:
-        _check_prefixes(prefixes, lengths, image_runs)
+        check_prefixes(prefixes, lengths, image_runs)
         units = plan_units(
             cuts, prefixes.chains, seq_len=seq_len, min_saving=config.tree_min_saving
         )
@@ -186,7 +181,7 @@ def plan_lengths(
         cost = [float(costs[b].sum()) for b in bins]
         order = sorted(range(len(bins)), key=lambda k: -cost[k])  # stable: ties keep packing order
         ranks.append([tuple(i for j in bins[k] for i in units[j].members) for k in order])
-        trees.append([_trees(units, bins[k]) for k in order])
+        trees.append([micro_batch_trees(units, bins[k]) for k in order])
         rank_cost.append(sum(cost[k] for k in order))
         total += sum(-(-int(slots[b].sum()) // pad) * pad for b in bins)
     steps = max(len(r) for r in ranks)
@@ -229,36 +224,6 @@ def plan_lengths(
     if truncated or dropped:
         logger.debug("plan truncated %d and dropped %d samples", truncated, dropped)
     return BatchPlan(ranks, metrics, loss, trees)
-
-
-def _trees(units: list[Unit], bin_units: list[int]) -> Trees:
-    """The ``(first sample, tree)`` of each tree unit among ``bin_units`` (in row order)."""
-    out, first = [], 0
-    for j in bin_units:
-        if units[j].tree is not None:
-            out.append((first, units[j].tree))
-        first += len(units[j].members)
-    return tuple(out)
-
-
-def _check_prefixes(
-    prefixes: SharedPrefixes, lengths: np.ndarray, image_runs: ImageRuns | None
-) -> None:
-    """Prefixes of these samples: one chain per sample, none claimed by a sample with images."""
-    if not isinstance(prefixes, SharedPrefixes) or len(prefixes) != len(lengths):
-        raise SharedPrefixError(
-            f"prefixes must be SharedPrefixes with one chain per sample ({len(lengths)}), got "
-            f"{len(prefixes) if isinstance(prefixes, SharedPrefixes) else type(prefixes).__name__}"
-        )
-    if image_runs is None:
-        return
-    for i, chain in enumerate(prefixes.chains):
-        if chain and image_runs.counts[i]:
-            raise SharedPrefixError(
-                "a sample with images is not packed as a tree; give it no shared prefix",
-                sample=i,
-                field="images",
-            )
 
 
 def _check_image_runs(runs: ImageRuns, lengths: np.ndarray) -> None:

@@ -27,10 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rollfeed.collate.errors import SharedPrefixError
+
+if TYPE_CHECKING:
+    from rollfeed.collate.image_runs import ImageRuns
 
 Chain = tuple[tuple[Hashable, int], ...]
 
@@ -135,6 +139,27 @@ class SharedPrefixes:
         for g, idx in members.items():
             _split(g, idx, 0, tokens, chains)
         return cls(chains=tuple(tuple(c) for c in chains))
+
+
+def check_prefixes(
+    prefixes: SharedPrefixes, lengths: np.ndarray, image_runs: ImageRuns | None
+) -> None:
+    """Prefixes of the samples of ``lengths``: one chain per sample, none claimed by a sample
+    with images (``image_runs``)."""
+    if not isinstance(prefixes, SharedPrefixes) or len(prefixes) != len(lengths):
+        raise SharedPrefixError(
+            f"prefixes must be SharedPrefixes with one chain per sample ({len(lengths)}), got "
+            f"{len(prefixes) if isinstance(prefixes, SharedPrefixes) else type(prefixes).__name__}"
+        )
+    if image_runs is None:
+        return
+    for i, chain in enumerate(prefixes.chains):
+        if chain and image_runs.counts[i]:
+            raise SharedPrefixError(
+                "a sample with images is not packed as a tree; give it no shared prefix",
+                sample=i,
+                field="images",
+            )
 
 
 def _plain(values) -> list:

@@ -28,8 +28,6 @@ tree row (:mod:`rollfeed.collate.tree_batch`, :mod:`rollfeed.collate.to_tensor_t
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,43 +39,23 @@ from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor_media import media_batch
 from rollfeed.collate.to_tensor_tree import (
+    Coords,
     check_shared_inputs,
     place_rank,
-    span_rows,
     tree_batch,
+    tree_coords,
 )
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
 from rollfeed.payload import FieldRead, ImageProcessorSpec, PayloadRoot, RaggedRows, read_fields
 from rollfeed.payload.errors import PayloadWidthError
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _Coords:
-    """The row a field is read over: its length, this rank's ranges of it, the by-handle
-    segments in its coordinates and the inline rows placed in it (``rows(name, labels)``)."""
-
-    length: int
-    ranges: Ranges
-    segments: dict
-    rows: Callable[[str, bool], Iterator]
-
-
-def _flat(mb: MicroBatch, ranges: Ranges) -> _Coords:
-    return _Coords(
+def _flat(mb: MicroBatch, ranges: Ranges) -> Coords:
+    return Coords(
         length=mb.length,
         ranges=ranges,
         segments=mb.segments,
         rows=lambda name, labels: _rows(mb, name, labels),
-    )
-
-
-def _tree(mb: MicroBatch, ranges: Ranges) -> _Coords:
-    assert mb.tree is not None
-    return _Coords(
-        length=mb.tree.length,
-        ranges=ranges,
-        segments=mb.tree_segments,
-        rows=lambda name, labels: span_rows(mb, name),
     )
 
 
@@ -286,7 +264,7 @@ def to_tensor_micro_batch(
     )
     coords = {n: flat for n in names}
     if place is not None:
-        tree = _tree(mb, place.tree_ranges)
+        tree = tree_coords(mb, place.tree_ranges)
         coords.update({n: tree for n in names if fields[n].window == "inputs"})
         check_shared_inputs(mb, [n for n in names if fields[n].window == "inputs"], root)
     reads = _read_handles(mb, coords, whole=whole_fields, root=root, fields=fields)

@@ -3,8 +3,9 @@ trees as one cp rank's flat rows and tree tokens (:mod:`rollfeed.collate.tree_ba
 
 - :func:`place_rank`: the rank's tree-row positions (its cp ranges of the tree row), the flat rows
   whose tree token it holds, and the map between them;
-- :func:`span_rows`: an ``inputs``-window field's inline rows in tree-row coordinates (each span's
-  rows from its owner);
+- :class:`Coords` (:func:`tree_coords`): the row a field is read over -- the flat row, or for the
+  ``inputs``-window fields the tree row, whose inline rows (:func:`span_rows`) and records
+  (``MicroBatch.tree_segments``) are each span's owner's;
 - :func:`check_shared_inputs`: every sample below a shared span carries the same ``inputs``-window
   rows over it as the span's owner, by handle identity (the same records, e.g. a prompt's routes
   written once) or else by bytes (their rows read and compared); a difference is a
@@ -13,7 +14,7 @@ trees as one cp rank's flat rows and tree tokens (:mod:`rollfeed.collate.tree_ba
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +79,28 @@ def place_rank(mb: MicroBatch, cp_rank: int) -> RankPlace:
         fidx=fidx,
         rows=local[flat_rows[fidx]],
         flat_counts=tuple(np.bincount(held, minlength=size).tolist()),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Coords:
+    """The row a field is read over: its length, this rank's ranges of it, the by-handle
+    segments in its coordinates and the inline rows placed in it (``rows(name, labels)``)."""
+
+    length: int
+    ranges: Ranges
+    segments: dict
+    rows: Callable[[str, bool], Iterator]
+
+
+def tree_coords(mb: MicroBatch, ranges: Ranges) -> Coords:
+    """The tree row as the row ``inputs``-window fields are read over."""
+    assert mb.tree is not None
+    return Coords(
+        length=mb.tree.length,
+        ranges=ranges,
+        segments=mb.tree_segments,
+        rows=lambda name, labels: span_rows(mb, name),
     )
 
 
