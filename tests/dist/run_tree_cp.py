@@ -7,6 +7,8 @@ cases of :mod:`tests.models.tree_policy_cases` (groups of 1, 2 and 8, a 3-turn c
 valid rows equal the single-rank tree scorer's on the whole tree row and the one-sample-at-a-time
 reference; each rank's kept logprobs equal the single-rank ones of the flat rows it holds; the
 parameter gradients summed over the cp group equal the single-rank gradients. Float64, 1e-10.
+A Qwen3-Next (Gated DeltaNet forked at each branch point, its key heads split over cp) scores the
+same cases over cp 2 as on one rank.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rollfeed.collate import RaggedRows, to_tensor_micro_batch
 from rollfeed.models import CPGroup, PolicyScorer
 from tests.dist.launch import run_rank
 from tests.dist.policy_cases import reference
+from tests.models.hybrid_cases import hybrid_model
 from tests.models.test_tree_policy import float64_rms_norms
 from tests.models.tiny import tiny_qwen3, tiny_qwen3_moe
 from tests.models.tree_policy_cases import tree_micro_batch, weights
@@ -92,12 +95,25 @@ def run(build, layout: str, cp: CPGroup) -> None:
     assert worst < TOL, (name, worst)
 
 
+def run_gated_deltanet(cp: CPGroup) -> None:
+    plain = hybrid_model("qwen3_next", 5)
+    plain.set_attn_implementation("sdpa")
+    mb = tree_micro_batch(plain, seed=5, cp=2, layout="zigzag")
+    single = PolicyScorer(hybrid_model("qwen3_next", 5)).score(whole_row(mb))
+    scorer = PolicyScorer(hybrid_model("qwen3_next", 5), cp=cp)
+    with torch.no_grad():
+        out = scorer.score(to_tensor_micro_batch(mb, cp_rank=cp.rank))
+    assert torch.equal(out.valid_mask, single.valid_mask)
+    torch.testing.assert_close(out.logprobs, single.logprobs.detach(), atol=TOL, rtol=0)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     cp = CPGroup(group=dist.group.WORLD, rank=dist.get_rank(), size=2)
     for layout in ("contiguous", "zigzag"):
         run(tiny_qwen3, layout, cp)
         run(tiny_qwen3_moe, layout, cp)
+    run_gated_deltanet(cp)
 
 
 if __name__ == "__main__":
