@@ -74,3 +74,26 @@ def test_a_step_without_groups_plans_flat_and_older_states_load(tmp_path) -> Non
     state |= {"plan": old, "data": {"samples": 0, "tokens": 0, "digest": ""}}
     loaded = SamplerState.from_dict(state)
     assert loaded.plan["trees"] is True and loaded.plan["tree_min_saving"] == 0.2
+
+
+def test_tree_micro_batches_cross_from_workers_whole(tmp_path) -> None:
+    """A worker hands a tree micro batch over by shared memory: its tree tokens arrive as
+    tensors equal to the ones made in the trainer's process."""
+    from rollfeed.loaders import LoaderOptions
+
+    _step(tmp_path, groups=True)
+    dataset = RolloutDataset.from_step_dir(tmp_path / "steps")
+    topo, config = Topology(dp_rank=0, dp_size=1), LoaderConfig(plan=PlanConfig(seq_len=64))
+    here = list(build_dataloader(dataset, topo, config, root=None))
+    loader = build_dataloader(
+        dataset, topo, config, root=None, options=LoaderOptions(num_workers=1)
+    )
+    try:
+        there = list(loader)
+    finally:
+        loader.close()
+    assert any(t.tree is not None for t in there)
+    for a, b in zip(here, there, strict=True):
+        assert (a.tree is None) == (b.tree is None)
+        for x, y in zip(a.tensors(), b.tensors(), strict=True):
+            assert isinstance(y, torch.Tensor) and torch.equal(x, y)
