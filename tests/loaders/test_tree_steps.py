@@ -1,6 +1,7 @@
 """A step file whose samples name their group and shared prefix is planned with trees from its
 index alone: every rank's micro batches are those of the same samples planned in memory with the
-same claimed prefixes (trees, tree rows and tensors), shuffled or not; a step file without groups
+same claimed prefixes (trees, tree rows and tensors), shuffled or not, and two DataLoader workers
+hand over the same micro batches as the trainer's process makes; a step file without groups
 plans as before; a state saved before trees were planned still loads."""
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import pytest
 import torch
 
 from rollfeed.collate import PlanConfig, SharedPrefixes, prepare_batch, to_tensor_micro_batch
-from rollfeed.loaders import LoaderConfig, RolloutDataset, StepWriter, Topology, build_dataloader
+from rollfeed.loaders import (
+    LoaderConfig,
+    LoaderOptions,
+    RolloutDataset,
+    StepWriter,
+    Topology,
+    build_dataloader,
+)
 from rollfeed.loaders.state import SamplerState
 from tests.collate.tree_cases import conversation, group, make_tree_samples
 
@@ -76,24 +84,31 @@ def test_a_step_without_groups_plans_flat_and_older_states_load(tmp_path) -> Non
     assert loaded.plan["trees"] is True and loaded.plan["tree_min_saving"] == 0.2
 
 
-def test_tree_micro_batches_cross_from_workers_whole(tmp_path) -> None:
-    """A worker hands a tree micro batch over by shared memory: its tree tokens arrive as
-    tensors equal to the ones made in the trainer's process."""
-    from rollfeed.loaders import LoaderOptions
-
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_tree_micro_batches_from_two_workers_equal_those_made_in_process(
+    tmp_path, shuffle: bool
+) -> None:
+    """Two workers hand tree micro batches over by shared memory: every rank gets the micro
+    batches it gets with no workers, tree tokens and the tree row's spans included."""
     _step(tmp_path, groups=True)
     dataset = RolloutDataset.from_step_dir(tmp_path / "steps")
-    topo, config = Topology(dp_rank=0, dp_size=1), LoaderConfig(plan=PlanConfig(seq_len=64))
-    here = list(build_dataloader(dataset, topo, config, root=None))
-    loader = build_dataloader(
-        dataset, topo, config, root=None, options=LoaderOptions(num_workers=1)
-    )
-    try:
-        there = list(loader)
-    finally:
-        loader.close()
-    assert any(t.tree is not None for t in there)
-    for a, b in zip(here, there, strict=True):
-        assert (a.tree is None) == (b.tree is None)
-        for x, y in zip(a.tensors(), b.tensors(), strict=True):
-            assert isinstance(y, torch.Tensor) and torch.equal(x, y)
+    plan = PlanConfig(seq_len=64, cp_size=2, cp_layout="zigzag")
+    config = LoaderConfig(plan=plan, shuffle=shuffle, seed=3)
+    for dp, cp in ((0, 0), (1, 1)):
+        topo = Topology(dp_rank=dp, dp_size=2, cp_rank=cp, cp_size=2)
+        here = list(build_dataloader(dataset, topo, config, root=None))
+        loader = build_dataloader(
+            dataset, topo, config, root=None, options=LoaderOptions(num_workers=2)
+        )
+        try:
+            there = list(loader)
+        finally:
+            loader.close()
+        assert any(t.tree is not None for t in there)
+        for a, b in zip(here, there, strict=True):
+            assert (a.tree is None) == (b.tree is None)
+            if a.tree is not None:
+                host = ("seq_len", "starts", "depths", "lengths", "parents", "flat_counts")
+                assert all(getattr(a.tree, k) == getattr(b.tree, k) for k in host)
+            for x, y in zip(a.tensors(), b.tensors(), strict=True):
+                assert isinstance(y, torch.Tensor) and torch.equal(x, y)
