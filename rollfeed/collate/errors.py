@@ -66,4 +66,7 @@ class ImageInputError(CollateError):
 class SharedPrefixError(CollateError):
     """Samples planned to share a prefix do not: claimed prefix keys that contradict each other,
     tokens or recorded routes that differ over the claimed prefix, or a sample with images among
-    them (samples with images are not packed as trees)."""
+    them (samples with images are not packed as trees). A loader reading a step file names the
+    file and step, and the sample by its number in the step."""
+
+    PLACE = ("file", "step", "sample", "field", "pos")

@@ -34,6 +34,7 @@ from torch.utils.data import get_worker_info
 
 from rollfeed.collate import (
     Sample,
+    SharedPrefixError,
     TensorMicroBatch,
     Topology,
     place_micro_batch,
@@ -90,15 +91,27 @@ class MicroBatchCollator:
         planned = isinstance(samples, Planned)
         counts = samples.counts if planned else None
         trees = samples.trees if planned else ()
-        mb = place_micro_batch(samples, self.config.plan, step_counts=counts, trees=trees)
-        return to_tensor_micro_batch(
-            mb,
-            cp_rank=self.topology.cp_rank,
-            root=self.root,
-            width=self.config.width,
-            whole_fields=self.config.whole_fields,
-            image_processor=self.config.image_processor,
-        )
+        origin = samples.origin if planned else None
+        try:
+            mb = place_micro_batch(
+                samples,
+                self.config.plan,
+                indices=None if origin is None else origin.samples,
+                step_counts=counts,
+                trees=trees,
+            )
+            return to_tensor_micro_batch(
+                mb,
+                cp_rank=self.topology.cp_rank,
+                root=self.root,
+                width=self.config.width,
+                whole_fields=self.config.whole_fields,
+                image_processor=self.config.image_processor,
+            )
+        except SharedPrefixError as err:  # the step's index claimed what its samples do not hold
+            if origin is None:
+                raise
+            raise err.with_place(file=origin.file, step=origin.step) from None
 
 
 _ALIGN = 64

@@ -35,7 +35,7 @@ from torch.utils.data import Dataset
 
 from rollfeed.collate import ImageRuns, LossRuns, Sample, SharedPrefixes
 from rollfeed.loaders.errors import StepReplacedError
-from rollfeed.loaders.plan import Planned
+from rollfeed.loaders.plan import Origin, Planned
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_source import STEP_STRIDE, SampleSteps, StepSource, StoredSteps
 from rollfeed.loaders.step_version import StepVersion
@@ -120,7 +120,12 @@ class RolloutDataset(Dataset[Sample]):
                     file=self.source.where(step),
                     step=step,
                 )
-        return Planned.like(indices, samples)
+        places = [self.source.locate(i) for i in indices]
+        step = places[0][0] if places else 0
+        origin = Origin(
+            file=self.source.where(step), step=step, samples=tuple(k for _, k in places)
+        )
+        return Planned.like(indices, samples, origin)
 
     def steps_from(self, step: int) -> list[int]:
         """Steps from ``step`` on: in-memory ``[step]``; directory: the step files >= step."""

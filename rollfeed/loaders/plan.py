@@ -11,16 +11,18 @@ the plan. An index list also carries what it was planned from: the step file's v
 the dataset holds the samples it reads to, the step's loss-token counts
 (:class:`~rollfeed.collate.StepCounts`) and the micro batch's prefix trees
 (:class:`~rollfeed.collate.PrefixTree`, as ``(first sample, tree)``), which go on with the
-samples to the micro batch.
+samples to the micro batch. A sample list carries its :class:`Origin` (step file, step, each
+sample's number in it), which the collator's errors name.
 Example::
 
     Planned([7, 3], config, version=v, lengths=[12, 5], counts=c)  # -> dataset.__getitems__
-    -> Planned([s7, s3], config, counts=c)              # read from version v, len 12 and 5
+    -> Planned([s7, s3], config, counts=c, origin=Origin(file=f, step=0, samples=(7, 3)))
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,11 +31,22 @@ from rollfeed.collate import PlanConfig, PrefixTree, StepCounts
 from rollfeed.loaders.step_version import StepVersion
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Origin:
+    """Where one micro batch's samples were read: the step ``file`` (``None``: an in-memory
+    list), the ``step`` and each sample's number in it (``samples``, in the micro batch's
+    order)."""
+
+    file: str | None
+    step: int
+    samples: tuple[int, ...]
+
+
 class Planned(list):
     """A list (indices or samples of one micro batch) and the ``config`` it was planned with,
     the step's loss-token ``counts`` for its items and its prefix ``trees``; for indices, the
     step file's ``version`` (``None``: an in-memory list) and the planned ``lengths`` (one per
-    index, or ``None``)."""
+    index, or ``None``); for samples, the ``origin`` they were read from, which errors name."""
 
     def __init__(
         self,
@@ -44,10 +57,11 @@ class Planned(list):
         lengths: Sequence[int] | None = None,
         counts: StepCounts | None = None,
         trees: tuple[tuple[int, PrefixTree], ...] = (),
+        origin: Origin | None = None,
     ) -> None:
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
-        self.counts, self.trees = counts, trees
+        self.counts, self.trees, self.origin = counts, trees, origin
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (to a DataLoader worker) with its counts as plain numbers: a tensor would go
@@ -72,9 +86,11 @@ class Planned(list):
         self.__dict__.update(state)
 
     @staticmethod
-    def like(source: Any, items: list[Any]) -> list[Any]:
+    def like(source: Any, items: list[Any], origin: Origin | None = None) -> list[Any]:
         """``items`` as a ``Planned`` with ``source``'s config and counts when ``source`` is
-        planned."""
+        planned (read from ``origin``)."""
         if not isinstance(source, Planned):
             return items
-        return Planned(items, source.config, counts=source.counts, trees=source.trees)
+        return Planned(
+            items, source.config, counts=source.counts, trees=source.trees, origin=origin
+        )

@@ -322,9 +322,12 @@ class StoredSteps:
 
 
 def _prefixes(index: StepRecordIndex) -> SharedPrefixes | None:
-    """The shared prefixes the index's records claim (group hash 0: none), or None."""
+    """The shared prefixes the index's records claim (group hash 0: none), or None. The
+    index holds each 64-bit hash as int64 bits; read unsigned, since a negative id claims
+    nothing (:meth:`SharedPrefixes.of_groups`) and half the hashes have their top bit set."""
     claims = (index.group != 0) & (index.shared > 0)
     if not claims.any():
         return None
-    groups = [int(g) if c else None for g, c in zip(index.group.tolist(), claims, strict=True)]
+    hashes = index.group.view(np.uint64).tolist()
+    groups = [int(g) if c else None for g, c in zip(hashes, claims, strict=True)]
     return SharedPrefixes.of_groups(groups, index.shared)

@@ -2,15 +2,26 @@
 index alone: every rank's micro batches are those of the same samples planned in memory with the
 same claimed prefixes (trees, tree rows and tensors), shuffled or not, and two DataLoader workers
 hand over the same micro batches as the trainer's process makes; a step file without groups
-plans as before; a state saved before trees were planned still loads."""
+plans as before; a state saved before trees were planned still loads. Every group id claims its
+prefix whatever its hash; tokens that differ where the index claims them shared are a typed error
+naming the step file, the step, the sample's number in it, the field and the position."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import PlanConfig, SharedPrefixes, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import (
+    PlanConfig,
+    Sample,
+    SharedPrefixError,
+    SharedPrefixes,
+    prepare_batch,
+    to_tensor_micro_batch,
+)
 from rollfeed.loaders import (
     LoaderConfig,
     LoaderOptions,
@@ -20,6 +31,7 @@ from rollfeed.loaders import (
     build_dataloader,
 )
 from rollfeed.loaders.state import SamplerState
+from rollfeed.payload.format.step_layout import group_hash
 from tests.collate.tree_cases import conversation, group, make_tree_samples
 
 CASES = [group(9, [3, 5, 4]), group(6, [2, 7]), conversation(5, [3, 2])]
@@ -112,3 +124,57 @@ def test_tree_micro_batches_from_two_workers_equal_those_made_in_process(
                 assert all(getattr(a.tree, k) == getattr(b.tree, k) for k in host)
             for x, y in zip(a.tensors(), b.tensors(), strict=True):
                 assert isinstance(y, torch.Tensor) and torch.equal(x, y)
+
+
+def _group_step(tmp_path, groups: list[str], *, differ_at: tuple[int, int] | None = None):
+    """Groups of 3 samples (a 10-token prompt, 5 tokens each of their own), written with their
+    group and shared prefix; ``differ_at=(sample, pos)``: that sample's token there changed."""
+    rng = np.random.default_rng(1)
+    with StepWriter(tmp_path / "steps", 0) as w:
+        for g in groups:
+            prompt = rng.integers(0, 100, 10)
+            for _ in range(3):
+                ids = np.concatenate([prompt, rng.integers(0, 100, 5)])
+                if differ_at is not None and len(w) == differ_at[0]:
+                    ids[differ_at[1]] += 1
+                sample = Sample(
+                    ids,
+                    loss_mask=np.arange(15) >= 10,
+                    advantages=np.ones(15, np.float32),
+                    inference_logprobs=np.zeros(15, np.float32),
+                )
+                w.append(sample, group=g, shared_prefix=10)
+    return RolloutDataset.from_step_dir(tmp_path / "steps")
+
+
+def test_every_group_hash_claims_its_prefix(tmp_path) -> None:
+    """The index holds a group's 64-bit hash as int64 bits: a hash with its top bit set (here
+    "f", "g") is a group like any other, not the "no group" of a negative id."""
+    groups = ["f", "g", "prompt-0"]
+    assert [group_hash(g) >= 2**63 for g in groups] == [True, True, False]
+    dataset = _group_step(tmp_path, groups)
+    chains = dataset.shared_prefixes(0).chains
+    assert all(len(c) == 1 for c in chains) and len(set(chains)) == 3
+    config = LoaderConfig(plan=PlanConfig(seq_len=64))
+    got = list(build_dataloader(dataset, Topology(dp_rank=0, dp_size=1), config, root=None))
+    prompts = [{p for p in t.tree.parents if p >= 0} for t in got if t.tree is not None]
+    assert sum(map(len, prompts)) == 3  # a tree a group, its prompt computed once
+
+
+def test_a_token_its_index_claims_shared_but_differs_names_the_step_file(tmp_path) -> None:
+    dataset = _group_step(tmp_path, ["g", "prompt-0"], differ_at=(4, 7))
+    config = LoaderConfig(plan=PlanConfig(seq_len=64), shuffle=True, seed=1)
+    loader = build_dataloader(dataset, Topology(dp_rank=0, dp_size=1), config, root=None)
+    with pytest.raises(SharedPrefixError, match="planned to share") as err:
+        list(loader)
+    place = err.value.place
+    assert (place["file"], place["step"], place["field"], place["pos"]) == (
+        dataset.source.where(0),
+        0,
+        "token_ids",
+        7,
+    )
+    # the samples by their numbers in the step file (the group's are 3, 4 and 5), whichever of
+    # the two the micro batch holds first
+    other = int(re.search(r"of sample (\d+)", err.value.message).group(1))
+    assert 4 in (place["sample"], other) and {place["sample"], other} <= {3, 4, 5}
