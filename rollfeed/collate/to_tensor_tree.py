@@ -229,7 +229,7 @@ def tree_batch(mb: MicroBatch, place: RankPlace) -> TreeBatch:
         position_ids=torch.from_numpy(pos[place.tidx]),
         positions=torch.from_numpy(place.tidx),
         rows=torch.from_numpy(place.rows),
-        cu_seqlens=torch.tensor(tree.cu_seqlens, dtype=torch.int32),
+        cu_seqlens=torch.from_numpy(np.asarray(tree.cu_seqlens, np.int32)),
         seq_len=tree.length,
         starts=tree.starts,
         depths=tree.depths,
