@@ -255,3 +255,26 @@ def test_of_groups_takes_the_step_index_columns() -> None:
         SharedPrefixes.of_groups([1, 2], [3])
     with pytest.raises(SharedPrefixError, match=">= 0"):
         SharedPrefixes.of_groups([1], [-2])
+
+
+@pytest.mark.parametrize(("prompt", "tree"), [(20, True), (19, False)])
+def test_the_default_minimum_saving_is_a_fifth_of_the_flat_tokens(prompt: int, tree: bool) -> None:
+    # two samples of 50 sharing `prompt` tokens: the tree saves prompt / 100 of them
+    prefixes = SharedPrefixes.of_groups([0, 0], [prompt, prompt])
+    plan = plan_lengths([50, 50], PlanConfig(seq_len=128), dp_size=1, prefixes=prefixes)
+    assert plan.metrics["trees"] == int(tree)
+    assert plan.metrics["shared_tokens_saved"] == (prompt if tree else 0)
+
+
+def test_a_cut_at_the_end_of_a_shared_turn_branches_above_it() -> None:
+    # a prompt (10) and a turn (to 20) shared by three samples; sample 2 is cut at 20, the end
+    # of the turn: it shares the prompt only and keeps the turn's tokens as its own branch
+    chains = ((("p", 10), (("t",), 20)),) * 3
+    units = plan_units(np.array([30, 26, 20]), chains, seq_len=128, min_saving=0.0)
+    (unit,) = units
+    spans = unit.tree.spans
+    own = {unit.members[s.sample]: (s.parent, s.start, s.end) for s in spans if s.sample >= 0}
+    turn = next(k for k, s in enumerate(spans) if s.sample < 0 and s.end == 20)
+    assert spans[turn].parent == 0 and (spans[0].start, spans[0].end) == (0, 10)
+    assert own == {0: (turn, 20, 30), 1: (turn, 20, 26), 2: (0, 10, 20)}
+    assert unit.tokens == 10 + 10 + 10 + 6 + 10
