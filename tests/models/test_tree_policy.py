@@ -79,16 +79,30 @@ def _check(scorer, mb, ref_model, *, exact: bool = False, **ref_options):
 
 
 @pytest.mark.parametrize(
-    ("build", "exact"),
-    [(tiny_qwen3, True), (tiny_qwen3, False), (tiny_qwen3_moe, False)],
-    ids=["dense_float64_norms", "dense", "moe_replayed"],
+    ("build", "exact", "layout"),
+    [
+        (tiny_qwen3, True, "contiguous"),
+        (tiny_qwen3, True, "zigzag"),  # slots rounded up to 2, padding spans between them
+        (tiny_qwen3, False, "contiguous"),
+        (tiny_qwen3_moe, False, "contiguous"),
+        (tiny_qwen3_moe, False, "zigzag"),
+    ],
+    ids=[
+        "dense_float64_norms",
+        "dense_float64_norms_zigzag",
+        "dense",
+        "moe_replayed",
+        "moe_zigzag",
+    ],
 )
-def test_tree_scores_and_grads_equal_each_sample_alone(build, exact: bool) -> None:
+def test_tree_scores_and_grads_equal_each_sample_alone(build, exact: bool, layout: str) -> None:
     routed = build is tiny_qwen3_moe
     norms = float64_rms_norms if exact else (lambda model: model)
     stock = norms(build(seed=21))
     stock.set_attn_implementation("sdpa")
-    mb = tree_micro_batch(stock if routed else None)
+    mb = tree_micro_batch(stock if routed else None, layout=layout)
+    if layout == "zigzag":
+        assert -1 in mb.tree.owners  # padding spans in the tree row
     scorer = PolicyScorer(norms(build(seed=21)), compute_entropy=True, entropy_requires_grad=True)
     out = _check(scorer, mb, stock, exact=exact)
     if routed:  # every forwarded token of the tree row replayed once
