@@ -106,13 +106,14 @@ class RolloutDataset(Dataset[Sample]):
         """The samples of one batch of indices. A :class:`~rollfeed.loaders.plan.Planned` batch
         is read from the step file version it was planned from, each sample held to its planned
         length (see the module doc), and keeps its planner config, which the collator checks
-        against its own."""
+        against its own, and where its samples were read (:class:`~rollfeed.loaders.plan.Origin`),
+        which the collator's errors name."""
         version = getattr(indices, "version", None)
-        samples = [self.source.sample(*self.source.locate(i), version) for i in indices]
+        places = [self.source.locate(i) for i in indices]  # (step, sample in the step)
+        samples = [self.source.sample(step, k, version) for step, k in places]
         lengths = getattr(indices, "lengths", None)
-        for i, sample, planned in zip(indices, samples, lengths or (), strict=True):
+        for (step, k), sample, planned in zip(places, samples, lengths or (), strict=True):
             if len(sample) != planned:
-                step, k = self.source.locate(i)
                 raise StepReplacedError(
                     f"sample {k} of step {step} has {len(sample)} tokens, the plan has "
                     f"{planned}: the samples changed after the step was planned; a written step "
@@ -120,8 +121,7 @@ class RolloutDataset(Dataset[Sample]):
                     file=self.source.where(step),
                     step=step,
                 )
-        places = [self.source.locate(i) for i in indices]
-        step = places[0][0] if places else 0
+        step = places[0][0] if places else 0  # a micro batch holds the samples of one step
         origin = Origin(
             file=self.source.where(step), step=step, samples=tuple(k for _, k in places)
         )
