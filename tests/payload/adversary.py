@@ -29,6 +29,7 @@ from tests.collate.tree_attacks import family_trees
 from tests.loaders.guard_attacks import family_step_guards
 from tests.loaders.run_attacks import family_loss_runs
 from tests.loaders.state_attacks import family_loader_states
+from tests.loaders.tree_index_attacks import family_tree_index
 from tests.loaders.step_attacks import family_step_replace
 from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
@@ -125,6 +126,7 @@ FAMILIES = {
     "ragged_rows": family_ragged_rows,
     "media": family_media,
     "trees": family_trees,
+    "tree_index": family_tree_index,
 }
 
 
