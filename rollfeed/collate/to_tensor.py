@@ -1,8 +1,8 @@
 """to_tensor_micro_batch: one CP rank's tensors for one planned micro batch.
 
 Token streams are laid out on the whole row first (labels, loss mask, advantages, logprobs,
-temperatures and policy versions shifted to label coordinates there, so no label crosses a sample or a rank boundary),
-then cut to the rank's positions. Payload fields are read over each field's window
+temperatures and policy versions shifted to label coordinates there, so no label crosses a sample
+or a rank boundary), then cut to the rank's positions. Payload fields are read over each field's window
 (:func:`rollfeed.collate.cp.field_ranges`): by handle with one :func:`rollfeed.payload.read_fields`
 call per micro batch (every field's ranges grouped per file), and
 cut from inline arrays with the same rules, so the two give bitwise equal tensors:

@@ -65,9 +65,10 @@ def stale_samples(versions: np.ndarray | Sequence[int], step: int, bound: int) -
 def stale_error(step: int, sample: int, version: int, bound: int, file: str | None) -> LoaderError:
     """The error of ``on_stale="error"`` for ``sample`` (its index in its step) of ``version``."""
     return StaleSampleError(
-        f"sample {sample} of step {step} holds tokens of policy version {version}, {step - version} "
-        f"versions behind the step, more than max_staleness={bound}; pass on_stale='drop' (leave "
-        "such samples out) or 'mask' (take their stale tokens out of the loss), or raise the bound",
+        f"sample {sample} of step {step} holds tokens of policy version {version}, "
+        f"{step - version} versions behind the step, more than max_staleness={bound}; pass "
+        "on_stale='drop' (leave such samples out) or 'mask' (take their stale tokens out of the "
+        "loss), or raise the bound",
         file=file,
         step=step,
         sample=sample,

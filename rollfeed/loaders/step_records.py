@@ -39,7 +39,8 @@ import json
 import numpy as np
 
 from rollfeed.collate import Sample
-from rollfeed.collate.versions import FIELD as VERSIONS, oldest_version
+from rollfeed.collate.versions import FIELD as VERSIONS
+from rollfeed.collate.versions import oldest_version
 from rollfeed.payload import ImageSpan, StepRecord
 
 _ARRAYS = ("advantages", "inference_logprobs", "temperatures")
