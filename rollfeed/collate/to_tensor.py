@@ -2,10 +2,10 @@
 
 Token streams are laid out on the whole row first (labels, loss mask, advantages, logprobs,
 temperatures and policy versions shifted to label coordinates there, so no label crosses a sample
-or a rank boundary), then cut to the rank's positions. Payload fields are read over each field's window
-(:func:`rollfeed.collate.cp.field_ranges`): by handle with one :func:`rollfeed.payload.read_fields`
-call per micro batch (every field's ranges grouped per file), and
-cut from inline arrays with the same rules, so the two give bitwise equal tensors:
+or a rank boundary), then cut to the rank's positions. Payload fields are read over each field's
+window (:func:`rollfeed.collate.cp.field_ranges`): by handle with one
+:func:`rollfeed.payload.read_fields` call per micro batch (every field's ranges grouped per file),
+and cut from inline arrays with the same rules, so the two give bitwise equal tensors:
 
 - uncovered positions (padding, a sample's position 0 for ``labels`` fields, row position ``S``)
   read as the field's fill, and as empty rows of a ragged field;
