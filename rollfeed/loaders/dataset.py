@@ -18,8 +18,8 @@ policy version (:mod:`rollfeed.loaders.staleness`) without building micro batche
 sampler plans, and counts the step's loss tokens, from them only; ``step_version(step)`` names
 the version of the step file they came from (:mod:`rollfeed.loaders.step_version`). A batch of
 indices the sampler planned carries that version and the planned lengths: this process reads the
-step through a file open on that version (an older copy of the index, a forked worker's, is read again), and a step
-file that is not that version, or a sample of another length, raises
+step through a file open on that version (an older copy of the index, a forked worker's, is read
+again), and a step file that is not that version, or a sample of another length, raises
 :class:`StepReplacedError`. A step that has no file raises :class:`StepMissingError` naming the
 step and the directory.
 
