@@ -32,8 +32,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from rollfeed.collate import Sample, TensorMicroBatch
-from rollfeed.collate.versions import token_versions
+from rollfeed.collate import Sample, TensorMicroBatch, token_versions
 from rollfeed.loaders.errors import LoaderError
 
 OnStale = Literal["drop", "mask", "error"]

@@ -38,13 +38,12 @@ import json
 
 import numpy as np
 
-from rollfeed.collate import Sample
-from rollfeed.collate.versions import FIELD as VERSIONS
-from rollfeed.collate.versions import oldest_version
+from rollfeed.collate import Sample, oldest_version
 from rollfeed.payload import ImageSpan, StepRecord
 
 _ARRAYS = ("advantages", "inference_logprobs", "temperatures")
 _FIELD = "field:"
+VERSIONS = "version_spans"  # the column of a sample's version spans
 
 
 def record_policy_version(sample: Sample, given: int | None = None) -> int | None:

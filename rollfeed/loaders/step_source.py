@@ -29,8 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rollfeed.collate import ImageRuns, LossRuns, Sample
-from rollfeed.collate.versions import oldest_version
+from rollfeed.collate import ImageRuns, LossRuns, Sample, oldest_version
 from rollfeed.loaders.errors import (
     LoaderConfigError,
     StepFileError,
