@@ -10,10 +10,15 @@ own API for one engine (``AsyncLLM``), one update at a time:
 2. ``pause_generation(mode=...)``: with ``in_flight="finish"`` (mode ``"wait"``) the engine runs
    the requests it holds to their end under the old weights and queues new ones; with
    ``"continue"`` (mode ``"keep"``) it freezes them where they are;
-3. ``collective_rpc("reload_weights", kwargs={"weights_path": path})`` loads the weights in place;
-4. ``update_weight_version(str(version))``: every token sampled from now on is stamped with it;
-5. ``reset_prefix_cache()`` (no cached prefix computed by the old weights is reused), then
-   ``resume_generation()``: a frozen request goes on under the new weights, its KV recomputed,
+3. ``collective_rpc("rollfeed_reload_weights", kwargs={"weights_path": path})`` loads the weights
+   in place: in every worker, vLLM's own ``reload_weights`` and then the expert-weight preparation
+   vLLM 0.32 skips on a weight update (:mod:`rollfeed.capture.worker_reload`; without it a MoE
+   model reloaded on CPU computes other logits than the same weights loaded fresh);
+4. ``reset_prefix_cache(reset_running_requests=True)``: no cached prefix computed by the old
+   weights is reused, a frozen request's own included (it is preempted, its KV recomputed on
+   resumption: without the flag vLLM resets nothing while a request holds blocks);
+5. ``update_weight_version(str(version))``: every token sampled from now on is stamped with it;
+   then ``resume_generation()``: a frozen request goes on under the new weights
    and comes back as a partial rollout: its completion's ``weight_versions`` spans, and so its
    ``version_spans``, name both versions, the split where the switch fell.
 
@@ -42,6 +47,7 @@ from typing import Any
 from rollfeed.capture.checkpoint import CheckpointError, config_differences, read_checkpoint
 from rollfeed.capture.errors import CaptureError
 from rollfeed.capture.protocol import WeightsRequest, WeightsResponse
+from rollfeed.capture.worker_reload import METHOD
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +66,20 @@ class WeightUpdater:
     ``update_weight_version``, ``reset_prefix_cache``, ``resume_generation``). version: the
     policy version the engine's current weights are. path: where they were loaded from (loaded
     again when a reload fails). served_config: the served model's config (a dict), which a
-    checkpoint's must agree with.
+    checkpoint's must agree with. rpc: the workers' reload method (``serve`` installs
+    :data:`~rollfeed.capture.worker_reload.METHOD`; ``"reload_weights"`` is vLLM's own).
     """
 
     def __init__(
-        self, engine: Any, *, version: int, path: str, served_config: Mapping[str, Any]
+        self,
+        engine: Any,
+        *,
+        version: int,
+        path: str,
+        served_config: Mapping[str, Any],
+        rpc: str = METHOD,
     ) -> None:
-        self.engine, self.version, self.path = engine, version, path
+        self.engine, self.version, self.path, self.rpc = engine, version, path, rpc
         self.served_config = dict(served_config)
         self.broken: str | None = None  # why the weights are unknown, after a failed restore
         self._lock = asyncio.Lock()
@@ -136,9 +149,8 @@ class WeightUpdater:
         took."""
         started = time.monotonic()
         try:
-            await self.engine.collective_rpc(
-                "reload_weights", kwargs={"weights_path": request.path}
-            )
+            await self.engine.collective_rpc(self.rpc, kwargs={"weights_path": request.path})
+            await self._reset_prefix_cache()
         except Exception as err:
             await self._restore(request, err)
             raise WeightReloadError(
@@ -149,15 +161,14 @@ class WeightUpdater:
         reload_s = time.monotonic() - started
         await self.engine.update_weight_version(str(request.version))
         self.version, self.path = request.version, request.path
-        await self.engine.reset_prefix_cache()
         await self.engine.resume_generation()
         return reload_s
 
     async def _restore(self, request: WeightsRequest, err: Exception) -> None:
         """Load the previous weights again and resume; on failure stay paused (``broken``)."""
         try:
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": self.path})
-            await self.engine.reset_prefix_cache()
+            await self.engine.collective_rpc(self.rpc, kwargs={"weights_path": self.path})
+            await self._reset_prefix_cache()
         except Exception as again:
             self.broken = (
                 f"{request.path}: {type(err).__name__}: {err}; then {self.path}: "
@@ -170,3 +181,11 @@ class WeightUpdater:
                 "paused: restart the server"
             ) from None
         await self.engine.resume_generation()
+
+    async def _reset_prefix_cache(self) -> None:
+        """Drop every cached prefix, those of frozen requests too: they are preempted and their
+        KV is recomputed under the new weights when generation resumes. Without
+        ``reset_running_requests`` vLLM keeps the whole cache while a request holds blocks (it
+        answers False), and a frozen request would go on over KV of the old weights."""
+        if await self.engine.reset_prefix_cache(reset_running_requests=True) is False:
+            raise RuntimeError("vLLM did not reset its prefix cache")
