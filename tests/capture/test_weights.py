@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from rollfeed.capture import read_checkpoint
 from rollfeed.capture.checkpoint import CHECKPOINT_MARKER
@@ -56,6 +57,7 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
     assert MARKER == CHECKPOINT_MARKER  # the writer writes the marker the server checks
     assert sorted(os.listdir(checkpoints)) == ["step_000001", "step_000002"]  # nothing aside
     original = load_file(model / "model.safetensors")
+    full = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
     for step, sign in ((1, -1), (2, 1)):
         ckpt = read_checkpoint(str(checkpoints / f"step_{step:06d}"))
         assert ckpt.step == step and {"config.json", "model.safetensors"} <= set(ckpt.files)
@@ -72,6 +74,12 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
             assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
         config = json.loads((checkpoints / ckpt.path / "config.json").read_text())
         assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+        # the full model's state dict, as transformers loads it (vLLM does in the tests below)
+        loaded = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).state_dict()
+        assert sorted(loaded) == sorted(full)
+        for name, want in full.items():
+            want = -want if name == "lm_head.weight" and sign < 0 else want
+            assert torch.equal(loaded[name], want), name
 
 
 def _running(client: CaptureClient, timeout_s: float = 60.0) -> None:
