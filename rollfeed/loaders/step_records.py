@@ -19,7 +19,7 @@ texts and segment records; this is where a sample's parts get their names:
   versions below 256 in a sample below 256 tokens), absent when the sample has none; the index's
   policy version is their oldest (:func:`record_policy_version`).
 
-A record holding a column or text of another name is not a sample's: :class:`ValueError` naming
+A record holding a column or text of another name is not a sample's: ``ValueError`` naming
 it (the reader adds the file, step and sample); so is one whose index row's policy version is not
 the oldest of its version spans. The record's group id and shared prefix are the step index's,
 not the sample's (:class:`~rollfeed.loaders.step_files.StepWriter`).
@@ -96,7 +96,7 @@ def sample_record(
 
 
 def record_sample(record: StepRecord) -> Sample:
-    """The sample of ``record``; :class:`ValueError` for parts no sample has, and the sample's own
+    """The sample of ``record``; ``ValueError`` for parts no sample has, and the sample's own
     typed errors (:mod:`rollfeed.collate.errors`) for values it refuses."""
     columns = dict(record.columns)
     arrays = {name: columns.pop(name, None) for name in _ARRAYS}
