@@ -27,7 +27,9 @@ from transformers import AutoModelForCausalLM
 
 from rollfeed.capture import read_checkpoint
 from rollfeed.capture.checkpoint import CHECKPOINT_MARKER
-from rollfeed.capture.errors import CaptureServerError
+from rollfeed.capture.errors import CaptureModeError, CaptureServerError
+from rollfeed.capture.server import parse_serve_args
+from rollfeed.capture.worker_reload import EXTENSION
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import LoaderConfig, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_files import write_step_file
@@ -229,3 +231,13 @@ def test_only_a_complete_checkpoint_is_loaded(client, checkpoints, tmp_path):
             client.load_weights(path, version=v)
         assert err.value.status == 400 and "CheckpointError" in str(err.value)
         assert client.info().policy_version == version
+
+
+def test_serve_installs_the_reload_method_and_refuses_another_worker_extension(
+    tiny_model, tmp_path
+):
+    base = ["--payload-root", str(tmp_path), "--model", str(tiny_model[0])]
+    _, args = parse_serve_args(base)
+    assert args.worker_extension_cls == EXTENSION  # the workers the weight update calls
+    with pytest.raises(CaptureModeError, match=r"--worker-extension-cls my\.Extension"):
+        parse_serve_args([*base, "--worker-extension-cls", "my.Extension"])
