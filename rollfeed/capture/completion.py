@@ -26,7 +26,7 @@ segments name both, so every completion of the group points at the same prompt b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,8 @@ class CapturedCompletion:
     inference_logprobs: float32, the sampler's logprob of each completion token (0 elsewhere).
     new_prompt_len: prompt tokens this turn adds. segments: payload records, turn-relative.
     metrics: counters of :class:`~rollfeed.capture.SupportCapture` plus ``routed_rows``.
+    version_spans: ``[K, 3]`` int64 ``(start, end, version)``, turn-relative: the policy
+    versions of the completion's tokens, none on the prompt (the sample's ``version_spans``).
     """
 
     token_ids: np.ndarray
@@ -58,6 +60,7 @@ class CapturedCompletion:
     new_prompt_len: int
     segments: tuple[PayloadSegment, ...]
     metrics: dict[str, int]
+    version_spans: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))
 
     @property
     def length(self) -> int:
@@ -75,6 +78,7 @@ def capture_completion(
     native_mask: Sequence[Sequence[int]] | None = None,
     prompt_start: int = 0,
     routes_written: tuple[int, Sequence[PayloadSegment]] | None = None,
+    version_spans: np.ndarray | None = None,
 ) -> CapturedCompletion:
     """Write one completion's side channels with ``writer``; return arrays and segments.
 
@@ -86,6 +90,9 @@ def capture_completion(
         prompt_start: first prompt position of this turn (``routed_experts_prompt_start``).
         routes_written: ``(k, segments)``: the first ``k`` rows of ``routed_experts`` are already
             written as ``segments`` (turn-relative), shared with other completions.
+        version_spans: ``[K, 3]`` ``(start, end, version)`` over the completion's tokens
+            (0 = the first sampled one;
+            :func:`~rollfeed.capture.vllm_adapter.engine_version_spans`), or None: no version.
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     completion = np.asarray(completion_ids, dtype=np.int64).reshape(-1)
@@ -136,6 +143,13 @@ def capture_completion(
     segments = [*done, *writer.write(arrays, pos, sampled=completion)]
     loss_mask = np.concatenate([np.zeros(new_prompt, dtype=bool), support.trainable])
     logps = np.concatenate([np.zeros(new_prompt, np.float32), support.sampled_logprobs])
+    spans = np.zeros((0, 3), np.int64) if version_spans is None else np.asarray(version_spans)
+    spans = spans.astype(np.int64).reshape(-1, 3)
+    if len(spans) and (spans[:, :2].min() < 0 or spans[:, :2].max() > completion.size):
+        raise CaptureError(
+            f"version spans {spans.tolist()[:4]} lie outside the completion's {completion.size} "
+            "tokens"
+        )
     return CapturedCompletion(
         token_ids=np.concatenate([prompt[prompt_start:], completion]),
         loss_mask=loss_mask,
@@ -143,4 +157,5 @@ def capture_completion(
         new_prompt_len=new_prompt,
         segments=tuple(segments),
         metrics=metrics,
+        version_spans=spans + np.array([new_prompt, new_prompt, 0], np.int64),
     )

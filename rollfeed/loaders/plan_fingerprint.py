@@ -10,12 +10,14 @@ shape a step's plan besides the world shape (which the state holds as ``dp_size`
     plan_fingerprint(LoaderConfig(plan=PlanConfig(seq_len=64)))
     -> {"seq_len": 64, "cp_layout": "contiguous", "pad_to_multiple_of": None,
         "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "trees": True,
-        "tree_min_saving": 0.2, "shuffle": False}
+        "tree_min_saving": 0.2, "shuffle": False, "drop_staleness": -1}
     fingerprint_differences(saved, mine) -> ["seq_len: 64 -> 128"]
 
-A state saved before trees were planned has no ``trees`` and ``tree_min_saving``
-(:data:`BEFORE_TREES`): it is read with their defaults, as a plan of step files that claimed no
-shared prefix (a step index only holds groups since step records) is the same either way.
+``drop_staleness`` is ``max_staleness`` under ``on_stale="drop"`` (which samples a step plans
+depends on it) and -1 otherwise. A state saved before a key existed is read with the value such a
+state planned under (:data:`ADDED`): no staleness bound, and the default ``trees`` and
+``tree_min_saving``, as a plan of step files that claimed no shared prefix (a step index only
+holds groups since step records) is the same either way.
 
 The field registry is not in it: it changes what is read of a micro batch, not which samples a
 micro batch holds. The fingerprint is about configuration; which step file a plan was made from
@@ -39,14 +41,17 @@ PLAN_OPTIONS = (
     "trees",
     "tree_min_saving",
 )
-FINGERPRINT_KEYS = (*PLAN_OPTIONS, "shuffle")
-BEFORE_TREES = {"trees": True, "tree_min_saving": 0.2}  # the defaults, for older states
+FINGERPRINT_KEYS = (*PLAN_OPTIONS, "shuffle", "drop_staleness")
+# Keys added after states were saved without them, with the value such a state planned under.
+ADDED = {"trees": True, "tree_min_saving": 0.2, "drop_staleness": -1}
 
 
 def plan_fingerprint(config: LoaderConfig) -> dict[str, Any]:
     """The plan-shaping options of ``config`` as plain values (JSON and DCP safe)."""
-    plan = config.plan
-    return {name: getattr(plan, name) for name in PLAN_OPTIONS} | {"shuffle": config.shuffle}
+    plan, stale = config.plan, config.staleness
+    drop = stale.max_staleness if stale is not None and stale.on_stale == "drop" else -1
+    options = {name: getattr(plan, name) for name in PLAN_OPTIONS}
+    return options | {"shuffle": config.shuffle, "drop_staleness": drop}
 
 
 def fingerprint_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
