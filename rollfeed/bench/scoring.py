@@ -23,7 +23,8 @@ Three kept-set distributions, 16,384 rows (the label first in each row, distinct
   1,024 ids.
 
 Each variant runs in its own subprocess, so one variant's allocations cannot hide in another's peak.
-Peak memory is ``ru_maxrss`` (the process's resident-set high-water mark) at the end, minus the
+Peak memory is the process's own resident-set high-water mark (``VmHWM``, reset once the inputs
+exist: :mod:`rollfeed.bench._process`) at the end, minus the
 resident set right after the inputs are allocated and a tiny warm-up run of the same variant
 (``/proc/self/statm``), minus the two gradient buffers every variant must produce (the weight's
 ``V·H·4`` and the hidden states' ``N·H·4`` bytes): what remains is the scorer's own temporaries.
@@ -48,7 +49,7 @@ import time
 
 import torch
 
-from rollfeed.bench._process import peak_bytes, resident_bytes, run_variant
+from rollfeed.bench._process import peak_bytes, reset_peak, resident_bytes, run_variant
 from rollfeed.collate import RaggedRows
 from rollfeed.models import fused_support_logprobs
 
@@ -191,6 +192,7 @@ def _child(args: argparse.Namespace) -> None:
         base = torch.cuda.memory_allocated(device)
     else:
         base = resident_bytes()
+        reset_peak()
     _, logp = _timed(x, args.child, up, device)
     peak = torch.cuda.max_memory_allocated(device) if cuda else peak_bytes()
     extra = peak - base - (x["weight"].numel() + x["hidden"].numel()) * 4
