@@ -13,6 +13,9 @@ The high-water mark is the process's own: ``VmHWM`` of ``/proc/self/status``, re
 from the process that forked the child, so a child of ``bench all`` (whose earlier benchmarks
 held a GiB) reported that GiB as its own peak (1,037 MiB against a true 13 MiB).
 
+:func:`busy_core` holds one core busy from another process for a block, for the benchmarks'
+contention lines (the same measurement with and without it, interleaved).
+
 Example (a child that allocates 100 MiB after its inputs)::
 
     base = resident_bytes(); reset_peak(); run(); peak_bytes() - base   -> ~100 MiB
@@ -20,11 +23,14 @@ Example (a child that allocates 100 MiB after its inputs)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 
 _RESET_PEAK = b"5"  # clear_refs: set VmHWM back to the current resident set
 
@@ -41,6 +47,19 @@ def run_variant(
         env=None if env is None else {**os.environ, **env},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[None]:
+    """Another process holds one core busy (``while 1: pass``) for the block: the contention a
+    trainer meets when a loader worker or a peer's job takes a core."""
+    proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+    try:
+        time.sleep(0.2)  # its interpreter started and spinning
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def resident_bytes() -> int:
