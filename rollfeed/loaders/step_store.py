@@ -50,6 +50,7 @@ from rollfeed.loaders.step_version import StepVersion, replaced_error
 from rollfeed.loaders.step_wait import describe_steps, wait_for_step
 from rollfeed.payload.errors import PayloadInputError, PayloadStaleFileError
 from rollfeed.payload.stores.object_answer import ANSWER_BYTES
+from rollfeed.payload.stores.object_blocks import PinnedBlocks
 from rollfeed.payload.stores.object_client import ObstoreClient
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 
@@ -90,7 +91,8 @@ class StepStore:
                 "it from a fork server or spawn it (multiprocessing.get_context('forkserver'))"
             )
         if client is None:
-            client = self._client = ObstoreClient(self.access, self.url)
+            # a worker's sample reads: a GET per block of the step, not per sample
+            client = self._client = ObstoreClient(self.access, self.url, blocks=PinnedBlocks())
         return client
 
     def _get(self, name: str, start: int, end: int, etag: str | None = None) -> bytes:

@@ -50,6 +50,7 @@ from rollfeed.payload.errors import (
     PayloadMissingFileError,
     PayloadPathError,
 )
+from rollfeed.payload.stores.object_blocks import PinnedBlocks
 from rollfeed.payload.stores.object_botocore import (
     SignedRequests,
     botocore_session,
@@ -77,9 +78,11 @@ class Got:
 class ObstoreClient:
     """This process's obstore client for one bucket (see the module doc)."""
 
-    def __init__(self, access: StoreAccess, url: StoreURL) -> None:
+    def __init__(
+        self, access: StoreAccess, url: StoreURL, *, blocks: PinnedBlocks | None = None
+    ) -> None:
         check_usable(str(url))  # a fork after a request: no client of obstore's would answer
-        self.access, self.url = access, url
+        self.access, self.url, self.blocks = access, url, blocks
         self.pid = os.getpid()
         self.bucket_url = access.bucket_url(url.bucket)
         self._session: Any = None  # botocore's, when credentials come from a profile
@@ -117,7 +120,16 @@ class ObstoreClient:
 
     def get(self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str) -> Got:
         """Bytes ``[start, end)`` of ``key`` (fewer when the object is shorter), of the object
-        whose ETag is ``etag`` when given (another is :class:`PayloadStaleFileError`)."""
+        whose ETag is ``etag`` when given (another is :class:`PayloadStaleFileError`); from
+        this client's :class:`PinnedBlocks` when it has them and the GET is pinned to an ETag."""
+        blocks = self.blocks
+        if blocks is not None and etag is not None and blocks.serves(start, end, etag):
+            return blocks.get(
+                key, etag, start, end, lambda a, b: self._get(key, a, b, etag, where, rel)
+            )
+        return self._get(key, start, end, etag, where, rel)
+
+    def _get(self, key: str, start: int, end: int, etag: str | None, where: str, rel: str) -> Got:
         import obstore
 
         options: dict[str, Any] = {"range": (start, end)}
