@@ -51,7 +51,9 @@ from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import WorkerError
 from rollfeed.loaders.handover import Described, Handover
+from rollfeed.loaders.hints import Pace, worker_hints
 from rollfeed.loaders.metrics import StepMetrics
+from rollfeed.loaders.next_step import NextStep
 from rollfeed.loaders.options import LoaderOptions, memfd_available
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
@@ -67,14 +69,17 @@ FORKSERVER_PRELOAD = ("torch", "rollfeed.loaders.worker", "rollfeed.loaders.data
 
 
 class _Tasks:
-    """The DataLoader's batch sampler: the sampler's index lists as :class:`Task`s."""
+    """The DataLoader's batch sampler: the sampler's index lists as :class:`Task`s, each with
+    the hints of its worker's read-ahead (:mod:`~rollfeed.loaders.hints`) when ``workers``."""
 
-    def __init__(self, sampler: MicroBatchSampler) -> None:
+    def __init__(self, sampler: MicroBatchSampler, workers: int, depth: int | None) -> None:
         self.sampler, self.yielded = sampler, 0  # yielded: tasks drawn in the current pass
         self.step: int | None = None  # the step of the tasks drawn in the current pass
+        self.workers, self.depth, self.pace = workers, depth, Pace()
+        self.next: NextStep | None = None  # the next step's plan, made during the pass
 
     def __iter__(self) -> Iterator[Task]:
-        plan = None
+        plan, micro = None, []
         for indices in self.sampler:
             state = self.sampler.state_dict()
             self.yielded += 1
@@ -82,7 +87,30 @@ class _Tasks:
             step = state["step"] - (state["micro_batches"] == 0)
             if plan is None:
                 self.step, plan = step, self.sampler.plan_metrics(step)
-            yield Task(indices, step, state, plan)
+                if self._depth():
+                    micro = self.sampler.step_micro_batches(step)
+                    self.settle()
+                    self.next = NextStep(self.sampler, step)
+            yield Task(indices, step, state, plan, self._hints(step, state, micro))
+
+    def _depth(self) -> int:
+        if not self.workers:
+            return 0
+        return self.pace.depth(self.workers) if self.depth is None else self.depth
+
+    def _hints(self, step: int, state: dict, micro: list) -> tuple:
+        depth = self._depth()
+        if not depth or not micro:
+            return ()
+        k = state["micro_batches"] - 1 if state["micro_batches"] else len(micro) - 1
+        following = self.next.ready() if self.next is not None else None
+        j, w = self.yielded - 1, self.workers
+        return worker_hints(step, micro, k=k, j=j, workers=w, depth=depth, following=following)
+
+    def settle(self) -> None:
+        """Wait for the next step's planning, if any: nothing else may use the sampler meanwhile."""
+        if self.next is not None:
+            self.next.join()
 
 
 class RolloutIterator(Iterator[TensorMicroBatch]):
@@ -92,7 +120,7 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
     def __init__(self, loader: RolloutLoader, source: Iterator[Any], receiver: Receiver | None):
         self._loader = loader  # the loader lives as long as its pass
         self._receiver, self._source = receiver, None if receiver else source
-        self.taken = 0
+        self.taken, self._handed = 0, 0.0
         self.step: int | None = None
         self._metrics: StepMetrics | None = None
         if receiver is not None:
@@ -121,6 +149,8 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
         if isinstance(item, WorkerFailure):
             loader._end(self)
             item.reraise()
+        if self.taken:  # the trainer's time since the last one, and the maker's
+            loader._tasks.pace.add(item.facts.make_s, asked - self._handed)
         self.taken += 1
         loader._consumed, self.step = item.task.state, item.task.step
         batch = item.batch
@@ -129,7 +159,8 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
             batch = move_micro_batch(batch, lambda t: t.to(device, non_blocking=True))
         if self._metrics is None:
             self._metrics = StepMetrics(item.task.step, item.task.plan)
-        self._metrics.add(item.facts, asked=asked, handed=time.monotonic())
+        self._handed = time.monotonic()
+        self._metrics.add(item.facts, asked=asked, handed=self._handed)
         return batch
 
     def close(self, *, wait: bool = True) -> None:
@@ -156,7 +187,7 @@ class RolloutLoader:
     ) -> None:
         self.dataset, self.batch_sampler, self.collator = dataset, sampler, collator
         self.options = options
-        self._tasks = _Tasks(sampler)
+        self._tasks = _Tasks(sampler, options.num_workers, options.read_ahead)
         self._pin = torch.cuda.is_available() if options.pin_memory is None else options.pin_memory
         self._device = None if options.device is None else torch.device(options.device)
         self._loader: DataLoader | None = None
@@ -224,6 +255,7 @@ class RolloutLoader:
     def __len__(self) -> int:
         """Micro batches of the pass ``iter`` would start now: from the consumed state, waiting
         for its step file as ``iter`` does (bounded by ``step_timeout_s``)."""
+        self._tasks.settle()
         return self.batch_sampler.pass_length(self._consumed)
 
     def __iter__(self) -> RolloutIterator:
@@ -300,6 +332,7 @@ class RolloutLoader:
             it.close(wait=False)
         if receiver is not None:
             receiver.stop(wait=True)
+        self._tasks.settle()
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state as of the micro batches consumed (see the module doc): a few

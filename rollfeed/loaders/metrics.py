@@ -16,9 +16,11 @@ logs as they are:
 - this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
   ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
-  collating them), and the kept-set width distribution over this rank's rows that hold a kept set
-  (``sampling_mask``): ``kept_rows``, ``kept_width_mean``, ``kept_width_p50`` / ``_p90`` /
-  ``_p99``, ``kept_width_max`` (0 when there is none);
+  collating them), of which ``samples_s`` reading their samples (the step records: a GET each
+  from a step store), ``read_ahead`` (of them, made before the loader asked: a worker's
+  :mod:`~rollfeed.loaders.read_ahead`), and the kept-set width distribution over this rank's
+  rows that hold a kept set (``sampling_mask``): ``kept_rows``, ``kept_width_mean``,
+  ``kept_width_p50`` / ``_p90`` / ``_p99``, ``kept_width_max`` (0 when there is none);
 - the trainer-visible wait, the time spent inside ``next``: ``wait_s`` (total), ``wait_max_s``, and
   of ``wait_s`` the part before the micro batch was made, ``wait_making_s``, and after it,
   ``wait_handover_s`` (transfer from the worker, receive, pinning, the device copy).
@@ -60,7 +62,8 @@ class MicroBatchFacts:
 
     ``kept_widths [W + 1]`` int64: how many of this rank's rows hold a kept set of ``w`` ids
     (``w = 0``: no kept set). ``made_at``: ``time.monotonic()`` when it was made (one clock for
-    every process of a host).
+    every process of a host). ``samples_s``: of ``make_s``, reading the samples; ``ahead``: made
+    by a worker's read-ahead before the loader asked for it.
     """
 
     samples: int
@@ -69,10 +72,15 @@ class MicroBatchFacts:
     kept_widths: np.ndarray
     make_s: float
     made_at: float
+    samples_s: float = 0.0
+    ahead: bool = False
 
 
-def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float) -> MicroBatchFacts:
-    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``)."""
+def measure(
+    tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float, samples_s: float = 0.0
+) -> MicroBatchFacts:
+    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``), which
+    took ``samples_s`` to read."""
     by_handle = {seg.field for s in samples for seg in s.payload}
     support = tmb.fields.get(SUPPORT_FIELD)
     widths = np.zeros(1, np.int64)
@@ -88,6 +96,7 @@ def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float)
         kept_widths=widths,
         make_s=now - started,
         made_at=now,
+        samples_s=samples_s,
     )
 
 
@@ -97,10 +106,11 @@ class StepMetrics:
     def __init__(self, step: int, plan: Mapping[str, float]) -> None:
         self.step, self.plan = step, {k: plan[k] for k in PLAN_KEYS}
         self.counts = dict.fromkeys(
-            ("micro_batches", "rank_samples", "rank_tokens", "payload_bytes"), 0
+            ("micro_batches", "rank_samples", "rank_tokens", "payload_bytes", "read_ahead"), 0
         )
         self.seconds = dict.fromkeys(
-            ("make_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s"), 0.0
+            ("make_s", "samples_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s"),
+            0.0,
         )
         self.widths = np.zeros(1, np.int64)
 
@@ -112,9 +122,11 @@ class StepMetrics:
         c["rank_samples"] += facts.samples
         c["rank_tokens"] += facts.tokens
         c["payload_bytes"] += facts.payload_bytes
+        c["read_ahead"] += facts.ahead
         wait = handed - asked
         making = min(max(facts.made_at - asked, 0.0), wait)
         s["make_s"] += facts.make_s
+        s["samples_s"] += facts.samples_s
         s["wait_s"] += wait
         s["wait_max_s"] = max(s["wait_max_s"], wait)
         s["wait_making_s"] += making
