@@ -117,7 +117,8 @@ def _median(fn, reps: int) -> float:
 
 def _per_micro_batch(metrics: dict[str, float]) -> dict[str, float]:
     """A pass's metrics per micro batch: making (samples, then payload and collating), made
-    ahead (share), and the trainer's wait split (not made yet / handing over)."""
+    ahead (share), and the trainer's wait split (not made yet / handing over; the bench's
+    waits leave the first micro batch out, and replace these)."""
     n = max(metrics["micro_batches"], 1)
     return {
         "make": metrics["make_s"] / n,
@@ -165,8 +166,10 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], run
     for busy in busy_ms:
         waits, parts = [], []
         for _ in range(runs):
-            loader, _, w, _ = drain(make, busy / 1e3)
-            parts.append(_per_micro_batch(loader.metrics))
+            loader, _, w, split = drain(make, busy / 1e3)
+            part = _per_micro_batch(loader.metrics)
+            part["making"], part["handover"] = (split[k] / max(len(w), 1) for k in split)
+            parts.append(part)
             loader.close()
             waits.append(statistics.mean(w) if w else 0.0)
         wait = statistics.median(waits)

@@ -10,7 +10,8 @@ lists the first ``depth`` of them.
 How many (:class:`Pace`): a worker keeps up when ``W`` workers, each with ``c`` micro batches in
 the making, make one micro batch per trainer step: ``c = ceil(make / (W · busy))``, from the
 measured time a worker takes to make one (``make``) and the trainer's time between two ``next``
-calls (``busy``); clamped to ``1 .. MAX_DEPTH``, :data:`FIRST_DEPTH` before anything is measured.
+calls (``busy``); clamped to ``1 .. MAX_DEPTH``; as deep as allowed before anything is measured
+(:data:`FIRST_DEPTH`: a first pass does not know how far its store is).
 Each micro batch made ahead is held in its worker until asked for: a worker holds ``depth``
 more micro batches than without read-ahead.
 
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 MAX_DEPTH = 4
-FIRST_DEPTH = 2
+FIRST_DEPTH = MAX_DEPTH  # nothing measured yet: how far the store is, is not known
 _SMOOTH = 0.3  # weight of the newest measurement in the running means
 
 

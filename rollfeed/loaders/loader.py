@@ -19,7 +19,11 @@ It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
 - **Workers** start as :meth:`LoaderOptions.start_method` says: forked over local files (they
   inherit the next step's plan and index), from a fork server when the payload root or the step
   directory is ``s3://`` (each then reads the step's index itself, once per step, and holds it
-  for the step's micro batches; the plan travels in each task).
+  for the step's micro batches; the plan travels in each task). Each task carries its worker's
+  read-ahead hints (:mod:`~rollfeed.loaders.hints`, :mod:`~rollfeed.loaders.read_ahead`): the
+  worker makes them on threads while the trainer computes; the next step is planned as a pass
+  starts (:mod:`~rollfeed.loaders.next_step`), so its first micro batches are made before the
+  next ``iter``.
 - **Workers** are watched while the trainer waits (:mod:`~rollfeed.loaders.watch`): a stopped,
   dead or too slow worker is a typed :class:`~rollfeed.loaders.errors.WorkerError` naming it and
   the step, within the bounds of :class:`LoaderOptions`.
@@ -53,7 +57,7 @@ from rollfeed.loaders.errors import WorkerError
 from rollfeed.loaders.handover import Described, Handover
 from rollfeed.loaders.hints import Pace, worker_hints
 from rollfeed.loaders.metrics import StepMetrics
-from rollfeed.loaders.next_step import NextStep
+from rollfeed.loaders.next_step import plan_following
 from rollfeed.loaders.options import LoaderOptions, memfd_available
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
@@ -76,10 +80,9 @@ class _Tasks:
         self.sampler, self.yielded = sampler, 0  # yielded: tasks drawn in the current pass
         self.step: int | None = None  # the step of the tasks drawn in the current pass
         self.workers, self.depth, self.pace = workers, depth, Pace()
-        self.next: NextStep | None = None  # the next step's plan, made during the pass
 
     def __iter__(self) -> Iterator[Task]:
-        plan, micro = None, []
+        plan, micro, following = None, [], None
         for indices in self.sampler:
             state = self.sampler.state_dict()
             self.yielded += 1
@@ -89,28 +92,22 @@ class _Tasks:
                 self.step, plan = step, self.sampler.plan_metrics(step)
                 if self._depth():
                     micro = self.sampler.step_micro_batches(step)
-                    self.settle()
-                    self.next = NextStep(self.sampler, step)
-            yield Task(indices, step, state, plan, self._hints(step, state, micro))
+                    following = plan_following(self.sampler, step)
+            hints = self._hints(step, state, micro, following)
+            yield Task(indices, step, state, plan, hints)
 
     def _depth(self) -> int:
         if not self.workers:
             return 0
         return self.pace.depth(self.workers) if self.depth is None else self.depth
 
-    def _hints(self, step: int, state: dict, micro: list) -> tuple:
+    def _hints(self, step: int, state: dict, micro: list, following) -> tuple:
         depth = self._depth()
         if not depth or not micro:
             return ()
         k = state["micro_batches"] - 1 if state["micro_batches"] else len(micro) - 1
-        following = self.next.ready() if self.next is not None else None
         j, w = self.yielded - 1, self.workers
         return worker_hints(step, micro, k=k, j=j, workers=w, depth=depth, following=following)
-
-    def settle(self) -> None:
-        """Wait for the next step's planning, if any: nothing else may use the sampler meanwhile."""
-        if self.next is not None:
-            self.next.join()
 
 
 class RolloutIterator(Iterator[TensorMicroBatch]):
@@ -255,7 +252,6 @@ class RolloutLoader:
     def __len__(self) -> int:
         """Micro batches of the pass ``iter`` would start now: from the consumed state, waiting
         for its step file as ``iter`` does (bounded by ``step_timeout_s``)."""
-        self._tasks.settle()
         return self.batch_sampler.pass_length(self._consumed)
 
     def __iter__(self) -> RolloutIterator:
@@ -332,7 +328,6 @@ class RolloutLoader:
             it.close(wait=False)
         if receiver is not None:
             receiver.stop(wait=True)
-        self._tasks.settle()
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state as of the micro batches consumed (see the module doc): a few

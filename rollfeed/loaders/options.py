@@ -57,9 +57,9 @@ class LoaderOptions:
         read_ahead: micro batches each worker makes ahead of being asked, on threads of its
             own, while it makes and hands over the one asked for
             (:mod:`~rollfeed.loaders.read_ahead`): the next ones of its step and, near the
-            step's end, the first of the next step when its file is there (planned during the
-            pass). ``None``: sized from the measured time to make a micro batch against the
-            trainer's time between two (1 to 4; 2 before anything is measured); ``0``: none.
+            step's end, the first of the next step when its file is there (planned as its
+            pass starts). ``None``: sized from the measured time to make a micro batch against the
+            trainer's time between two (1 to 4; 4 before anything is measured); ``0``: none.
             Each worker holds that many micro batches more.
         stopped_s: how long a worker may stay stopped (``SIGSTOP``, a debugger; its state in
             ``/proc``) while the trainer waits, before

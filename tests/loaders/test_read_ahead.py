@@ -11,7 +11,7 @@ import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
-from rollfeed.loaders.hints import FIRST_DEPTH, MAX_DEPTH, Pace, worker_hints
+from rollfeed.loaders.hints import MAX_DEPTH, Pace, worker_hints
 from rollfeed.loaders.step_files import write_step_file
 from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadRoot
@@ -36,7 +36,7 @@ def test_hints_are_the_workers_next_tasks_then_the_next_steps() -> None:
 
 def test_pace_sizes_the_depth_from_making_time_and_the_trainers_time() -> None:
     pace = Pace()
-    assert pace.depth(2) == FIRST_DEPTH  # nothing measured yet
+    assert pace.depth(2) == MAX_DEPTH  # nothing measured yet: as deep as allowed
     pace.add(0.090, 0.020)  # 90 ms to make one, the trainer takes one per 20 ms, 2 workers
     assert pace.depth(2) == 3
     pace = Pace()
