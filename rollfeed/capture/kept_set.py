@@ -28,11 +28,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from rollfeed.capture.errors import CaptureError, SupportBoundError, SupportMembershipError
+from rollfeed.deprecation import RenamedKeys
 
 Policy = Literal["error", "repair"]
 POLICIES: tuple[Policy, ...] = ("error", "repair")
@@ -83,6 +84,14 @@ class LogprobRows:
         return cls(offsets=np.asarray(offsets), token_ids=np.asarray(ids), logprobs=np.asarray(lps))
 
 
+class CaptureMetrics(RenamedKeys):
+    """The capture's counters; ``kept_ids``, renamed ``support_ids``, still reads (with a
+    ``DeprecationWarning``) until the next release."""
+
+    owner = "metrics"
+    renamed: ClassVar[Mapping[str, str]] = {"kept_ids": "support_ids"}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SupportCapture:
     """Kept sets of ``C`` completion tokens, ready for the payload writer.
@@ -91,8 +100,8 @@ class SupportCapture:
     logprobs: ``[sum(counts)]`` float32, the sampler's logprob of each kept id (mask logprobs);
     sampled_logprobs: ``[C]`` float32, the sampler's logprob of the sampled token (0 where unknown);
     trainable: ``[C]`` bool, False for rows a repair took out of the loss;
-    metrics: ``rows``, ``kept_ids``, ``singleton_rows``, ``rows_not_member``, ``rows_bound``,
-    ``rows_repaired``.
+    metrics: ``rows``, ``support_ids`` (the kept ids of all rows), ``singleton_rows``,
+    ``rows_not_member``, ``rows_bound``, ``rows_repaired`` (:class:`CaptureMetrics`).
     """
 
     counts: np.ndarray
@@ -145,7 +154,7 @@ def _finish(
         raise CaptureError(f"token ids must lie in [0, 2**31), got [{ids.min()}, {ids.max()}]")
     metrics.update(
         rows=n,
-        kept_ids=int(counts.sum()),
+        support_ids=int(counts.sum()),
         singleton_rows=int((counts == 1).sum()),
         rows_repaired=int((~trainable).sum()),
     )
@@ -155,7 +164,7 @@ def _finish(
         logprobs=lps.astype(np.float32),
         sampled_logprobs=np.where(np.isfinite(sampled_lp), sampled_lp, 0.0).astype(np.float32),
         trainable=trainable,
-        metrics=metrics,
+        metrics=CaptureMetrics(metrics),
     )
 
 

@@ -19,7 +19,8 @@ is the engine's own generator, untouched.
 4. hands vLLM's handler the output with the logprobs the client asked for (none, or its top
    ``n``, as the engine would have returned them), so the answer is vLLM's own.
 
-The records wait under the key until the HTTP layer adds them to the answer (:meth:`close`).
+The records wait under the key until the HTTP layer adds them to the answer
+(:meth:`OpenAICapture.close`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 from rollfeed.capture.conversations import Conversations, TurnPlace
 from rollfeed.capture.errors import CaptureError, CaptureRequestError
+from rollfeed.capture.images import encoded
 from rollfeed.capture.openai_request import XARG_KEY, CaptureAsk, parse_capture_request
 from rollfeed.capture.protocol import TurnCapture
 from rollfeed.capture.route import CaptureRoute
@@ -170,6 +172,7 @@ class OpenAICapture:
                     ask.config,
                     prompt_start=place.prompt_start,
                     temperature=params.temperature,
+                    images=_prompt_images(prompt),
                 )
                 pending.result = TurnCapture(
                     **dict(response),
@@ -224,6 +227,13 @@ def _prompt_ids(engine: Any, prompt: Any) -> Sequence[int]:
     if ids is None:
         raise CaptureRequestError("a capture request needs a prompt of tokens (no embeddings)")
     return list(ids)
+
+
+def _prompt_images(prompt: Any) -> list[bytes]:
+    """The images vLLM's handler loaded for the prompt (``multi_modal_data``), as stored bytes."""
+    data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+    images = (data or {}).get("image") or []
+    return [encoded(im) for im in (images if isinstance(images, list) else [images])]
 
 
 class CapturingEngine:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from rollfeed.payload import PayloadSegment
+from rollfeed.payload import ImageSpan, PayloadSegment
 
 ROUTE = "/rollfeed/v1/generate"
 INFO_ROUTE = "/rollfeed/v1/info"
@@ -87,15 +87,21 @@ class GenerateRequest(BaseModel):
         by earlier turns); records are relative to it.
     policy: what to do with a row the trainer cannot replay exactly (``"error"`` or
         ``"repair"``, see :mod:`rollfeed.capture.kept_set`).
+    images: the encoded images (PNG, JPEG, ...; base64 in JSON) of the whole history, in prompt
+        order, each standing in ``token_ids`` as its run of the model's image placeholder token
+        (:mod:`rollfeed.capture.images`); a served model without images refuses them.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
+    )
 
     token_ids: list[StrictInt] = Field(min_length=1)
     group: str = Field(min_length=1)
     sampling: dict[str, Any]
     prompt_start: StrictInt = Field(default=0, ge=0)
     policy: Literal["error", "repair"] = "error"
+    images: list[bytes] = []
 
     _group = field_validator("group")(check_group)
 
@@ -124,7 +130,9 @@ class CompletionRecord(BaseModel):
 class GenerateResponse(BaseModel):
     """The answer to one :class:`GenerateRequest`: ``n`` completions, sent after their bytes are
     durable (as the server's writer ``fsync`` policy defines it). ``temperature``: the one the
-    engine sampled with (the trainer's; a temperature the engine would change is refused)."""
+    engine sampled with (the trainer's; a temperature the engine would change is refused).
+    ``images``: the image records of the turn's prompt (turn-relative placeholder runs, the
+    bytes by handle under the payload root), shared by its completions."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -132,6 +140,7 @@ class GenerateResponse(BaseModel):
     prompt_start: StrictInt
     temperature: float
     completions: list[CompletionRecord]
+    images: list[ImageSpan] = []
 
 
 class TurnCapture(GenerateResponse):

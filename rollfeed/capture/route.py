@@ -31,10 +31,12 @@ import asyncio
 import logging
 import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from rollfeed.capture.config import CaptureConfig
-from rollfeed.capture.errors import CaptureError, SamplingSettingsError
+from rollfeed.capture.errors import CaptureError, CaptureRequestError, SamplingSettingsError
+from rollfeed.capture.images import ImageCapture, capture_images, decoded
 from rollfeed.capture.protocol import CompletionRecord, GenerateRequest, GenerateResponse
 from rollfeed.capture.routing import routed_dtype
 from rollfeed.capture.settings import check_requested, check_unchanged
@@ -44,7 +46,7 @@ from rollfeed.capture.vllm_adapter import (
     check_sampling_params,
     import_vllm,
 )
-from rollfeed.payload import PayloadWriter
+from rollfeed.payload import MediaWriter, PayloadWriter
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +86,10 @@ class CaptureRoute:
     ``model_config``. fsync: the writers' policy (``"always"``: records only after ``fsync``).
     num_experts: the model's experts per MoE layer (routing is stored as uint8/uint16 for it).
     writer_prefix: starts the name of every file the route writes (``<group>/<prefix><random
-    hex>.rfp``), e.g. to tell whose files a shared root holds.
+    hex>.rfp``), e.g. to tell whose files a shared root holds. images: the served model's
+    image processor and placeholder token (:class:`~rollfeed.capture.images.ImageCapture`), for
+    a vision-language model: each request's images are stored once by handle and returned as
+    the turn's image records; None refuses requests with images.
     """
 
     def __init__(
@@ -96,8 +101,11 @@ class CaptureRoute:
         num_experts: int | None = None,
         writer_prefix: str = "",
         max_open_groups: int = 8,
+        images: ImageCapture | None = None,
     ) -> None:
         self.engine, self.payload_root, self.fsync = engine, str(payload_root), fsync
+        self.images = images
+        self.media = MediaWriter(self.payload_root)
         self.num_experts, self.max_open_groups = num_experts, max_open_groups
         self.writer_prefix = writer_prefix
         # One routing dtype for every request of the server (as CaptureConfig.writer_dtypes).
@@ -155,10 +163,16 @@ class CaptureRoute:
         params = self.sampling_params(request, config)
         check_engine(self.engine, config)
         self.acquire(request.group)  # a group name that leaves the root is refused here
+        if request.images and self.images is None:
+            raise CaptureRequestError(
+                f"the request holds {len(request.images)} images, the served model takes none"
+            )
         try:
             request_id = f"rollfeed-{uuid.uuid4().hex}"
             final = None
-            prompt = {"prompt_token_ids": list(request.token_ids)}
+            prompt: dict[str, Any] = {"prompt_token_ids": list(request.token_ids)}
+            if request.images:
+                prompt["multi_modal_data"] = {"image": [decoded(b) for b in request.images]}
             async for output in self.engine.generate(prompt, params, request_id):
                 final = output
             if final is None or not final.finished:
@@ -172,6 +186,7 @@ class CaptureRoute:
                 config,
                 prompt_start=request.prompt_start,
                 temperature=params.temperature,
+                images=request.images,
             )
         finally:
             self.release(request.group)
@@ -186,6 +201,7 @@ class CaptureRoute:
             config or self.config(request),
             prompt_start=request.prompt_start,
             temperature=float(request.sampling.get("temperature", 1.0)),
+            images=request.images,
         )
 
     def capture_output(
@@ -196,8 +212,21 @@ class CaptureRoute:
         *,
         prompt_start: int,
         temperature: float,
+        images: Sequence[bytes] = (),
     ) -> GenerateResponse:
-        """Capture one finished ``RequestOutput`` into ``group``'s writer; its records."""
+        """Capture one finished ``RequestOutput`` into ``group``'s writer; its records
+        (``images``: the encoded images of its prompt, in order)."""
+        spans = []
+        if self.images is not None:
+            spans = capture_images(
+                images,
+                prompt_ids=list(output.prompt_token_ids or ()),
+                prompt_start=prompt_start,
+                capture=self.images,
+                writer=self.media,
+            )
+        elif images:
+            raise CaptureRequestError(f"{len(images)} images, and the served model takes none")
         writer = self.acquire(group)
         try:
             captured = capture_request_output(writer, output, config, prompt_start=prompt_start)
@@ -223,6 +252,7 @@ class CaptureRoute:
             prompt_start=prompt_start,
             temperature=temperature,
             completions=completions,
+            images=spans,
         )
 
     def acquire(self, group: str) -> PayloadWriter:

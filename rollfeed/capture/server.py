@@ -45,6 +45,7 @@ from pydantic import ValidationError
 
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureModeError, ModelPathError
+from rollfeed.capture.images import ImageCapture
 from rollfeed.capture.openai_capture import OpenAICapture
 from rollfeed.capture.openai_http import error_status, install_openai_capture
 from rollfeed.capture.protocol import INFO_ROUTE, ROUTE, GenerateRequest, ServerInfo
@@ -270,6 +271,7 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace) -> None:
             fsync=ours.fsync,
             num_experts=num_experts,
             writer_prefix=ours.writer_prefix,
+            images=ImageCapture.from_model_dir(args.model) if os.path.isdir(args.model) else None,
         )
         info = ServerInfo(
             payload_root=ours.payload_root,

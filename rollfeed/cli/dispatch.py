@@ -33,14 +33,23 @@ def main(argv: list[str]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "demo" and args.multimodal:
+        from rollfeed.demo.multimodal import run_multimodal_demo
+
+        return run_multimodal_demo(
+            args.workdir,
+            prompts=args.prompts or 4,
+            samples=args.samples,
+            max_tokens=args.max_tokens or 8,
+        )
     if args.command == "demo":
         from rollfeed.demo.run import run_demo
 
         return run_demo(
             args.workdir,
-            prompts=args.prompts,
+            prompts=args.prompts or 16,
             samples=args.samples,
-            max_tokens=args.max_tokens,
+            max_tokens=args.max_tokens or 48,
             server=args.server,
             loss=(
                 *("--clip-eps", str(args.clip_eps)),

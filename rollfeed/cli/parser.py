@@ -62,9 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="locked while the demo runs (default: a fresh directory under ~/.cache/rollfeed/demo)",
     )
-    d.add_argument("--prompts", type=int, default=16)
+    d.add_argument("--prompts", type=int, default=None, help="16 (--multimodal: 4)")
     d.add_argument("--samples", type=int, default=4, help="completions per prompt")
-    d.add_argument("--max-tokens", type=int, default=48)
+    d.add_argument("--max-tokens", type=int, default=None, help="48 (--multimodal: 8)")
+    d.add_argument(
+        "--multimodal",
+        action="store_true",
+        help="rollouts with images by a tiny vision-language MoE, captured by handle and trained "
+        "on in one process (rollfeed.demo.multimodal)",
+    )
     d.add_argument(
         "--server",
         default=None,

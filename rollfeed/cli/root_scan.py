@@ -2,7 +2,7 @@
 selected, progress shown while files are scanned.
 
 :func:`scan_groups` raises :class:`~rollfeed.cli.errors.UsageError` (exit 2) for a path that does
-not exist or is not a directory, a directory holding no payload file (``*.rfp``), and a
+not exist or is not a directory (a local root), a root holding no payload file (``*.rfp``), and a
 ``--group`` pattern matching no group (:mod:`rollfeed.cli.groups`); problems inside the root are
 findings of the :class:`~rollfeed.payload.scan.scan.RootScan` it returns.
 """
@@ -17,6 +17,7 @@ from rollfeed.cli.groups import GroupFilter
 from rollfeed.cli.progress import Progress
 from rollfeed.cli.report import shown
 from rollfeed.payload.scan.scan import SUFFIX, RootScan, scan_root
+from rollfeed.payload.stores.store_url import is_store_url
 
 
 def check_directory(path: str, what: str) -> None:
@@ -29,8 +30,10 @@ def check_directory(path: str, what: str) -> None:
 def scan_groups(
     root: str, *, checksums: bool, groups: Sequence[str], progress: Progress
 ) -> RootScan:
-    """Scan the files of ``root`` whose group matches ``groups`` (all when empty)."""
-    check_directory(root, "payload root")
+    """Scan the files of ``root`` (a directory, or ``s3://bucket/prefix``) whose group matches
+    ``groups`` (all when empty)."""
+    if not is_store_url(root):
+        check_directory(root, "payload root")
     select = GroupFilter(groups)
 
     def tick(done: int, total: int, nbytes: int) -> None:

@@ -23,12 +23,13 @@ Example text::
     command     "steps"
     steps_dir   DIR as given;  seq_len: N or null;  root: ROOT or null
     totals      {step_files, samples, tokens, loss_tokens, samples_cut, tokens_dropped,
-                loss_tokens_dropped, kept_width, findings}: the cut and dropped counts are null
-                without --seq-len; kept_width as below, over every step
+                loss_tokens_dropped, support_width, findings}: the cut and dropped counts are
+                null without --seq-len; support_width as below, over every step
     steps       [{step, step_file, samples, tokens, length, loss_tokens, samples_cut,
-                tokens_dropped, loss_tokens_dropped, kept_width, findings}], by step;
+                tokens_dropped, loss_tokens_dropped, support_width, findings}], by step;
                 length: {min, median, max} (null for a step of no readable sample);
-                kept_width: {rows, mean, p99, max} (null without --root, or with no kept row)
+                support_width: {rows, mean, p99, max}, the kept-set widths (null without
+                --root, or with no kept row; the key was ``kept_width`` before this release)
     findings    [{type, message, step_file, step, line, sample}] (+ field, pos, file, offset
                 for a kept-set read)
 """
@@ -122,7 +123,7 @@ class _StepCounts:
         }
         cut = [None if seq_len is None else int(v) for v in self.cut]
         row.update(zip(_TRUNCATION, cut, strict=True))
-        row["kept_width"] = width_stats(self.histogram) if kept else None
+        row["support_width"] = width_stats(self.histogram) if kept else None
         row["findings"] = self.findings
         return row
 
@@ -171,7 +172,7 @@ def run_steps(args: argparse.Namespace) -> int:
     every = np.zeros(0, np.int64)
     for c in counts:
         every = _add(every, c.histogram)
-    totals["kept_width"] = width_stats(every) if root is not None else None
+    totals["support_width"] = width_stats(every) if root is not None else None
     totals["findings"] = len(findings)
     report = {
         "command": "steps",
@@ -211,7 +212,7 @@ def _print(report: dict[str, Any]) -> None:
         if n is not None:
             text += f"{r['samples_cut']:>6}{r['tokens_dropped']:>9}"
         if report["root"] is not None:
-            k = r["kept_width"]
+            k = r["support_width"]
             text += f"{'-' if k is None else '{mean:.2f} / {p99} / {max}'.format(**k):>20}"
         print(text)
     for f in report["findings"]:

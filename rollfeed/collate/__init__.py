@@ -1,20 +1,27 @@
 """Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch;
-the rank's place in the parallel grid (:class:`Topology`)."""
+the rank's place in the parallel grid (:class:`Topology`).
+
+Renamed (the old name works until the next release, with a ``DeprecationWarning``):
+``KeptSetError`` is :class:`SupportSetError`.
+"""
 
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.errors import (
     BatchConfigError,
     CollateError,
     DuplicateFieldError,
-    KeptSetError,
+    ImageInputError,
     MeshAxisError,
     OverlongError,
     SampleDtypeError,
     SampleLengthError,
     SampleValueError,
     SegmentRangeError,
+    SupportSetError,
 )
+from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
+from rollfeed.collate.media_batch import MediaBatch
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
 from rollfeed.collate.sample import Sample
@@ -22,7 +29,10 @@ from rollfeed.collate.step_counts import StepCounts, StepLoss
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
 from rollfeed.collate.topology import Topology
+from rollfeed.deprecation import renamed_names as _renamed_names
 from rollfeed.payload import RaggedRows, RaggedRowsError
+
+__getattr__ = _renamed_names(__name__, {"KeptSetError": "SupportSetError"})
 
 __all__ = [
     "IGNORE_INDEX",
@@ -30,8 +40,10 @@ __all__ = [
     "BatchPlan",
     "CollateError",
     "DuplicateFieldError",
-    "KeptSetError",
+    "ImageInputError",
+    "ImageRuns",
     "LossRuns",
+    "MediaBatch",
     "MeshAxisError",
     "MicroBatch",
     "OverlongError",
@@ -45,6 +57,7 @@ __all__ = [
     "SegmentRangeError",
     "StepCounts",
     "StepLoss",
+    "SupportSetError",
     "TensorMicroBatch",
     "Topology",
     "place_micro_batch",

@@ -52,6 +52,12 @@ class MeshAxisError(RollfeedError):
     PLACE = ("axis",)
 
 
-class KeptSetError(CollateError):
+class SupportSetError(CollateError):
     """An inline kept set (a field declared with a ``label``) does not hold the token sampled
     from it, or the values aligned with it (mask logprobs) do not follow its rows."""
+
+
+class ImageInputError(CollateError):
+    """An image cannot be made into the model's input as recorded: no image processor given for
+    a micro batch with images, processor settings other than the ones its rollout recorded, or a
+    processed patch grid other than the recorded one (the placeholder run would not match)."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from rollfeed.collate.errors import KeptSetError
+from rollfeed.collate.errors import SupportSetError
 from rollfeed.payload import PayloadField, canonical_rows
 
 
@@ -34,7 +34,7 @@ def canonical_inline(
     """The inline rows ``(counts [T], values)`` of kept-set field ``name`` of one sample in
     canonical order; ``tokens [T]`` its token ids (the sampled token of each row); ``fields``
     its inline fields. A ``label="first"`` field follows the sample's inline ``label="omitted"``
-    field. Raises :class:`KeptSetError` naming ``sample``, the field and the position."""
+    field. Raises :class:`SupportSetError` naming ``sample``, the field and the position."""
     spec = specs[name]
     if spec.label == "omitted":
         ids_name = name
@@ -44,7 +44,7 @@ def canonical_inline(
             None,
         )
         if ids_name is None:
-            raise KeptSetError(
+            raise SupportSetError(
                 "inline kept-set values follow the ids of a label='omitted' field (the sampling "
                 "mask) carried inline by the same sample; add it inline too",
                 sample=sample,
@@ -55,7 +55,7 @@ def canonical_inline(
     if rows.missing.size:
         p = int(rows.missing[0])
         held = ids[int(counts[:p].sum()) :][: int(counts[p])].tolist()
-        raise KeptSetError(
+        raise SupportSetError(
             f"the kept set {held} at position {p} does not hold the token sampled there "
             f"({int(tokens[p])}); every kept set holds its sampled token (capture adds it)",
             sample=sample,
@@ -66,7 +66,7 @@ def canonical_inline(
         return rows.counts, ids[rows.order]
     mine, values = fields[name]
     if mine.shape != counts.shape or (mine != counts).any():
-        raise KeptSetError(
+        raise SupportSetError(
             f"inline rows must hold one value per id of {ids_name!r} (the same counts)",
             sample=sample,
             field=name,

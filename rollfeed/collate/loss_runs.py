@@ -22,10 +22,11 @@ Worked example (``seq_len=4``)::
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from rollfeed.collate.runs import Runs
 from rollfeed.collate.sample import Sample
 
 
@@ -36,23 +37,9 @@ def mask_runs(mask: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class LossRuns:
+class LossRuns(Runs):
     """Every sample's loss runs (see the module doc): ``counts [n]`` and ``spans [R, 2]``, int64;
     ``offsets [n + 1]``: sample ``i``'s runs are ``spans[offsets[i]:offsets[i + 1]]``."""
-
-    counts: np.ndarray
-    spans: np.ndarray
-    offsets: np.ndarray = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "counts", np.asarray(self.counts, np.int64).reshape(-1))
-        object.__setattr__(self, "spans", np.asarray(self.spans, np.int64).reshape(-1, 2))
-        offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-        assert offsets[-1] == len(self.spans), "one span per counted run"
-        object.__setattr__(self, "offsets", offsets)
-
-    def __len__(self) -> int:
-        return len(self.counts)
 
     @classmethod
     def of_masks(cls, masks: Iterable[np.ndarray]) -> LossRuns:
@@ -64,30 +51,6 @@ class LossRuns:
     @classmethod
     def of_samples(cls, samples: Sequence[Sample]) -> LossRuns:
         return cls.of_masks(s.loss_mask for s in samples)
-
-    def of(self, i: int) -> np.ndarray:
-        """``[r, 2]``: sample ``i``'s runs."""
-        return self.spans[self.offsets[i] : self.offsets[i + 1]]
-
-    def take(self, order: np.ndarray) -> LossRuns:
-        """The runs of samples ``order [m]`` (positions into these), in that order."""
-        order = np.asarray(order, np.int64)
-        counts = self.counts[order]
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        at = np.repeat(self.offsets[order] - first, counts) + np.arange(int(counts.sum()))
-        return LossRuns(counts=counts, spans=self.spans[at])
-
-    def misplaced(self, lengths: np.ndarray) -> int | None:
-        """The first sample (of ``lengths [n]`` tokens each) whose runs are not in token order,
-        non-empty, inside the sample and apart (``start`` after the previous run's ``end``), or
-        ``None`` when every sample's are."""
-        owner = np.repeat(np.arange(len(self.counts)), self.counts)
-        starts, ends = self.spans[:, 0], self.spans[:, 1]
-        prev = np.concatenate([[-1], ends[:-1]])
-        prev[self.offsets[:-1][self.counts > 0]] = -1  # a sample's first run follows nothing
-        lengths = np.asarray(lengths, np.int64)
-        bad = (starts < 0) | (starts >= ends) | (ends > lengths[owner]) | (starts <= prev)
-        return int(owner[np.argmax(bad)]) if bad.any() else None
 
     def label_tokens(self, lengths: np.ndarray, seq_len: int) -> np.ndarray:
         """``[n]`` int64: each sample's loss tokens in label coordinates, after truncation at

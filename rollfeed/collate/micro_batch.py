@@ -31,10 +31,11 @@ import numpy as np
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.cp import slot_lengths
 from rollfeed.collate.errors import OverlongError, SampleValueError
+from rollfeed.collate.image_runs import image_cut
 from rollfeed.collate.sample import Sample
 from rollfeed.collate.step_counts import StepCounts
 from rollfeed.collate.truncate import truncate_sample
-from rollfeed.payload import PayloadSegment, clip_segments, shift_segments
+from rollfeed.payload import ImageSpan, PayloadSegment, clip_segments, shift_segments
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -66,6 +67,15 @@ class MicroBatch:
         return {k: tuple(v) for k, v in grouped.items()}
 
     @property
+    def images(self) -> tuple[ImageSpan, ...]:
+        """Every sample's images in row coordinates (placeholder runs shifted to the row)."""
+        return tuple(
+            im.shifted(start)
+            for sample, start in zip(self.samples, self.starts, strict=True)
+            for im in sample.images
+        )
+
+    @property
     def num_tokens(self) -> int:
         """Real (non-padding) tokens."""
         return sum(len(s) for s in self.samples)
@@ -92,8 +102,9 @@ def place_micro_batch(
             recorded in the micro batch; each sample's count is checked against its truncated
             ``loss_mask`` (:class:`SampleValueError` when they differ).
 
-    A sample longer than ``seq_len`` is truncated under ``overlong="truncate"`` and refused
-    (:class:`OverlongError`) otherwise: planning leaves such samples out or fails.
+    A sample longer than ``seq_len`` is truncated under ``overlong="truncate"`` (before an image
+    whose placeholder run the cut would split) and refused (:class:`OverlongError`) otherwise,
+    or when nothing precedes that image: planning leaves such samples out or fails.
     """
     indices = tuple(range(len(samples))) if indices is None else tuple(indices)
     seq_len, fields = config.seq_len, config.fields
@@ -103,14 +114,17 @@ def place_micro_batch(
             s.check_fields(fields, index=i)
         n = len(s)
         if n > seq_len:
-            if config.overlong != "truncate":
+            cut = image_cut(s.images, seq_len)
+            if config.overlong != "truncate" or cut == 0:
+                why = "its cut would leave nothing before its first image" if cut == 0 else ""
                 raise OverlongError(
                     f"sample has {n} tokens > seq_len={seq_len} under overlong="
-                    f"{config.overlong!r}; plan the samples with this config (it leaves them out)",
+                    f"{config.overlong!r}{why and ', and ' + why}; plan the samples with this "
+                    "config (it leaves them out)",
                     sample=i,
                     pos=seq_len,
                 )
-            s, n = truncate_sample(s, seq_len), seq_len
+            s, n = truncate_sample(s, cut), cut
         kept.append(s)
         lengths.append(n)
     if step_counts is not None:

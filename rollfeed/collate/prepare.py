@@ -4,7 +4,9 @@
 (:func:`~rollfeed.collate.micro_batch.place_micro_batch`) on the samples. Steps, all pure and
 deterministic (same inputs -> same plan on every rank):
 
-1. Truncate at ``seq_len`` (``overlong``: ``"truncate"`` | ``"drop"`` | ``"error"``, counted).
+1. Truncate at ``seq_len`` (``overlong``: ``"truncate"`` | ``"drop"`` | ``"error"``, counted);
+   never inside an image's placeholder run: before it, or the sample is dropped when nothing
+   precedes it (counted, :mod:`rollfeed.collate.image_runs`).
 2. Balance samples over DP ranks by the cost of their slots (linear + quadratic, Karmarkar–Karp
    then refinement, :mod:`rollfeed.collate.balance`); balancing whole samples rather than packed
    bins keeps the granularity fine.
@@ -37,6 +39,7 @@ from rollfeed.collate.balance import partition_costs, sequence_cost
 from rollfeed.collate.config import PlanConfig
 from rollfeed.collate.cp import slot_lengths
 from rollfeed.collate.errors import BatchConfigError, OverlongError, SampleLengthError
+from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
 from rollfeed.collate.micro_batch import place_micro_batch
 from rollfeed.collate.pack import pack_ffd
@@ -68,6 +71,7 @@ def plan_lengths(
     *,
     dp_size: int,
     loss_runs: LossRuns | None = None,
+    image_runs: ImageRuns | None = None,
 ) -> BatchPlan:
     """Plan ``[dp_rank][micro_step]`` micro batches from token counts alone; see the module doc.
 
@@ -77,11 +81,15 @@ def plan_lengths(
         dp_size: data-parallel ranks to balance over.
         loss_runs: each sample's loss runs (aligned with ``lengths``): the plan then counts the
             step's loss tokens (``plan.loss`` and four more metrics, see the module doc).
+        image_runs: each sample's image placeholder runs (aligned with ``lengths``): a cut at
+            ``seq_len`` that would split an image cuts before it, or drops the sample when
+            nothing precedes the image (:mod:`rollfeed.collate.image_runs`).
 
     Returns:
         ``plan[r][k]``: positions into ``lengths`` of rank ``r``'s micro step ``k``, in packing
         order (the order :func:`place_micro_batch` takes them; ``()`` for a dummy), and
-        ``plan.metrics``: samples, truncated, truncated_tokens, dropped, tokens, padding_tokens,
+        ``plan.metrics``: samples, truncated, truncated_tokens, dropped (every sample left out),
+        truncated_before_image, dropped_at_image, tokens, padding_tokens,
         padding_fraction, micro_steps, dummy_micro_batches, rank_cost_max, rank_cost_mean,
         rank_cost_max_over_mean (with ``loss_runs``: loss_tokens, samples_with_loss,
         samples_without_loss, micro_batches_without_loss, dummies included).
@@ -107,12 +115,21 @@ def plan_lengths(
             sample=at,
             pos=seq_len,
         )
-    dropped = int(over.sum()) if config.overlong == "drop" else 0
-    truncated = int(over.sum()) - dropped
-    truncated_tokens = int((lengths[over] - seq_len).sum()) if truncated else 0
-    index = np.flatnonzero(~over) if dropped else np.arange(len(lengths))
+    if image_runs is None:
+        cuts = np.minimum(lengths, seq_len)
+    else:
+        _check_image_runs(image_runs, lengths)
+        cuts = image_runs.cuts(lengths, seq_len)
+    if config.overlong == "drop":
+        cuts[over] = 0
+    at_image = over & (cuts < seq_len) & (config.overlong == "truncate")
+    keep = cuts > 0
+    dropped = int((~keep).sum())
+    truncated = int((over & keep).sum())
+    truncated_tokens = int((lengths[over & keep] - cuts[over & keep]).sum())
+    index = np.flatnonzero(keep)
     positions = index.tolist()
-    kept = np.minimum(lengths[index], seq_len)
+    kept = cuts[index]
     slots = slot_lengths(kept, config.cp_size, config.cp_layout)
     costs = sequence_cost(slots, config.quadratic_cost)
     pad = config.pad
@@ -137,6 +154,8 @@ def plan_lengths(
         "truncated": truncated,
         "truncated_tokens": truncated_tokens,
         "dropped": dropped,
+        "truncated_before_image": int((at_image & keep).sum()),
+        "dropped_at_image": int((at_image & ~keep).sum()),
         "tokens": tokens,
         "padding_tokens": total - tokens,
         "padding_fraction": (total - tokens) / total if total else 0.0,
@@ -149,8 +168,7 @@ def plan_lengths(
     loss = None
     if loss_runs is not None:
         _check_runs(loss_runs, lengths)
-        planned = ~over if dropped else np.ones(len(lengths), bool)
-        loss = StepLoss.of(loss_runs.label_tokens(lengths, seq_len), planned)
+        loss = StepLoss.of(loss_runs.label_tokens(cuts, seq_len), keep)
         empty = sum(not loss.per_sample[list(mb)].any() for r in ranks for mb in r)
         metrics["loss_tokens"] = loss.loss_tokens
         metrics["samples_with_loss"] = loss.samples_with_loss
@@ -159,6 +177,18 @@ def plan_lengths(
     if truncated or dropped:
         logger.debug("plan truncated %d and dropped %d samples", truncated, dropped)
     return BatchPlan(ranks, metrics, loss)
+
+
+def _check_image_runs(runs: ImageRuns, lengths: np.ndarray) -> None:
+    """Image runs of these samples: one entry per sample, runs in token order inside it."""
+    at = runs.misplaced(lengths) if len(runs) == len(lengths) else -1
+    if at is not None:
+        raise SampleLengthError(
+            f"image_runs holds {len(runs)} samples for {len(lengths)} lengths, or the runs of "
+            f"sample {at} are not ranges in token order inside it",
+            sample=None if at < 0 else at,
+            field="images",
+        )
 
 
 def _check_runs(runs: LossRuns, lengths: np.ndarray) -> None:
@@ -193,7 +223,14 @@ def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int
     for i, sample in enumerate(samples):  # all of them, dropped ones too, in batch order
         sample.check_fields(config.fields, index=i)
     lengths = np.fromiter((len(s) for s in samples), np.int64, len(samples))
-    plan = plan_lengths(lengths, config, dp_size=dp_size, loss_runs=LossRuns.of_samples(samples))
+    images = ImageRuns.of_samples(samples) if any(s.images for s in samples) else None
+    plan = plan_lengths(
+        lengths,
+        config,
+        dp_size=dp_size,
+        loss_runs=LossRuns.of_samples(samples),
+        image_runs=images,
+    )
     assert plan.loss is not None
     ranks = [
         [

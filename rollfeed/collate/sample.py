@@ -15,6 +15,11 @@ Payload fields (names from the fields registry) come inline or by handle, never 
 - ``payload``: :class:`~rollfeed.payload.PayloadSegment` records with positions in ``[0, T]``
   (a zero-row placeholder may sit at ``pos == T``).
 
+Images (``images``): :class:`~rollfeed.payload.ImageSpan` records in token order, each tied to
+its run of placeholder tokens ``[start, start + tokens)`` inside ``[0, T)`` (runs may touch, never
+overlap), the encoded bytes by handle (``media``, stored once under the payload root) or inline.
+Several per sample, several per conversation: each turn's images where its tokens are.
+
 Worked example (3 tokens, the last two sampled, a mask kept set of 2 and 1 ids)::
 
     Sample([11, 12, 13], loss_mask=[0, 1, 1], advantages=[0.0, 0.5, 0.5],
@@ -30,7 +35,8 @@ is at most the values given); a field's fixed-width segments claim one row shape
 
 JSON (``to_json``/``from_json``): per-token arrays as lists; a fixed field as
 ``{"dtype": "uint8", "shape": [T, L, K], "data": [flat]}``; a ragged field as
-``{"counts": [...], "values": [...]}``; ``payload`` as a list of segment records.
+``{"counts": [...], "values": [...]}``; ``payload`` as a list of segment records; ``images`` as
+a list of image records (inline bytes in base64).
 """
 
 from __future__ import annotations
@@ -52,7 +58,8 @@ from rollfeed.collate.errors import (
     SampleValueError,
     SegmentRangeError,
 )
-from rollfeed.payload import PAYLOAD_FIELDS, PayloadField, PayloadSegment
+from rollfeed.payload import PAYLOAD_FIELDS, ImageSpan, PayloadField, PayloadSegment
+from rollfeed.payload.errors import PayloadMediaError
 from rollfeed.payload.segment import STORED_DTYPES
 
 Ragged = tuple[np.ndarray, np.ndarray]
@@ -132,6 +139,7 @@ class Sample:
     temperatures: np.ndarray | None = None
     fields: Mapping[str, FieldData] | None = None
     payload: Sequence[PayloadSegment] | None = None
+    images: Sequence[ImageSpan] | None = None
     uid: str | None = None
 
     def __post_init__(self) -> None:
@@ -192,6 +200,7 @@ class Sample:
                 )
         _check_row_shapes(segs, uid)
         put(self, "payload", segs)
+        put(self, "images", _check_images(self.images, T, uid))
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -243,6 +252,8 @@ class Sample:
             }
         if self.payload:
             out["payload"] = [s.model_dump(mode="json") for s in self.payload]
+        if self.images:
+            out["images"] = [im.model_dump(mode="json") for im in self.images]
         if self.uid is not None:
             out["uid"] = self.uid
         return out
@@ -257,7 +268,7 @@ class Sample:
         if not isinstance(data, Mapping):
             raise SampleDtypeError(f"a sample record is a JSON object, got {type(data).__name__}")
         uid = data.get("uid")
-        extra = set(data) - {*_KEYS, "fields", "payload", "uid", "temperatures"}
+        extra = set(data) - {*_KEYS, "fields", "payload", "images", "uid", "temperatures"}
         missing = [k for k in _KEYS if k not in data]
         if extra or missing:
             raise SampleDtypeError(
@@ -290,6 +301,7 @@ class Sample:
             temperatures=data.get("temperatures"),
             fields=fields,
             payload=payload,
+            images=_image_records(data.get("images"), uid),
             uid=uid,
         )
 
@@ -374,6 +386,56 @@ def _check_row_shapes(segs: tuple[PayloadSegment, ...], uid: str | None) -> None
                 field=s.field,
                 pos=s.pos,
             )
+
+
+def _image_records(records: Any, uid: str | None) -> list[ImageSpan]:
+    """The ``images`` of a JSON sample record, each a checked image record."""
+    if records is None:
+        return []
+    if not isinstance(records, list):
+        raise SampleDtypeError(
+            f"images must be a list of image records, got {type(records).__name__}", sample=uid
+        )
+    out = []
+    for k, rec in enumerate(records):
+        try:
+            out.append(ImageSpan.parse(rec))
+        except PayloadMediaError as err:
+            raise SampleDtypeError(
+                f"images[{k}] is not an image record: {err}", sample=uid, field="images"
+            ) from None
+    return out
+
+
+def _check_images(images: Any, T: int, uid: str | None) -> tuple[ImageSpan, ...]:
+    """Image records in token order, each placeholder run inside the sample, none overlapping."""
+    out = tuple(images or ())
+    end = 0
+    for k, im in enumerate(out):
+        if not isinstance(im, ImageSpan):
+            raise SampleDtypeError(
+                f"images[{k}] must be an ImageSpan, got {type(im).__name__}",
+                sample=uid,
+                field="images",
+            )
+        if im.end > T:
+            raise SegmentRangeError(
+                f"images[{k}]'s placeholder run [{im.start}, {im.end}) lies outside the "
+                f"sample's {T} tokens",
+                sample=uid,
+                field="images",
+                pos=im.start,
+            )
+        if im.start < end:
+            raise SampleValueError(
+                f"images[{k}]'s placeholder run [{im.start}, {im.end}) starts before the run of "
+                f"the image before it ends ({end}); give images in token order, runs apart",
+                sample=uid,
+                field="images",
+                pos=im.start,
+            )
+        end = im.end
+    return out
 
 
 def _field(name: str, data: Any, T: int, uid: str | None) -> FieldData:

@@ -59,6 +59,10 @@ these two samples: ``loss_tokens 3, samples 2, samples_with_loss 2, sample_loss_
 ``None`` for a micro batch placed without a plan's counts (by hand, or a collator given a plain
 list of samples).
 
+``media`` holds the images of a micro batch whose samples have any
+(:class:`~rollfeed.collate.MediaBatch`: mRoPE positions, placeholder mask, the row's images and
+the pixels of those this rank encodes); ``None`` for a text-only micro batch.
+
 ``checks`` holds what the collator found on the CPU while building it (largest and smallest token
 id, the first invalid temperature of a scored row: :mod:`rollfeed.collate.token_checks`), as plain
 Python values that every copy below keeps, so a scorer checks them without a device sync. ``None``
@@ -74,6 +78,7 @@ from typing import Any
 
 import torch
 
+from rollfeed.collate.media_batch import MediaBatch
 from rollfeed.collate.step_counts import StepCounts
 from rollfeed.collate.token_checks import TokenChecks
 from rollfeed.payload import RaggedRows
@@ -93,6 +98,7 @@ class TensorMicroBatch:
     coverage: fixed-width ``inputs`` field name -> ``[n]`` bool, recorded rows (see module doc).
     step_counts: the step's loss-token counts (see module doc), or None.
     checks: plain-Python facts recorded on the CPU (see module doc), or None.
+    media: the micro batch's images (:class:`~rollfeed.collate.MediaBatch`), or None.
     """
 
     input_ids: torch.Tensor
@@ -114,6 +120,7 @@ class TensorMicroBatch:
     coverage: dict[str, torch.Tensor] = field(default_factory=dict)
     step_counts: StepCounts | None = None
     checks: TokenChecks | None = None
+    media: MediaBatch | None = None
 
     @property
     def num_samples(self) -> int:
@@ -126,8 +133,8 @@ class TensorMicroBatch:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor: the dataclass fields in declaration order, then ``fields`` (a ragged
-        field's offsets, then values), ``coverage`` in order and the step counts'
-        ``sample_loss_tokens``."""
+        field's offsets, then values), ``coverage`` in order, the step counts'
+        ``sample_loss_tokens`` and the media's tensors."""
         top = [getattr(self, f.name) for f in dataclasses.fields(self)]
         fields = [
             t
@@ -135,11 +142,13 @@ class TensorMicroBatch:
             for t in (v.tensors() if isinstance(v, RaggedRows) else (v,))
         ]
         counts = [] if self.step_counts is None else [self.step_counts.sample_loss_tokens]
+        media = [] if self.media is None else self.media.tensors()
         return [
             *(t for t in top if isinstance(t, torch.Tensor)),
             *fields,
             *self.coverage.values(),
             *counts,
+            *media,
         ]
 
     def apply(self, fn: Callable[[torch.Tensor], Any]) -> TensorMicroBatch:
@@ -155,6 +164,7 @@ class TensorMicroBatch:
             fields={k: map_field(v, fn) for k, v in self.fields.items()},
             coverage={k: fn(v) for k, v in self.coverage.items()},
             step_counts=None if self.step_counts is None else self.step_counts.apply(fn),
+            media=None if self.media is None else self.media.apply(fn),
         )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TensorMicroBatch:

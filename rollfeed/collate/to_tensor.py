@@ -34,8 +34,9 @@ from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
 from rollfeed.collate.kept_rows import canonical_inline
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
+from rollfeed.collate.to_tensor_media import media_batch
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
-from rollfeed.payload import FieldRead, PayloadRoot, RaggedRows, read_fields
+from rollfeed.payload import FieldRead, ImageProcessorSpec, PayloadRoot, RaggedRows, read_fields
 from rollfeed.payload.errors import PayloadWidthError
 
 
@@ -183,6 +184,7 @@ def to_tensor_micro_batch(
     root: PayloadRoot | str | os.PathLike[str] | None = None,
     width: int | None = None,
     whole_fields: bool = False,
+    image_processor: ImageProcessorSpec | None = None,
 ) -> TensorMicroBatch:
     """The tensors of ``cp_rank`` (see :class:`TensorMicroBatch` for shapes and an example).
 
@@ -195,6 +197,11 @@ def to_tensor_micro_batch(
         width: ragged fields as ``[n, width]`` padded with their fill (default: as
             :class:`~rollfeed.payload.RaggedRows`).
         whole_fields: read every field over the whole row (models that shard in the forward).
+        image_processor: the model's image processor, for micro batches with images: this
+            rank's :class:`~rollfeed.collate.MediaBatch` (``media``: mRoPE positions, the
+            row's images and the pixels of those this rank encodes, read by handle from
+            ``root``; :mod:`rollfeed.collate.to_tensor_media`). Text-only micro batches have
+            ``media=None`` and need none.
 
     ``checks`` records the largest and smallest token id and the first invalid temperature of a
     scored row (:mod:`rollfeed.collate.token_checks`).
@@ -247,6 +254,9 @@ def to_tensor_micro_batch(
         for name, t in out.items():
             if isinstance(t, RaggedRows):
                 out[name] = t.padded(width, fill=fields[name].fill)
+    media = media_batch(
+        mb, idx, cp_rank=cp_rank, position_ids=pos, root=root, processor=image_processor
+    )
     return TensorMicroBatch(
         input_ids=torch.from_numpy(ids[idx]),
         position_ids=torch.from_numpy(pos[idx]),
@@ -267,4 +277,5 @@ def to_tensor_micro_batch(
         coverage=coverage,
         step_counts=mb.step_counts,
         checks=checks,
+        media=media,
     )

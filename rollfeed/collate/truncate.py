@@ -1,4 +1,7 @@
-"""Truncation: cut every per-token stream and every segment of a sample at one position.
+"""Truncation: cut every per-token stream, every segment and the images of a sample at one position.
+
+Images whose placeholder run ends at or before the cut stay; a cut inside a run is refused (the
+planner cuts before such an image: :mod:`rollfeed.collate.image_runs`).
 
 Worked example (T = 5 cut at 3; a mask segment at positions 2..4)::
 
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rollfeed.collate.errors import SampleLengthError
+from rollfeed.collate.image_runs import image_cut
 from rollfeed.collate.sample import Sample
 from rollfeed.payload import clip_segments
 
@@ -18,6 +23,14 @@ def truncate_sample(sample: Sample, length: int) -> Sample:
     """The first ``length`` tokens of ``sample`` (the sample itself when it is no longer)."""
     if len(sample) <= length:
         return sample
+    if image_cut(sample.images, length) != length:
+        raise SampleLengthError(
+            f"a cut at {length} splits an image's placeholder run; cut before the image "
+            f"(at {image_cut(sample.images, length)})",
+            sample=sample.uid,
+            field="images",
+            pos=length,
+        )
     fields = {}
     for name, data in sample.fields.items():
         if isinstance(data, tuple):
@@ -35,4 +48,5 @@ def truncate_sample(sample: Sample, length: int) -> Sample:
         temperatures=cut,
         fields=fields,
         payload=clip_segments(sample.payload, 0, length),
+        images=[im for im in sample.images if im.end <= length],
     )

@@ -39,9 +39,9 @@ from rollfeed.objectives import (
     TruncatedIS,
     TrustRegion,
     Unweighted,
-    kept_distribution,
     micro_batch_rows,
     policy_loss,
+    support_distribution,
 )
 
 CORRECTIONS: dict[str, TokenWeight] = {
@@ -79,12 +79,12 @@ class DemoObjective:
         cp_group: dist.ProcessGroup | None,
     ) -> PolicyTerms:
         """Per-token terms ``[N]`` of this rank's rows (``scores`` from ``score(mb,
-        return_kept_logprobs=True)``)."""
+        return_support_logprobs=True)``)."""
         weight = CORRECTIONS[self.correction]
         support, mask = micro_batch_rows(mb)
-        kept = kept_distribution(
+        kept = support_distribution(
             support,
-            scores.kept_logprobs,
+            scores.support_logprobs,
             mask,
             labels=mb.labels,
             loss_mask=mb.loss_mask,

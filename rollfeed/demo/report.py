@@ -150,7 +150,7 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
         f"rollouts   {rollouts['samples']} completions, {rollouts['completion_tokens']} completion "
         f"tokens (top_k {s['top_k']}, top_p {s['top_p']}, temperature {s['temperature']}); "
         f"engine start {sec['engine_start']:.1f} s, generate {sec['generate']:.1f} s",
-        f"capture    {m['kept_ids']} kept ids, {m['rows_bound']} bound rows, "
+        f"capture    {m['support_ids']} kept ids, {m['rows_bound']} bound rows, "
         f"{m['rows_not_member']} sampled-outside rows, {m['rows_repaired']} repaired; routed "
         f"experts {rollouts['routed_experts']}",
         f"payload    {rollouts['payload_bytes']:,} B = {report.bytes_per_token:.1f} B per "

@@ -104,7 +104,7 @@ def train_step(
     sums: dict[str, torch.Tensor] = {}
     sampler, trainer, entropy, kept = [], [], [], []
     for mb in batches:
-        out = scorer.score(mb, return_kept_logprobs=True)
+        out = scorer.score(mb, return_support_logprobs=True)
         terms = objective.terms(mb, out, cp_group=scorer.cp.group)
         loss = aggregate(terms.loss, mb, mode="token_mean")
         loss.backward()

@@ -1,15 +1,16 @@
 """MicroBatchCollator: the ``collate_fn`` that turns one micro batch's samples into tensors.
 
-It receives the samples of the indices :class:`~rollfeed.loaders.sampler.MicroBatchSampler`
-yielded (packing order, ``[]`` for a dummy), places the planner's micro batch
+It receives the samples of the indices :class:`~rollfeed.loaders.sampler.MicroBatchSampler` yielded
+(packing order, ``[]`` for a dummy), places the planner's micro batch
 (:func:`rollfeed.collate.place_micro_batch`), and calls
 :func:`rollfeed.collate.to_tensor_micro_batch` for this rank's CP coordinate — so the payload bytes
-are read here, inside a worker process when ``num_workers > 0``. The result equals, bitwise, the
-single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank, cp_rank)``, its
-step's loss-token counts (``step_counts``, planned by the sampler) included. Samples
-that come with the sampler's config (:class:`~rollfeed.loaders.plan.Planned`, through the
-dataset's ``__getitems__``) are refused with :class:`~rollfeed.loaders.errors.PlanMismatchError`
-when it is not the collator's.
+are read here, inside a worker process when ``num_workers > 0``, and so are the images this cp rank
+encodes, decoded and processed with ``LoaderConfig.image_processor``. The result equals, bitwise,
+the single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank, cp_rank)``, its
+step's loss-token counts (``step_counts``, planned by the sampler) included. Samples that come with
+the sampler's config (:class:`~rollfeed.loaders.plan.Planned`, through the dataset's
+``__getitems__``) are refused with :class:`~rollfeed.loaders.errors.PlanMismatchError` when it is
+not the collator's.
 
 Called inside a DataLoader worker, the result's tensors are copied into **one** shared-memory
 buffer (views at aligned offsets): a DataLoader sends every storage to the main process as its
@@ -94,6 +95,7 @@ class MicroBatchCollator:
             root=self.root,
             width=self.config.width,
             whole_fields=self.config.whole_fields,
+            image_processor=self.config.image_processor,
         )
 
 

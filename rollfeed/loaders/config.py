@@ -19,6 +19,7 @@ from typing import Literal
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.payload import ImageProcessorSpec
 
 Reshard = Literal["error", "restart_step", "next_step"]
 RESHARD: tuple[Reshard, ...] = ("error", "restart_step", "next_step")
@@ -51,6 +52,11 @@ class LoaderConfig:
             row).
         whole_fields: read fields over the whole row, not this cp rank's window (models that
             shard inside the forward).
+        image_processor: the model's image processor
+            (:class:`~rollfeed.payload.ImageProcessorSpec`), for steps whose samples hold
+            images: each micro batch's images are read by handle and processed with it where
+            the micro batch is made (a DataLoader worker), the images its cp rank encodes
+            only (:class:`~rollfeed.collate.MediaBatch`).
     """
 
     plan: PlanConfig
@@ -62,6 +68,7 @@ class LoaderConfig:
     step_timeout_s: float = 600.0
     width: int | None = None
     whole_fields: bool = False
+    image_processor: ImageProcessorSpec | None = None
 
     def __post_init__(self) -> None:
         why = None
@@ -83,5 +90,12 @@ class LoaderConfig:
             why = f"step_timeout_s must be finite seconds >= 0 (600 by default), got {seconds}"
         elif self.width is not None and not _count(self.width, low=1):
             why = f"width must be None or an int >= 1, got {self.width!r}"
+        elif self.image_processor is not None and not isinstance(
+            self.image_processor, ImageProcessorSpec
+        ):
+            why = (
+                "image_processor must be an ImageProcessorSpec (ImageProcessorSpec.of(processor)"
+                f"), got {type(self.image_processor).__name__}"
+            )
         if why is not None:
             raise LoaderConfigError(f"LoaderConfig.{why}")

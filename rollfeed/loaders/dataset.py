@@ -16,16 +16,16 @@ Sources:
   (index or parsed samples, and the open step file); indexed samples are not kept, as each is
   used once per pass.
 
-``lengths(step)`` gives token counts and ``loss_runs(step)`` where each sample's loss tokens lie
-(:mod:`rollfeed.collate.loss_runs`) without building micro batches, so the sampler plans, and
+``lengths(step)`` gives token counts, ``loss_runs(step)`` where each sample's loss tokens lie
+(:mod:`rollfeed.collate.loss_runs`) and ``image_runs(step)`` where its images' placeholder tokens
+lie (:mod:`rollfeed.collate.image_runs`) without building micro batches, so the sampler plans, and
 counts the step's loss tokens, from them only (from the index, or from the samples of a list or a
-step parsed whole: the same runs either way); ``step_version(step)`` names the version of the
-step file they came from (:mod:`rollfeed.loaders.step_version`). A batch of indices the sampler
-planned carries that version and the planned lengths: this process reads the step through a
-descriptor on that version (an older copy of the index, a forked worker's, is read again), and a
-step file that is not that version, or a sample of another length, raises
-:class:`StepReplacedError`. A step that has no file raises :class:`StepMissingError` naming the
-step and the directory.
+step parsed whole: the same runs either way); ``step_version(step)`` names the version of the step
+file they came from (:mod:`rollfeed.loaders.step_version`). A batch of indices the sampler planned
+carries that version and the planned lengths: this process reads the step through a descriptor on
+that version (an older copy of the index, a forked worker's, is read again), and a step file that is
+not that version, or a sample of another length, raises :class:`StepReplacedError`. A step that has
+no file raises :class:`StepMissingError` naming the step and the directory.
 
 Example: steps 3 and 4 of two and one samples -> ``step_indices(4) == [4 * 2**32 + 0]``.
 """
@@ -40,7 +40,7 @@ from typing import BinaryIO
 import numpy as np
 from torch.utils.data import Dataset
 
-from rollfeed.collate import LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample
 from rollfeed.loaders.errors import LoaderConfigError, StepFileError, StepReplacedError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.step_files import list_steps, step_file_name
@@ -76,6 +76,7 @@ class RolloutDataset(Dataset[Sample]):
         self.missing_index: MissingIndex = "parse"
         self._identity: StepIdentity | None = None  # an in-memory list's, once asked for
         self._runs: LossRuns | None = None  # an in-memory list's, once asked for
+        self._images: tuple[ImageRuns | None] | None = None  # an in-memory list's, once asked for
         self._reset()
 
     def _reset(self) -> None:
@@ -136,7 +137,7 @@ class RolloutDataset(Dataset[Sample]):
 
     def __getstate__(self) -> dict:
         keys = ("_samples", "_lengths", "directory", "_store", "cache_steps", "missing_index")
-        keys += ("_identity", "_runs")
+        keys += ("_identity", "_runs", "_images")
         return {k: getattr(self, k) for k in keys}  # cached steps and files stay behind
 
     def __setstate__(self, state: dict) -> None:
@@ -328,6 +329,19 @@ class RolloutDataset(Dataset[Sample]):
             return self._runs
         entry = self._loaded(step).entry
         return entry.runs if isinstance(entry, StepIndex) else LossRuns.of_samples(entry)
+
+    def image_runs(self, step: int = 0) -> ImageRuns | None:
+        """Each sample's image placeholder runs in ``step`` (aligned with ``step_indices``), or
+        None when no sample of the step holds an image: from the index, or from the samples."""
+        if self._samples is not None:
+            if self._images is None:
+                has = any(s.images for s in self._samples)
+                self._images = (ImageRuns.of_samples(self._samples) if has else None,)
+            return self._images[0]
+        entry = self._loaded(step).entry
+        if isinstance(entry, StepIndex):
+            return entry.images
+        return ImageRuns.of_samples(entry) if any(s.images for s in entry) else None
 
     def step_identity(self, step: int) -> StepIdentity:
         """The identity of step ``step``'s samples (:mod:`~rollfeed.loaders.step_identity`),

@@ -181,6 +181,7 @@ class Handover:
             fields={k: map_field(v, view) for k, v in tmb.fields.items()},
             coverage={k: view(v) for k, v in tmb.coverage.items()},
             step_counts=None if tmb.step_counts is None else tmb.step_counts.apply(view),
+            media=None if tmb.media is None else tmb.media.apply(view),
         )
 
 

@@ -200,7 +200,7 @@ class RolloutLoader:
         """The current pass's metrics, or the last pass's once it ended (``{}`` before its
         first micro batch); see :mod:`rollfeed.loaders.metrics`."""
         it = self._pass and self._pass()
-        return it.metrics if it is not None else dict(self._last_metrics)
+        return it.metrics if it is not None else self._last_metrics.copy()
 
     def _new_loader(self) -> DataLoader:
         workers = self.options.num_workers

@@ -8,7 +8,10 @@ logs as they are:
 
 - the step's plan (the whole step, the same on every rank; ``plan_lengths``): ``step``,
   ``samples``, ``tokens`` (after truncation), ``truncated`` and ``truncated_tokens``, ``dropped``
-  (overlong samples left out under ``overlong="drop"``), ``padding_fraction``, ``micro_steps``;
+  (samples left out: overlong under ``overlong="drop"``, or with nothing before an image the cut
+  would split), ``truncated_before_image`` and ``dropped_at_image`` (of those truncated and
+  dropped, the ones cut before an image: :mod:`rollfeed.collate.image_runs`),
+  ``padding_fraction``, ``micro_steps``;
   the loss tokens it holds (label coordinates, after truncation: what every rank's ``loss_mask``
   holds together): ``loss_tokens``, ``samples_without_loss`` (planned samples left with no loss
   token, truncation included), ``micro_batches_without_loss`` (of the ``micro_steps * dp``
@@ -18,16 +21,20 @@ logs as they are:
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
   collating them), of which ``samples_s`` reading their samples (the step records: a GET each
   from a step store), ``read_ahead`` (of them, made before the loader asked: a worker's
-  :mod:`~rollfeed.loaders.read_ahead`), and the kept-set width distribution over this rank's
-  rows that hold a kept set (``sampling_mask``): ``kept_rows``, ``kept_width_mean``,
-  ``kept_width_p50`` / ``_p90`` / ``_p99``, ``kept_width_max`` (0 when there is none);
+  :mod:`~rollfeed.loaders.read_ahead`), and the kept-set (support) width distribution over this
+  rank's rows that hold one (``sampling_mask``): ``support_rows``, ``support_width_mean``,
+  ``support_width_p50`` / ``_p90`` / ``_p99``, ``support_width_max`` (0 when there is none);
 - the trainer-visible wait, the time spent inside ``next``: ``wait_s`` (total), ``wait_max_s``, and
   of ``wait_s`` the part before the micro batch was made, ``wait_making_s``, and after it,
   ``wait_handover_s`` (transfer from the worker, receive, pinning, the device copy).
 
-Example (two micro batches with kept widths ``[1, 1, 3]`` and ``[2]``)::
+Example (two micro batches with support widths ``[1, 1, 3]`` and ``[2]``)::
 
-    kept_rows 4, kept_width_mean 1.75, kept_width_p50 1, kept_width_max 3
+    support_rows 4, support_width_mean 1.75, support_width_p50 1, support_width_max 3
+
+The keys ``kept_rows`` and ``kept_width_*`` were renamed ``support_rows`` and ``support_width_*``:
+until the next release the dict still reads them, with a ``DeprecationWarning``
+(:class:`LoaderMetrics`).
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from rollfeed.collate import RaggedRows, Sample, TensorMicroBatch
 from rollfeed.collate.token_checks import SUPPORT_FIELD
+from rollfeed.deprecation import RenamedKeys
 
 PLAN_KEYS = (
     "samples",
@@ -47,6 +56,8 @@ PLAN_KEYS = (
     "truncated",
     "truncated_tokens",
     "dropped",
+    "truncated_before_image",
+    "dropped_at_image",
     "padding_fraction",
     "micro_steps",
     "loss_tokens",
@@ -54,6 +65,17 @@ PLAN_KEYS = (
     "micro_batches_without_loss",
     "dummy_micro_batches",
 )
+
+
+class LoaderMetrics(RenamedKeys):
+    """``loader.metrics``: a dict of plain numbers (module doc) that still reads the renamed
+    ``kept_*`` keys, with a warning."""
+
+    owner = "loader.metrics"
+    renamed: ClassVar[Mapping[str, str]] = {
+        "kept_rows": "support_rows",
+        **{f"kept_width_{s}": f"support_width_{s}" for s in ("mean", "p50", "p90", "p99", "max")},
+    }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -136,19 +158,20 @@ class StepMetrics:
             self.widths = np.pad(self.widths, (0, len(w) - len(self.widths)))
         self.widths[: len(w)] += w
 
-    def as_dict(self) -> dict[str, float]:
+    def as_dict(self) -> LoaderMetrics:
         rows = self.widths[1:]
-        kept = int(rows.sum())
-        out: dict[str, float] = {"step": self.step, **self.plan, **self.counts, **self.seconds}
-        out["kept_rows"] = kept
-        if kept:
+        held = int(rows.sum())
+        out = LoaderMetrics({"step": self.step, **self.plan, **self.counts, **self.seconds})
+        out["support_rows"] = held
+        if held:
             cum = np.cumsum(rows)
             width = np.arange(1, len(self.widths))
-            out["kept_width_mean"] = float((rows * width).sum() / kept)
+            out["support_width_mean"] = float((rows * width).sum() / held)
             for q in (50, 90, 99):  # the smallest width with at least q% of the rows at or below
-                out[f"kept_width_p{q}"] = int(width[np.searchsorted(cum, kept * q / 100)])
-            out["kept_width_max"] = int(width[np.flatnonzero(rows)[-1]])
+                out[f"support_width_p{q}"] = int(width[np.searchsorted(cum, held * q / 100)])
+            out["support_width_max"] = int(width[np.flatnonzero(rows)[-1]])
         else:
-            out.update(dict.fromkeys(("kept_width_mean", "kept_width_p50"), 0))
-            out.update(dict.fromkeys(("kept_width_p90", "kept_width_p99", "kept_width_max"), 0))
+            out.update(dict.fromkeys(("support_width_mean", "support_width_p50"), 0))
+            out.update(dict.fromkeys(("support_width_p90", "support_width_p99"), 0))
+            out["support_width_max"] = 0
         return out

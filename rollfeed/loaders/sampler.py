@@ -119,13 +119,17 @@ class MicroBatchSampler(Sampler[list[int]]):
             order = self.dataset.step_indices(step)
             lengths = self.dataset.lengths(step)
             runs = self.dataset.loss_runs(step)
+            images = self.dataset.image_runs(step)
             version = self.dataset.step_version(step)
             identity = self.dataset.step_identity(step)
             if self.config.shuffle:
                 perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
                 order, lengths, runs = order[perm], lengths[perm], runs.take(perm)
+                images = None if images is None else images.take(perm)
             dp_size = self.topology.dp_size
-            plan = plan_lengths(lengths, self.config.plan, dp_size=dp_size, loss_runs=runs)
+            plan = plan_lengths(
+                lengths, self.config.plan, dp_size=dp_size, loss_runs=runs, image_runs=images
+            )
             got = self._plan = _StepPlan(
                 step=step,
                 plan=plan,
@@ -240,12 +244,18 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def _empty_step_error(self, step: int) -> EmptyStepError:
         samples = len(self.plan(step)[1])
+        at_image = self.plan_metrics(step)["dropped_at_image"]
         why = (
             "its step file holds no samples"
             if samples == 0
             else f"all {samples} samples were dropped as longer than "
             f"seq_len={self.config.plan.seq_len} "
-            "(overlong='drop'; use 'truncate' to keep them)"
+            + (
+                f"({at_image} of them because nothing precedes the image a cut would split; "
+                "raise seq_len)"
+                if at_image
+                else "(overlong='drop'; use 'truncate' to keep them)"
+            )
         )
         directory = self.dataset.directory
         return EmptyStepError(

@@ -34,6 +34,10 @@ advantages=[0] * 5, inference_logprobs=[0] * 5)])``)
   run's ``end``): one ``loss_mask`` has exactly one such list. In the example, sample 0
   (``loss_mask [0, 1, 1]``) has the run ``[1, 3)``, sample 1 (``[1, 1, 0, 1, 1]``) ``[0, 2)``
   and ``[3, 5)``; a sample without a loss token has ``loss_runs`` 0 and no pair;
+- ``image_runs`` and ``image_spans`` (only in the index of a step whose samples hold images):
+  each sample's image placeholder runs (:mod:`rollfeed.collate.image_runs`), laid out as
+  ``loss_runs`` and ``loss_spans`` (runs in token order, inside the sample, apart or touching),
+  so a planner never cuts a sample inside an image without reading it;
 - every number a JSON integer written in decimal, in ``[0, 2**62)``.
 
 A reader accepts any JSON object with exactly these keys and values (any whitespace). The runs let
@@ -64,11 +68,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rollfeed.collate import LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample
 from rollfeed.loaders.errors import StepFileError, StepIndexVersionError
 from rollfeed.loaders.step_index_check import check_index
 from rollfeed.loaders.step_lines import parse_sample, step_lines
 from rollfeed.loaders.step_open import Pread, fd_pread, open_step, read_index_bytes
+from rollfeed.payload import ImageSpan
 from rollfeed.payload.format.checksum import crc
 
 FORMAT = "rollfeed.step_index"
@@ -76,13 +81,15 @@ VERSION = 2
 OLD_VERSIONS = (1,)  # indexes without a content hash per sample
 ARRAYS = ("lengths", "offsets", "sizes", "lines", "crc32c")  # StepIndex's, one entry per sample
 RUNS = ("loss_runs", "loss_spans")  # StepIndex.runs: counts [n], spans [2 * R]
+IMAGES = ("image_runs", "image_spans")  # StepIndex.images, present when a sample has images
 _MAX = 1 << 62  # bound on every index value, so that sums of two stay in int64
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class StepIndex:
     """Per sample ``[n]`` int64 arrays and the step file's size in bytes (see the module doc);
-    ``runs``: the samples' loss runs (``loss_runs`` and ``loss_spans``)."""
+    ``runs``: the samples' loss runs (``loss_runs`` and ``loss_spans``); ``images``: their
+    image placeholder runs, or None when no sample holds an image."""
 
     file_bytes: int
     lengths: np.ndarray
@@ -91,6 +98,7 @@ class StepIndex:
     lines: np.ndarray
     crc32c: np.ndarray
     runs: LossRuns
+    images: ImageRuns | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -109,6 +117,7 @@ def index_of_lines(lines: list[bytes], samples: list[Sample] | tuple[Sample, ...
         lines=np.arange(1, len(lines) + 1, dtype=np.int64),
         crc32c=np.fromiter(map(crc, lines), np.int64, len(lines)),
         runs=LossRuns.of_samples(samples),
+        images=ImageRuns.of_samples(samples) if any(s.images for s in samples) else None,
     )
 
 
@@ -125,6 +134,11 @@ def step_index_bytes(index: StepIndex) -> bytes:
     record.update(
         loss_runs=index.runs.counts.tolist(), loss_spans=index.runs.spans.ravel().tolist()
     )
+    if index.images is not None:
+        record.update(
+            image_runs=index.images.counts.tolist(),
+            image_spans=index.images.spans.ravel().tolist(),
+        )
     return json.dumps(record, separators=(",", ":")).encode("utf-8")
 
 
@@ -205,20 +219,27 @@ def _parse(text: bytes) -> StepIndex:
             "step index holds no loss runs (written before they were added), so the step's "
             "loss tokens cannot be counted from it; rebuild it with build_step_index"
         )
-    if record.get("format") != FORMAT or version != VERSION or set(record) != {*_KEYS}:
+    keys = set(record)
+    if record.get("format") != FORMAT or version != VERSION or keys - {*IMAGES} != {*_KEYS}:
         got = f"{record.get('format')!r}, version {version!r}, keys {sorted(record)}"
         raise ValueError(f"format {got}")
     file_bytes = record.get("file_bytes")
     if type(file_bytes) is not int or not 0 <= file_bytes < _MAX:
         raise ValueError(f"file_bytes {file_bytes!r} is not an integer in [0, 2**62)")
     arrays = {k: _array(record, k) for k in ARRAYS}
-    counts, spans = (_array(record, k) for k in RUNS)
+    runs = LossRuns(**_runs(record, RUNS))
+    images = ImageRuns(**_runs(record, IMAGES)) if keys & {*IMAGES} else None
+    return StepIndex(file_bytes=file_bytes, runs=runs, images=images, **arrays)
+
+
+def _runs(record: dict, keys: tuple[str, str]) -> dict[str, np.ndarray]:
+    """``counts`` and ``spans`` of a runs pair of the record; ``ValueError`` unless the spans
+    hold two integers per counted run."""
+    counts, spans = (_array(record, k) for k in keys)
     pairs = len(spans) // 2  # each count at most this, so that their sum cannot wrap
     if len(spans) % 2 or (counts.size and counts.max() > pairs) or counts.sum() != pairs:
-        raise ValueError(
-            f"'loss_spans' holds {len(spans)} integers, not two per run of 'loss_runs'"
-        )
-    return StepIndex(file_bytes=file_bytes, runs=LossRuns(counts=counts, spans=spans), **arrays)
+        raise ValueError(f"{keys[1]!r} holds {len(spans)} integers, not two per run of {keys[0]!r}")
+    return {"counts": counts, "spans": spans}
 
 
 def _array(record: dict, key: str) -> np.ndarray:
@@ -248,6 +269,7 @@ def build_step_index(step_path: str | os.PathLike[str]) -> Path:
         raise StepFileError("no step file to index", file=path)
     rows: list[tuple[int, int, int, int, int]] = []
     masks: list[np.ndarray] = []
+    images: list[tuple[ImageSpan, ...]] = []
     try:
         size = os.fstat(fd).st_size
         for number, offset, line in step_lines(fd_pread(fd), size, file=path):
@@ -255,9 +277,11 @@ def build_step_index(step_path: str | os.PathLike[str]) -> Path:
                 sample = parse_sample(line, file=path, line_number=number)
                 rows.append((len(sample), offset, len(line), number, crc(line)))
                 masks.append(sample.loss_mask)
+                images.append(sample.images)
     finally:
         os.close(fd)
     table = np.asarray(rows, dtype=np.int64).reshape(-1, len(ARRAYS))
     columns = {k: table[:, j] for j, k in enumerate(ARRAYS)}
-    index = StepIndex(file_bytes=size, runs=LossRuns.of_masks(masks), **columns)
+    runs = ImageRuns.of_images(images) if any(images) else None
+    index = StepIndex(file_bytes=size, runs=LossRuns.of_masks(masks), images=runs, **columns)
     return write_step_index(path, index)

@@ -66,6 +66,7 @@ def check_index(
         )
     ok = len({len(getattr(index, k)) for k in ("lengths", "offsets", "sizes", "lines")}) == 1
     ok = ok and len(index.crc32c) == len(index) == len(index.runs)
+    ok = ok and (index.images is None or len(index.images) == len(index))
     if ok:  # every value is in [0, 2**62) (the parse), so these sums cannot wrap
         ends = index.offsets + index.sizes
         gaps = index.offsets - np.concatenate([[0], ends])[:-1]  # bytes before each line
@@ -90,6 +91,16 @@ def check_index(
             f"step index's loss runs of sample {at} ({index.runs.of(at).tolist()}) are not "
             "[start, end) ranges in token order, non-empty, inside the sample's "
             f"{int(index.lengths[at])} tokens and apart; rebuild it with build_step_index",
+            file=where,
+            line=int(index.lines[at]),
+        )
+    at = None if index.images is None else index.images.misplaced(index.lengths)
+    if at is not None:
+        raise StepFileError(
+            f"step index's image runs of sample {at} ({index.images.of(at).tolist()}) are not "
+            "[start, end) ranges in token order, non-empty, inside the sample's "
+            f"{int(index.lengths[at])} tokens and not overlapping; rebuild it with "
+            "build_step_index",
             file=where,
             line=int(index.lines[at]),
         )
@@ -196,6 +207,16 @@ def read_indexed_sample(fd: int | Pread, index: StepIndex, i: int, *, file: str)
         raise StepFileError(
             f"step index says {int(index.lengths[i])} tokens, the line's sample has {len(sample)}: "
             f"{_REBUILD}",
+            file=file,
+            line=line_number,
+        )
+    images = np.array([(im.start, im.end) for im in sample.images], np.int64).reshape(-1, 2)
+    indexed = np.zeros((0, 2), np.int64) if index.images is None else index.images.of(i)
+    if not np.array_equal(images, indexed):
+        raise StepFileError(
+            f"the line's sample {i} has image runs {images.tolist()}, the step index says "
+            f"{indexed.tolist()}: the index does not describe this line's images; rebuild it "
+            "with build_step_index",
             file=file,
             line=line_number,
         )

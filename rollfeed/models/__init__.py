@@ -9,6 +9,10 @@ group to count the whole row.
 
 Errors are :class:`ModelError` subclasses (a :class:`~rollfeed.errors.RollfeedError`), placed by
 input tensor, row position, sample and layer as far as they are known.
+
+Renamed (the old names work until the next release, with a ``DeprecationWarning``):
+``SupportScores.kept_logprobs`` is :attr:`SupportScores.support_logprobs`, and the scorers'
+``return_kept_logprobs=`` is ``return_support_logprobs=``.
 """
 
 from rollfeed.models.cp_group import CPGroup

@@ -42,11 +42,11 @@ def score_candidates(
     tp_group: ProcessGroup | None = None,
     compute_entropy: bool = False,
     entropy_requires_grad: bool = False,
-    kept_logprobs: bool = False,
+    return_support_logprobs: bool = False,
 ) -> CandidateScores:
-    """Support-normalised ``logp [N]``, entropy ``[N]`` (or None), and, with ``kept_logprobs``,
-    ``log p^S`` of every slot ``[nnz]`` (``-inf`` on slots that are no member: padding, a repeat's
-    later slots, every slot of a row not scored over its support).
+    """Support-normalised ``logp [N]``, entropy ``[N]`` (or None), and, with
+    ``return_support_logprobs``, ``log p^S`` of every slot ``[nnz]`` (``-inf`` on slots that are
+    no member: padding, a repeat's later slots, every slot of a row not scored over its support).
 
     Args (logits already divided by the temperature, in the compute dtype):
         values: ``[P]`` the logits of ``pairs`` (members first, then label-only pairs).
@@ -58,8 +58,9 @@ def score_candidates(
 
     Collectives: one MAX of the detached row max ``[N]``; one SUM of the stacked ``[2, N]``
     (``Σw``, label logit) or ``[3, N]`` (plus ``Σ w·(l − m)``), flattened and followed by the
-    ``[nnz]`` member logits (zero where another rank owns the id) when ``kept_logprobs``. Ranks
-    with no member of a row contribute ``-inf`` to the max and 0 to the sums.
+    ``[nnz]`` member logits (zero where another rank owns the id) when
+    ``return_support_logprobs``. Ranks with no member of a row contribute ``-inf`` to the max and
+    0 to the sums.
     """
     n = plan.valid.shape[0]
     k = pairs.members
@@ -94,7 +95,7 @@ def score_candidates(
 
     stacked = torch.stack(sums)
     kept_z = None
-    if kept_logprobs:
+    if return_support_logprobs:
         local = values.new_zeros(plan.ids.shape[0]).index_put((pairs.member_slots,), member_values)
         flat = all_reduce_sum_local_grad(torch.cat([stacked.reshape(-1), local]), tp_group)
         total, kept_z = flat[: stacked.numel()].view_as(stacked), flat[stacked.numel() :]

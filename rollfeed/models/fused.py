@@ -19,11 +19,12 @@ from __future__ import annotations
 import torch
 
 from rollfeed.collate import RaggedRows
+from rollfeed.deprecation import renamed_keywords
 from rollfeed.models.candidate_scores import kept_rows, score_candidates
 from rollfeed.models.candidates import MissingLabel, candidate_pairs, compute_dtype, plan_rows
 from rollfeed.models.errors import SupportInputError
 from rollfeed.models.segments import add_rows
-from rollfeed.models.support import SupportScores
+from rollfeed.models.support import RENAMED_KEYWORDS, SupportScores
 from rollfeed.models.support_checks import support_rows
 from rollfeed.models.threads import serial_below
 from rollfeed.models.tp import ProcessGroup, full_vocab_size, sum_grad_over_tp
@@ -135,6 +136,7 @@ def _fallback_chunks(
         yield sl, (h @ weight.T).to(acc) / fb_temp[sl, None]
 
 
+@renamed_keywords("fused_support_logprobs", **RENAMED_KEYWORDS)
 def fused_support_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -144,7 +146,7 @@ def fused_support_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float | torch.Tensor = 1.0,
     compute_entropy: bool = False,
-    return_kept_logprobs: bool = False,
+    return_support_logprobs: bool = False,
     entropy_requires_grad: bool = False,
     fallback_mask: torch.Tensor | None = None,
     missing_label: MissingLabel = "error",
@@ -158,7 +160,7 @@ def fused_support_logprobs(
     Args:
         hidden: ``[N, H]`` final hidden states (after the last norm).
         weight: ``[V_local, H]`` LM-head weight, or this rank's vocabulary shard under TP.
-        labels, support, temperature, compute_entropy, return_kept_logprobs,
+        labels, support, temperature, compute_entropy, return_support_logprobs,
             entropy_requires_grad, fallback_mask, missing_label, tp_group, vocab_start,
             vocab_size: as in :func:`support_logprobs` (a :class:`~rollfeed.collate.RaggedRows`
             support costs ∝ its ids; a padded one ∝ ``N·W`` for the planning, while only the
@@ -229,7 +231,7 @@ def fused_support_logprobs(
         tp_group=tp_group,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
-        kept_logprobs=return_kept_logprobs,
+        return_support_logprobs=return_support_logprobs,
     )
     metrics = {
         **plan.metrics,
@@ -239,6 +241,6 @@ def fused_support_logprobs(
         logprobs=out.logp,
         entropy=out.entropy,
         valid_mask=plan.valid,
-        kept_logprobs=kept_rows(plan, out.kept),
+        support_logprobs=kept_rows(plan, out.kept),
         metrics=metrics,
     )

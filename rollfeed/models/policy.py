@@ -16,7 +16,7 @@ Coordinates, for ``S = 6``, ``cp = 2``, contiguous shards (``rollfeed.collate.Te
 Every rank of the ``cp`` group gets the same ``[S]`` result; compute the same loss from it on each
 rank and sum parameter gradients over the ``cp`` group (as a data-parallel all-reduce would).
 
-``kept_logprobs`` (``return_kept_logprobs=True``) is *not* gathered: it holds this rank's own
+``support_logprobs`` (``return_support_logprobs=True``) is *not* gathered: it holds this rank's own
 ``N`` rows, aligned slot for slot with the support the rank gave (``fields["sampling_mask"]``,
 this rank's window). A loss term over it is this rank's part of the row's loss: each rank computes
 the term over its own rows, and the parameter gradients summed over the ``cp`` group (as for the
@@ -27,16 +27,19 @@ all-to-all carries each rank's part back to the positions it depends on).
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from rollfeed.collate import RaggedRows
+from rollfeed.deprecation import renamed_keywords
 from rollfeed.models.candidates import MissingLabel
 from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
     CPMismatchError,
+    PackingError,
     RoutingReplayError,
     TemperatureError,
     VocabularyRangeError,
@@ -48,14 +51,15 @@ from rollfeed.models.packing_modules import install_packed_forwards
 from rollfeed.models.packing_support import check_packable
 from rollfeed.models.router_replay import RouterReplay, Routing, find_routers
 from rollfeed.models.segments import segment_count
-from rollfeed.models.support import SupportScores, support_logprobs
+from rollfeed.models.support import RENAMED_KEYWORDS, SupportScores, support_logprobs
 from rollfeed.models.support_checks import support_rows
 from rollfeed.models.support_head import HeadCall, check_head, support_head
 from rollfeed.models.tp import ProcessGroup
 from rollfeed.models.ulysses import gather_rank_order, gather_sequence
+from rollfeed.models.vision import check_placeholders, find_vision, image_features, tower_sharded
 
 if TYPE_CHECKING:
-    from rollfeed.collate import TensorMicroBatch
+    from rollfeed.collate import MediaBatch, TensorMicroBatch
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +81,10 @@ class PolicyScorer:
     slots counted in ``metrics["slots_replaced"]``). Switches the model's
     attention to the packed implementation (:mod:`rollfeed.models.packing_attention`) and runs
     its Gated DeltaNet and Llama-4 NoPE layers with packed forwards of their own
-    (:mod:`rollfeed.models.packing_modules`).
+    (:mod:`rollfeed.models.packing_modules`). A vision-language model (Qwen3-VL, Qwen3-VL-MoE)
+    scores micro batches with images (``TensorMicroBatch.media``): its forward embeds them, its
+    vision tower's work spread over ``cp`` (:mod:`rollfeed.models.vision`); the tower keeps its
+    own attention (sdpa, within each image).
 
     Refuses, with :class:`~rollfeed.models.UnpackableAttentionError` naming each layer and
     feature, a model that packing over ``cp`` cannot reproduce exactly (state-space mixers,
@@ -116,7 +123,13 @@ class PolicyScorer:
         self.vocab_size = head_vocab_size(
             self.head.weight, tp_group=tp_group, vocab_start=vocab_start
         )
-        model.set_attn_implementation(register_packed_attention())
+        self.vision = find_vision(model)
+        if self.vision is None:
+            model.set_attn_implementation(register_packed_attention())
+        else:  # the tower attends within each image, as its sdpa path does (one call each)
+            model.set_attn_implementation(
+                {"text_config": register_packed_attention(), "vision_config": "sdpa"}
+            )
         install_packed_forwards(model)
         self.attention_chunk = _attention_chunk(model)
         self.replay = (
@@ -133,6 +146,7 @@ class PolicyScorer:
         head is read from its DTensor weight, so ``tp`` needs nothing here."""
         return cls(model, cp=CPGroup.from_mesh(mesh), **options)
 
+    @renamed_keywords("PolicyScorer.score_tokens", **RENAMED_KEYWORDS)
     def score_tokens(
         self,
         input_ids: torch.Tensor,
@@ -145,7 +159,8 @@ class PolicyScorer:
         canonical_index: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         fallback_mask: torch.Tensor | None = None,
-        return_kept_logprobs: bool = False,
+        return_support_logprobs: bool = False,
+        media: MediaBatch | None = None,
     ) -> SupportScores:
         """Score this rank's ``N`` tokens and gather the row (``[S]``, ``S = N * cp.size``).
 
@@ -155,8 +170,12 @@ class PolicyScorer:
         ``temperature`` scalar or ``[N]``; ``routing`` over the same ``N`` input positions;
         ``canonical_index [N]`` / ``cu_seqlens [B+1]`` as in
         :func:`rollfeed.models.packing_attention.packed_layout`; ``fallback_mask [N]`` rows scored
-        over the full vocabulary; ``return_kept_logprobs``: also return this rank's
-        ``kept_logprobs`` (local rows, aligned with ``support``; see the module doc).
+        over the full vocabulary; ``return_support_logprobs``: also return this rank's
+        ``support_logprobs`` (local rows, aligned with ``support``; see the module doc).
+        ``media``: the micro batch's images (:class:`~rollfeed.collate.MediaBatch`) for a
+        vision-language model: embedded in the model's forward, the vision tower's work spread
+        over ``cp`` (:mod:`rollfeed.models.vision`); ``position_ids`` stays the one-axis
+        position and the model takes ``media.mrope_position_ids``.
         """
         support = support_rows(support, labels.shape[0])
         layout = packed_layout(
@@ -186,19 +205,31 @@ class PolicyScorer:
             chunk_size=self.chunk_size,
             compute_entropy=self.compute_entropy,
             entropy_requires_grad=self.entropy_requires_grad,
-            return_kept_logprobs=return_kept_logprobs,
+            return_support_logprobs=return_support_logprobs,
             missing_label=self.missing_label,
             tp_group=self.tp_group,
             vocab_start=self.vocab_start,
             vocab_size=self.vocab_size,
         )
+        site = self.vision
+        if media is not None and site is None:
+            raise PackingError(
+                f"the micro batch holds images but {type(self.model).__name__} has no vision "
+                "tower; score it with the vision-language model the rollout was sampled with",
+                tensor="pixel_values",
+            )
+        dummy = site is not None and tower_sharded(site)
+        vision = (
+            image_features(site, media, self.cp, order=layout.order, dummy=dummy)
+            if site is not None and (media is not None or dummy)
+            else nullcontext(None)
+        )
         try:
-            with support_head(self.head, call) as read:
+            with support_head(self.head, call) as read, vision as seen:
+                inputs = {"position_ids": position_ids.reshape(1, -1)}
+                inputs.update({} if seen is None else seen.kwargs)
                 out = self.model(
-                    input_ids=input_ids.reshape(1, -1),
-                    position_ids=position_ids.reshape(1, -1),
-                    packing=layout,
-                    use_cache=False,
+                    input_ids=input_ids.reshape(1, -1), packing=layout, use_cache=False, **inputs
                 )
                 scores = read(out.logits)
         finally:
@@ -207,14 +238,19 @@ class PolicyScorer:
             if routing is not None and not _checkpointing(self.model):
                 self.replay.clear()
         metrics.update(scores.metrics)
+        if site is not None:
+            counts = {} if seen is None else seen.counts
+            for name in ("images_encoded", "vision_patches"):
+                metrics[name] = torch.tensor(counts.get(name, 0), device=input_ids.device)
         return self._gather(scores, canonical_index, metrics)
 
+    @renamed_keywords("PolicyScorer.score", **RENAMED_KEYWORDS)
     def score(
         self,
         micro_batch: TensorMicroBatch,
         *,
         fallback_unsupported: bool = False,
-        return_kept_logprobs: bool = False,
+        return_support_logprobs: bool = False,
     ) -> SupportScores:
         """:meth:`score_tokens` on this rank's :class:`rollfeed.collate.TensorMicroBatch`.
 
@@ -222,8 +258,8 @@ class PolicyScorer:
         padded tensor; all rows invalid when absent), routing from
         ``fields["routed_experts"]`` (and ``routed_expert_weights``). ``fallback_unsupported``:
         score loss-bearing rows that have no recorded support over the full vocabulary (counted in
-        ``rows_fallback``) instead of leaving them invalid. ``return_kept_logprobs``: also return
-        ``kept_logprobs``, this rank's rows aligned slot for slot with
+        ``rows_fallback``) instead of leaving them invalid. ``return_support_logprobs``: also return
+        ``support_logprobs``, this rank's rows aligned slot for slot with
         ``fields["sampling_mask"]`` (the label's slot first where the read put it first).
 
         Before the forward, the values the collator recorded on the CPU (``micro_batch.checks``)
@@ -269,6 +305,8 @@ class PolicyScorer:
         fallback = None
         if fallback_unsupported:
             fallback = mb.loss_mask & ~_has_ids(support)
+        if mb.media is not None and self.vision is not None:
+            check_placeholders(self.vision, mb)
         return self.score_tokens(
             mb.input_ids,
             mb.position_ids,
@@ -279,7 +317,8 @@ class PolicyScorer:
             canonical_index=mb.positions,
             cu_seqlens=mb.cu_seqlens,
             fallback_mask=fallback,
-            return_kept_logprobs=return_kept_logprobs,
+            return_support_logprobs=return_support_logprobs,
+            media=mb.media,
         )
 
     def _check_cp(self, mb: TensorMicroBatch) -> None:
@@ -358,7 +397,7 @@ class PolicyScorer:
             if entropy is None
             else gather_sequence(entropy, cp, canonical_index=canonical_index),
             valid_mask=valid.bool(),
-            kept_logprobs=scores.kept_logprobs,
+            support_logprobs=scores.support_logprobs,
             metrics=metrics,
         )
 

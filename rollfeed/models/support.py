@@ -17,6 +17,7 @@ import dataclasses
 import torch
 
 from rollfeed.collate import RaggedRows
+from rollfeed.deprecation import renamed_attribute, renamed_keywords
 from rollfeed.models.candidate_scores import kept_rows, score_candidates
 from rollfeed.models.candidates import MissingLabel, candidate_pairs, compute_dtype, plan_rows
 from rollfeed.models.errors import SupportInputError
@@ -35,13 +36,15 @@ class SupportScores:
         logprobs: ``[N]`` label logprob normalised over the row's support (0 on invalid rows).
         entropy: ``[N]`` entropy of the support-restricted distribution, or None when not asked.
         valid_mask: ``[N]`` bool, rows that were scored (a recorded support, or a fallback row).
-        kept_logprobs: with ``return_kept_logprobs=True``, ``log p^S(v) = l_v − logsumexp_{u∈S}
-            l_u`` of every slot of the given support rows (:class:`~rollfeed.collate.RaggedRows`
-            with the support's offsets, aligned slot for slot; a padded ``[N, W]`` support gives
-            rows of ``W`` slots, ``.padded()`` is ``[N, W]`` again), differentiable like
-            ``logprobs``. Slots that are no member of the row's set hold ``-inf``: ``-1``
-            padding, the later slots of a repeated id (its first slot holds the value), and
-            every slot of a row not scored over its support (fallback and unscored rows).
+        support_logprobs: with ``return_support_logprobs=True``, ``log p^S(v) = l_v −
+            logsumexp_{u∈S} l_u`` of every slot of the given support rows
+            (:class:`~rollfeed.collate.RaggedRows` with the support's offsets, aligned slot for
+            slot; a padded ``[N, W]`` support gives rows of ``W`` slots, ``.padded()`` is
+            ``[N, W]`` again), differentiable like ``logprobs``. Slots that are no member of the
+            row's set hold ``-inf``: ``-1`` padding, the later slots of a repeated id (its first
+            slot holds the value), and every slot of a row not scored over its support (fallback
+            and unscored rows). Until the next release ``kept_logprobs`` reads it too, with a
+            ``DeprecationWarning``.
             :class:`~rollfeed.models.PolicyScorer` returns this rank's own rows (under ``cp``,
             not gathered), aligned with the support it was given.
         metrics: counters, 0-d int64 tensors (the models' convention, see :mod:`rollfeed.models`):
@@ -55,10 +58,17 @@ class SupportScores:
     logprobs: torch.Tensor
     entropy: torch.Tensor | None
     valid_mask: torch.Tensor
-    kept_logprobs: RaggedRows | None = None
+    support_logprobs: RaggedRows | None = None
     metrics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
+    kept_logprobs = renamed_attribute("SupportScores", "kept_logprobs", "support_logprobs")
 
+
+# The scorers' renamed keywords (rollfeed.deprecation): the old one works until the next release.
+RENAMED_KEYWORDS = {"return_kept_logprobs": "return_support_logprobs"}
+
+
+@renamed_keywords("support_logprobs", **RENAMED_KEYWORDS)
 def support_logprobs(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -66,7 +76,7 @@ def support_logprobs(
     *,
     temperature: float | torch.Tensor = 1.0,
     compute_entropy: bool = False,
-    return_kept_logprobs: bool = False,
+    return_support_logprobs: bool = False,
     entropy_requires_grad: bool = False,
     fallback_mask: torch.Tensor | None = None,
     missing_label: MissingLabel = "error",
@@ -89,8 +99,9 @@ def support_logprobs(
             Must be finite and ``>= torch.finfo(compute dtype).tiny`` on every scored row
             (:class:`TemperatureError`).
         compute_entropy: also return the support entropy ``H_S`` (a detached metric).
-        return_kept_logprobs: also return ``kept_logprobs``, the support logprob of every kept id
-            (:class:`SupportScores`); under TP the kept ids' logits ride in the SUM all-reduce.
+        return_support_logprobs: also return ``support_logprobs``, the support logprob of every
+            kept id (:class:`SupportScores`); under TP the kept ids' logits ride in the SUM
+            all-reduce.
         entropy_requires_grad: let the entropy carry gradients (an entropy loss term).
         fallback_mask: ``[N]`` bool; rows scored over the full vocabulary (a named, counted policy,
             e.g. a loss-bearing synthetic EOS the sampler never produced).
@@ -104,7 +115,7 @@ def support_logprobs(
 
     Returns:
         :class:`SupportScores` (``logprobs [N]``, ``entropy [N]`` or None, ``valid_mask [N]``,
-        ``kept_logprobs`` or None).
+        ``support_logprobs`` or None).
 
     Only the ``P`` candidate logits (each row's distinct ids this rank owns, and the labels of
     fallback rows) are gathered, and every reduction runs over them (work ``O(P + N)``, plus the
@@ -114,7 +125,7 @@ def support_logprobs(
 
         logits = [[0., 1., 2., 3.]]; labels = [2]
         support = RaggedRows(offsets=[0, 2], values=[2, 3])   # or the padded [[2, 3, -1]]
-        logp   = 2 − logsumexp([2, 3]) = −1.3133;  kept_logprobs rows [[−1.3133, −0.3133]]
+        logp   = 2 − logsumexp([2, 3]) = −1.3133;  support_logprobs rows [[−1.3133, −0.3133]]
     """
     if logits.dim() != 2:
         raise SupportInputError(
@@ -167,12 +178,12 @@ def support_logprobs(
         tp_group=tp_group,
         compute_entropy=compute_entropy,
         entropy_requires_grad=entropy_requires_grad,
-        kept_logprobs=return_kept_logprobs,
+        return_support_logprobs=return_support_logprobs,
     )
     return SupportScores(
         logprobs=out.logp,
         entropy=out.entropy,
         valid_mask=plan.valid,
-        kept_logprobs=kept_rows(plan, out.kept),
+        support_logprobs=kept_rows(plan, out.kept),
         metrics=plan.metrics,
     )

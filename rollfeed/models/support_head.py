@@ -10,7 +10,7 @@ gradient lands where FSDP expects it, and no ``[N, V]`` logits exist.
 
 The swapped head returns, where the logits would be, a ``[1, N, 2]`` tensor of the scores
 (logprob, entropy) per input position, so the loss depends on the model's output (FSDP's pre-
-backward hooks hang on it). With ``return_kept_logprobs`` the kept ids' logprobs ride along in
+backward hooks hang on it). With ``return_support_logprobs`` the kept ids' logprobs ride along in
 the same tensor, ``[1, N + ceil(nnz / 2), 2]``: rows ``N:`` hold the ``nnz`` values in order
 (and a ``-inf`` pad when ``nnz`` is odd), so a loss over them reaches the head through the
 model's output too. Under a ``DTensor`` head it is returned as a ``Shard(-1)`` DTensor of
@@ -72,7 +72,7 @@ class HeadCall:
     chunk_size: int
     compute_entropy: bool
     entropy_requires_grad: bool
-    return_kept_logprobs: bool
+    return_support_logprobs: bool
     missing_label: MissingLabel
     tp_group: ProcessGroup | None
     vocab_start: int
@@ -149,7 +149,7 @@ def _scoring_forward(
         chunk_size=call.chunk_size,
         temperature=call.temperature,
         compute_entropy=call.compute_entropy,
-        return_kept_logprobs=call.return_kept_logprobs,
+        return_support_logprobs=call.return_support_logprobs,
         entropy_requires_grad=call.entropy_requires_grad,
         fallback_mask=call.fallback_mask,
         missing_label=call.missing_label,
@@ -162,7 +162,7 @@ def _scoring_forward(
     entropy = torch.zeros_like(logp) if scores.entropy is None else scores.entropy.to(logp.dtype)
     # Stacked from [1, N] rows, not unsqueezed: FSDP warns on a view as a module's output.
     packed = torch.stack([logp[None], entropy[None]], -1)
-    kept = scores.kept_logprobs
+    kept = scores.support_logprobs
     if kept is not None:
         values = kept.values.to(logp.dtype)
         if values.numel() % 2:
@@ -216,6 +216,6 @@ def _read(call: HeadCall, scored: _Scored, logits: torch.Tensor) -> SupportScore
         logprobs=out[0, :rows, 0],
         entropy=entropy,
         valid_mask=scored.valid,
-        kept_logprobs=kept,
+        support_logprobs=kept,
         metrics=scored.metrics,
     )

@@ -1,14 +1,15 @@
 """rollfeed.objectives: loss objectives over the sampler's kept set, as functions a loss calls.
 
 Score centering (arXiv:2609.20807), token and sequence importance weights and mismatch metrics,
-from the trainer's logprob of every kept id (:attr:`rollfeed.models.SupportScores.kept_logprobs`)
+from the trainer's logprob of every kept id (:attr:`rollfeed.models.SupportScores.support_logprobs`)
 and the sampler's (``sampling_mask_logprobs``). A loss step::
 
     support, mask_lp = micro_batch_rows(mb)
-    out = scorer.score(mb, return_kept_logprobs=True)
-    kept = kept_distribution(support, out.kept_logprobs, mask_lp, labels=mb.labels,
-                             loss_mask=mb.loss_mask, inference_logprobs=mb.inference_logprobs)
-    terms = policy_loss(kept, out.logprobs[mb.positions], mb.advantages,
+    out = scorer.score(mb, return_support_logprobs=True)
+    distribution = support_distribution(support, out.support_logprobs, mask_lp, labels=mb.labels,
+                                        loss_mask=mb.loss_mask,
+                                        inference_logprobs=mb.inference_logprobs)
+    terms = policy_loss(distribution, out.logprobs[mb.positions], mb.advantages,
                         weight=TruncatedIS(cap=2.0), centering=ScoreCentering(),
                         positions=mb.positions, cu_seqlens=mb.cu_seqlens, group=cp_group)
     aggregate(terms.loss, mb, mode="token_mean").backward()   # this micro batch's share
@@ -19,7 +20,7 @@ micro batch, the shares are the loss of the whole step in one process (the gradi
 ranks, :func:`rollfeed.models.sum_gradients`).
 
 Every function returns per-token terms ``[N]`` (the caller reduces them) and metric sums as 0-d
-tensors on the inputs' device; ``kept_distribution`` and ``policy_loss`` each read their input
+tensors on the inputs' device; ``support_distribution`` and ``policy_loss`` each read their input
 checks back in one host sync. Errors are :class:`ObjectiveError` subclasses (a
 :class:`~rollfeed.errors.RollfeedError`): bad input (:class:`ObjectiveInputError`; a NaN where a
 logprob should be, positions outside the micro batch), an input the objective needs and did not
@@ -27,8 +28,14 @@ get (:class:`ObjectiveMissingInputError`), a loss token without a sampler logpro
 ``no_sampler_logprob="error"`` (:class:`NoSamplerLogprobError`), a term beyond the dtype
 (:class:`ObjectiveOverflowError`), options that do not compose (:class:`ObjectiveCompositionError`).
 A mean :func:`finish_metrics` cannot compute is absent and named in ``metrics["not_computed"]``.
+
+Renamed (the old names work until the next release, with a ``DeprecationWarning``):
+``KeptDistribution`` is :class:`SupportDistribution`, ``kept_distribution`` is
+:func:`support_distribution` (its ``kept_logprobs=`` is ``support_logprobs=``), ``policy_loss``'s
+``kept=`` is ``distribution=``, the counter ``rows_no_kept_set`` is ``rows_no_support``.
 """
 
+from rollfeed.deprecation import renamed_names as _renamed_names
 from rollfeed.objectives.aggregate import AGGREGATIONS, aggregate
 from rollfeed.objectives.errors import (
     NoSamplerLogprobError,
@@ -38,11 +45,11 @@ from rollfeed.objectives.errors import (
     ObjectiveMissingInputError,
     ObjectiveOverflowError,
 )
-from rollfeed.objectives.kept_distribution import KeptDistribution, kept_distribution
 from rollfeed.objectives.micro_batch_rows import micro_batch_rows
 from rollfeed.objectives.mismatch import finish_metrics
 from rollfeed.objectives.policy_loss import PolicyTerms, PPOClip, ScoreCentering, policy_loss
 from rollfeed.objectives.sequence_weights import SequenceWeight
+from rollfeed.objectives.support_distribution import SupportDistribution, support_distribution
 from rollfeed.objectives.token_weights import (
     MaskedIS,
     TokenWeight,
@@ -51,9 +58,13 @@ from rollfeed.objectives.token_weights import (
     Unweighted,
 )
 
+__getattr__ = _renamed_names(
+    __name__,
+    {"KeptDistribution": "SupportDistribution", "kept_distribution": "support_distribution"},
+)
+
 __all__ = [
     "AGGREGATIONS",
-    "KeptDistribution",
     "MaskedIS",
     "NoSamplerLogprobError",
     "ObjectiveCompositionError",
@@ -65,13 +76,14 @@ __all__ = [
     "PolicyTerms",
     "ScoreCentering",
     "SequenceWeight",
+    "SupportDistribution",
     "TokenWeight",
     "TruncatedIS",
     "TrustRegion",
     "Unweighted",
     "aggregate",
     "finish_metrics",
-    "kept_distribution",
     "micro_batch_rows",
     "policy_loss",
+    "support_distribution",
 ]

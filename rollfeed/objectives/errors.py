@@ -1,5 +1,5 @@
 """Typed errors of the loss objectives: :class:`~rollfeed.errors.RollfeedError` subclasses naming
-the input ``tensor`` (``"mask_logprobs"``, ``"kept_logprobs"``, ...) and the row ``pos`` in it.
+the input ``tensor`` (``"mask_logprobs"``, ``"support_logprobs"``, ...) and the row ``pos`` in it.
 
 Example::
 

@@ -9,7 +9,7 @@
 Either field is :class:`~rollfeed.collate.RaggedRows` (as the collator gives it) or padded
 (``[n, W]`` from a collator given ``width=``, ids padded with ``-1``, logprobs with ``-inf``);
 a padded kept set is taken as rows of ``W`` slots, as the scorers
-take it, so the rows align with :attr:`rollfeed.models.SupportScores.kept_logprobs`.
+take it, so the rows align with :attr:`rollfeed.models.SupportScores.support_logprobs`.
 
 Example, ``S = 4``, cp 1: ``sampling_mask = [[6, 2], [7, -1], [-1, -1], [-1, -1]]``,
 ``sampling_mask_logprobs`` rows ``[[], [-0.1, -2.4], [-0.01, -inf], []]`` (position 0 is no label)

@@ -22,7 +22,7 @@ divergence is never negative. Over the loss tokens:
 - ``ess``: ``(Σ w)² / (n·Σ w²)`` of the applied weights (:attr:`PolicyTerms.weight`);
 - ``log_mass``: the sampler's log-mass on the valid slots before renormalising, per centered token;
 - ``weighted``: the loss tokens whose applied weight is above 0;
-- the counters of :class:`~rollfeed.objectives.KeptDistribution` (``rows_*``, ``slots_invalid``,
+- the counters of :class:`~rollfeed.objectives.SupportDistribution` (``rows_*``, ``slots_invalid``,
   ``duplicate_ids``, ``no_sampler_logprob``), summed.
 
 *Not computed* has one meaning: a mean without anything to average (no loss token, no centered
@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 
 from rollfeed.objectives.divergence import kl_chi2_terms, phi
-from rollfeed.objectives.kept_distribution import KeptDistribution
+from rollfeed.objectives.support_distribution import ObjectiveMetrics, SupportDistribution
 
 _FRACTIONS = ("truncated", "masked", "seq_truncated", "seq_masked", "seq_vetoed")
 _PER_TOKEN = ("k1", "k3", "log_ratio_mean", "log_ratio_std", *(f"{f}_frac" for f in _FRACTIONS))
@@ -47,7 +47,7 @@ _PER_CENTERED = ("kl", "chi2", "log_mass")
 _COUNTERS = ("tokens", "rows_", "slots_invalid", "duplicate_ids", "no_sampler_logprob", "weighted")
 
 
-def row_divergences(kept: KeptDistribution) -> tuple[torch.Tensor, torch.Tensor]:
+def row_divergences(kept: SupportDistribution) -> tuple[torch.Tensor, torch.Tensor]:
     """``(kl, chi2)``, ``[N]`` float64 each, per centered row (0 elsewhere; module doc). The
     slots' terms are in the inputs' dtype (each ``>= 0``), their row sums in float64."""
     on = kept.valid & kept.centered[kept.row]
@@ -66,7 +66,7 @@ def row_divergences(kept: KeptDistribution) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def mismatch_sums(
-    kept: KeptDistribution,
+    kept: SupportDistribution,
     *,
     kl: torch.Tensor,
     chi2: torch.Tensor,
@@ -105,7 +105,7 @@ def mismatch_sums(
         share = torch.where(centered, 1 / sums[:, 4].clamp_min(1), 0.0)
         out["samples"] = share.sum()
         out["seq_chi2"] = (share * torch.expm1(sums[:, 3])).sum()
-    return out | {name: value.clone() for name, value in kept.counts.items()}
+    return ObjectiveMetrics(out | {name: value.clone() for name, value in kept.counts.items()})
 
 
 def finish_metrics(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | tuple[str, ...]]:
@@ -148,4 +148,4 @@ def finish_metrics(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | tu
         skipped.append("ess")
     out |= {k: v for k, v in sums.items() if k.startswith(_COUNTERS)}
     out["not_computed"] = tuple(sorted(skipped))
-    return out
+    return ObjectiveMetrics(out)

@@ -70,7 +70,7 @@ def verify(
     cu_seqlens: torch.Tensor | None,
     bad_positions: torch.Tensor,
     bad_bounds: torch.Tensor,
-    no_kept_set: torch.Tensor,
+    no_support: torch.Tensor,
     no_mask_logprobs: torch.Tensor,
     overflow: torch.Tensor,
     log_ratio: torch.Tensor,
@@ -81,7 +81,7 @@ def verify(
         bad_advantages,
         bad_positions,
         bad_bounds,
-        no_kept_set,
+        no_support,
         no_mask_logprobs,
         overflow,
     )
@@ -115,12 +115,12 @@ def verify(
             tensor="positions",
             pos=j,
         )
-    if bool(no_kept_set.any()):
-        j = first(no_kept_set)
+    if bool(no_support.any()):
+        j = first(no_support)
         raise ObjectiveMissingInputError(
             f"score centering needs the kept set of every loss token; token {j} has none: "
             f"{_WRITE_KEPT_SETS}, or pass ScoreCentering(missing='skip') to leave such tokens "
-            "uncentered (counted in rows_no_kept_set)",
+            "uncentered (counted in rows_no_support)",
             tensor="support",
             pos=j,
         )

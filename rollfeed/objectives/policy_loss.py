@@ -7,7 +7,7 @@ For a loss token ``t`` with sampled token ``a``, advantage ``A_t`` and detached 
     ℓ_t = −sg(A_t)·[ sg(s_t·w_a)·log p^S(a) − Σ_{v∈S} sg(q^S(v)·w_c(v))·log p^S(v) ]
 
 ``p^S(v) = exp(z_v − logsumexp_S z)`` is the trainer's, ``q^S`` the sampler's (renormalised over the
-valid slots, :mod:`rollfeed.objectives.kept_distribution`), ``w`` the token weight of the sampled
+valid slots, :mod:`rollfeed.objectives.support_distribution`), ``w`` the token weight of the sampled
 token (:mod:`rollfeed.objectives.token_weights`, of ``r = p^S(a)/q^S(a)``), ``s_t`` the sample's
 :class:`~rollfeed.objectives.SequenceWeight` (1 without one) and ``w_c`` the centering
 correction's token weight (:class:`ScoreCentering`). With ``w_c(v) = r(v)`` the correction's
@@ -26,7 +26,8 @@ gradient). Only an unbounded weight can overflow (the clip of a negative advanta
 ``TruncatedIS(cap=inf)``, ``MaskedIS(high=inf)``, an uncapped sequence weight): a loss token whose
 term or gradient does not fit the dtype raises
 :class:`~rollfeed.objectives.ObjectiveOverflowError`. Tokens without a sampler logprob are out of
-``kept.loss_mask`` (dropped and counted by :func:`~rollfeed.objectives.kept_distribution`).
+``distribution.loss_mask`` (dropped and counted by
+:func:`~rollfeed.objectives.support_distribution`).
 
 The centering term applies to every centered loss token, also to those that a mask (MIS, IcePop,
 the trust region, a sequence mask or veto) removes from the first term; singletons give 0. A loss
@@ -51,13 +52,14 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+from rollfeed.deprecation import renamed_keywords
 from rollfeed.objectives.errors import ObjectiveCompositionError, ObjectiveInputError
-from rollfeed.objectives.kept_checks import not_a_logprob
-from rollfeed.objectives.kept_distribution import KeptDistribution
 from rollfeed.objectives.mismatch import mismatch_sums, row_divergences
 from rollfeed.objectives.policy_checks import position_checks, verify
 from rollfeed.objectives.sample_sums import sample_sums
 from rollfeed.objectives.sequence_weights import SequenceWeight
+from rollfeed.objectives.support_checks import not_a_logprob
+from rollfeed.objectives.support_distribution import SupportDistribution
 from rollfeed.objectives.token_weights import TOKEN_WEIGHTS, TokenWeight, Unweighted
 
 MISSING = ("error", "skip")
@@ -91,7 +93,7 @@ class ScoreCentering:
     ``missing``: what a loss token without an input centering needs does (its kept set, or, for
     a kept set of two or more ids, a valid mask logprob): ``"error"`` (the default) raises
     :class:`~rollfeed.objectives.ObjectiveMissingInputError` naming the field and how to write
-    it; ``"skip"`` leaves it uncentered, counted in ``rows_no_kept_set`` /
+    it; ``"skip"`` leaves it uncentered, counted in ``rows_no_support`` /
     ``rows_no_mask_logprobs`` (with no centered token at all, ``kl``, ``chi2``, ``log_mass`` and
     ``seq_chi2`` are not computed)."""
 
@@ -125,8 +127,9 @@ class PolicyTerms:
     metrics: dict[str, torch.Tensor]
 
 
+@renamed_keywords("policy_loss", kept="distribution")
 def policy_loss(
-    kept: KeptDistribution,
+    distribution: SupportDistribution,
     logprobs: torch.Tensor,
     advantages: torch.Tensor,
     *,
@@ -142,7 +145,8 @@ def policy_loss(
     host sync (:mod:`rollfeed.objectives.policy_checks`).
 
     Args:
-        kept: the rows' kept-set distributions (:func:`~rollfeed.objectives.kept_distribution`).
+        distribution: the rows' kept-set (support) distributions
+            (:func:`~rollfeed.objectives.support_distribution`).
         logprobs: ``[N]`` trainer ``log p^S(a)`` of the sampled tokens, with gradient (the
             scorer's label logprobs: over the kept set, or the full vocabulary on fallback rows).
         advantages: ``[N]``.
@@ -155,7 +159,7 @@ def policy_loss(
             exact over ``group`` (the ``cp`` group) with one all-reduce per call.
     """
     weight = Unweighted() if weight is None else weight
-    n = kept.n_rows
+    n = distribution.n_rows
     if logprobs.shape != (n,) or advantages.shape != (n,):
         raise ObjectiveInputError(
             f"logprobs and advantages must be [{n}], got {tuple(logprobs.shape)} and "
@@ -182,8 +186,8 @@ def policy_loss(
             "cu_seqlens=mb.cu_seqlens",
             tensor="positions",
         )
-    cdt = kept.log_p.dtype
-    loss = kept.loss_mask
+    cdt = distribution.log_p.dtype
+    loss = distribution.loss_mask
     zero = torch.zeros((), dtype=cdt, device=logprobs.device)
     neg_inf = torch.full((), -math.inf, dtype=cdt, device=logprobs.device)
     given_adv = advantages.detach().to(cdt)
@@ -192,20 +196,20 @@ def policy_loss(
     # put a NaN or an inf into a gradient, and each weight is formed in log space and selected
     # before it is exponentiated (a 0 weight times an overflowing ratio is a NaN gradient).
     adv = torch.where(loss, given_adv, zero)
-    log_q = torch.where(loss, kept.log_q_label, zero)
+    log_q = torch.where(loss, distribution.log_q_label, zero)
     lp = torch.where(loss, given_lp, log_q)
     log_r = lp - log_q
     log_r_d = log_r.detach()
     log_w, truncated, masked = weight.log_weight(lp.detach(), log_q)
 
-    kl, chi2 = row_divergences(kept)
+    kl, chi2 = row_divergences(distribution)
     sums = None
     bad_positions = torch.zeros_like(loss)
     bad_bounds = torch.zeros((), dtype=torch.bool, device=loss.device)
     if bounds:
         veto = sequence.veto if sequence is not None else None
         vetoed = log_r_d < (math.log(veto) if veto is not None else -math.inf)
-        ones, centered = torch.ones_like(kl), kept.centered.double()
+        ones, centered = torch.ones_like(kl), distribution.centered.double()
         columns = torch.stack(
             [log_r_d.double(), ones, vetoed.double(), torch.log1p(chi2), centered], 1
         )
@@ -239,16 +243,16 @@ def policy_loss(
     applied = factor.detach()
 
     correction = torch.zeros(n, dtype=cdt, device=logprobs.device)
-    no_kept_set = no_mask_logprobs = torch.zeros_like(loss)
+    no_support = no_mask_logprobs = torch.zeros_like(loss)
     if centering is not None:
         w_c = centering.weight if centering.weight is not None else weight
-        on = kept.valid & kept.centered[kept.row]
-        log_qw = w_c.log_weighted_q(kept.log_p.detach(), kept.log_q)
+        on = distribution.valid & distribution.centered[distribution.row]
+        log_qw = w_c.log_weighted_q(distribution.log_p.detach(), distribution.log_q)
         qw = torch.where(on, log_qw, neg_inf).exp()
-        correction = correction.index_add(0, kept.row, qw * kept.log_p)
-        correction = torch.where(kept.centered, adv * correction, zero)
+        correction = correction.index_add(0, distribution.row, qw * distribution.log_p)
+        correction = torch.where(distribution.centered, adv * correction, zero)
         if centering.missing == "error":
-            no_kept_set, no_mask_logprobs = kept.no_kept_set, kept.no_mask_logprobs
+            no_support, no_mask_logprobs = distribution.no_support, distribution.no_mask_logprobs
 
     terms = policy + correction
     verify(
@@ -260,13 +264,13 @@ def policy_loss(
         cu_seqlens=cu_seqlens,
         bad_positions=bad_positions,
         bad_bounds=bad_bounds,
-        no_kept_set=no_kept_set,
+        no_support=no_support,
         no_mask_logprobs=no_mask_logprobs,
         overflow=loss & ~(torch.isfinite(terms.detach()) & torch.isfinite(adv * factor.detach())),
         log_ratio=log_r_d,
     )
     metrics = mismatch_sums(
-        kept,
+        distribution,
         kl=kl,
         chi2=chi2,
         log_r=log_r_d,

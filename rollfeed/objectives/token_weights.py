@@ -9,11 +9,12 @@ Four detached weights, each a frozen config:
 
 Each gives, from ``log p`` and ``log q`` (any shape):
 
-- :meth:`log_weight`: ``log w`` of the sampled token, with the truncated and masked masks;
-- :meth:`log_weighted_q`: ``log(q·w)``, the centering correction's weight, in forms that never
+- ``log_weight`` (e.g. :meth:`TruncatedIS.log_weight`): ``log w`` of the sampled token, with the
+  truncated and masked masks;
+- ``log_weighted_q``: ``log(q·w)``, the centering correction's weight, in forms that never
   exponentiate an unbounded ratio (TIS ``min(log p, log cap + log q)``, MIS ``log p`` in the band
   and ``-inf`` outside), so ``q·w <= max(1, cap)``;
-- :meth:`log_clip_factor`: ``log k`` with ``k = w / r`` (``k = 1`` for :class:`Unweighted`), what
+- ``log_clip_factor``: ``log k`` with ``k = w / r`` (``k = 1`` for :class:`Unweighted`), what
   the weight adds to the PPO clip, whose surrogate already carries ``r``: TIS truncates
   (``min(1, cap / r)``), MIS and the trust region mask.
 

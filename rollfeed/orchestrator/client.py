@@ -51,6 +51,7 @@ from rollfeed.capture.protocol import (
 from rollfeed.capture.turns import Turn, assemble_turns
 from rollfeed.collate import Sample
 from rollfeed.loaders import write_step_file
+from rollfeed.payload import ImageSpan
 
 
 class CaptureClient:
@@ -96,14 +97,17 @@ class CaptureClient:
         sampling: dict[str, Any],
         prompt_start: int = 0,
         policy: Literal["error", "repair"] = "error",
+        images: Sequence[bytes] = (),
     ) -> GenerateResponse:
-        """Sample ``token_ids`` (the whole history) and get the records (see the protocol)."""
+        """Sample ``token_ids`` (the whole history) and get the records (see the protocol);
+        ``images``: the encoded images of the history, each a placeholder run of the ids."""
         request = GenerateRequest(
             token_ids=[int(t) for t in token_ids],
             group=group,
             sampling=sampling,
             prompt_start=prompt_start,
             policy=policy,
+            images=list(images),
         )
         raw = self._call(ROUTE, request.model_dump_json().encode())
         try:
@@ -155,6 +159,7 @@ class Rollout:
         self.loss_mask: list[bool] = []
         self.logprobs: list[float] = []
         self.turns: list[Turn] = []
+        self.images: list[ImageSpan] = []
 
     def add(
         self, new_ids: Sequence[int], response: GenerateResponse, *, index: int = 0
@@ -186,6 +191,7 @@ class Rollout:
                 turn=turn,
             )
         self.temperature = response.temperature
+        self.images += [im.shifted(len(self.token_ids)) for im in response.images]
         self.token_ids += [int(t) for t in new_ids] + c.token_ids
         self.loss_mask += [False] * len(new_ids) + c.trainable
         self.logprobs += [0.0] * len(new_ids) + c.logprobs
@@ -212,5 +218,6 @@ class Rollout:
             inference_logprobs=np.asarray(self.logprobs, dtype=np.float32),
             temperatures=np.full(mask.size, self.temperature, np.float32),
             payload=segments,
+            images=self.images,
             uid=uid,
         )

@@ -14,6 +14,7 @@ from rollfeed.payload.errors import (
     PayloadIndexError,
     PayloadInputError,
     PayloadIOError,
+    PayloadMediaError,
     PayloadMissingFileError,
     PayloadOutputBoundError,
     PayloadPathError,
@@ -29,6 +30,7 @@ from rollfeed.payload.errors import (
 )
 from rollfeed.payload.fields import PAYLOAD_FIELDS, PayloadField, lookup_field, register_field
 from rollfeed.payload.format.label_rows import canonical_rows
+from rollfeed.payload.media import ImageProcessorSpec, ImageSpan, MediaRef, MediaWriter, read_media
 from rollfeed.payload.ragged_rows import RaggedRows
 from rollfeed.payload.read.reader import FieldRead, read_field, read_fields
 from rollfeed.payload.root import PayloadRoot
@@ -38,6 +40,10 @@ from rollfeed.payload.write.writer import PayloadWriter
 __all__ = [
     "PAYLOAD_FIELDS",
     "FieldRead",
+    "ImageProcessorSpec",
+    "ImageSpan",
+    "MediaRef",
+    "MediaWriter",
     "PayloadChecksumError",
     "PayloadDtypeError",
     "PayloadError",
@@ -47,6 +53,7 @@ __all__ = [
     "PayloadIOError",
     "PayloadIndexError",
     "PayloadInputError",
+    "PayloadMediaError",
     "PayloadMissingFileError",
     "PayloadOutputBoundError",
     "PayloadPathError",
@@ -69,6 +76,7 @@ __all__ = [
     "lookup_field",
     "read_field",
     "read_fields",
+    "read_media",
     "register_field",
     "shift_segments",
 ]

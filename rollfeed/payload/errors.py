@@ -114,3 +114,10 @@ class PayloadStoreAuthError(PayloadError):
 class PayloadStoreTimeoutError(PayloadIOError, TimeoutError):
     """An object store did not answer (timeout, connection refused, 5xx) within the retry bound;
     names the bucket, key and byte range."""
+
+
+class PayloadMediaError(PayloadError):
+    """A media record or media bytes are not what they claim: an image record that is malformed
+    (span, grid, neither or both of handle and bytes), bytes whose SHA-256 or size differ from
+    the handle's, an image that does not decode, or a processed grid other than the recorded
+    one. Names the media file (``media/<sha256>``) where there is one."""

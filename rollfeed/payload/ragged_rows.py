@@ -14,10 +14,11 @@ Worked example: rows ``[7]``, ``[3, 9, 4]``, ``[]``::
     rows(1, 3)                -> offsets [0, 3, 3]   values [3, 9, 4]
     take([2, 0])              -> offsets [0, 0, 1]   values [7]
 
-The value is frozen; :meth:`apply` maps both tensors (device moves, pinning, a shared buffer), so
-it travels wherever a tensor of a micro batch does. On CPU the offsets are checked when the value
-is made (``offsets[0] == 0``, non-decreasing, ``offsets[-1] == nnz``); on an accelerator that
-check would cost a host sync, so a value made there is trusted to come from a checked one.
+The value is frozen; :meth:`RaggedRows.apply` maps both tensors (device moves, pinning, a shared
+buffer), so it travels wherever a tensor of a micro batch does. On CPU the offsets are checked
+when the value is made (``offsets[0] == 0``, non-decreasing, ``offsets[-1] == nnz``); on an
+accelerator that check would cost a host sync, so a value made there is trusted to come from a
+checked one.
 
 Every argument is checked too (:mod:`~rollfeed.payload.ragged_args`): lengths and row indices
 are 1-D integer tensors (a boolean mask or float indices are refused, not read as row numbers), a

@@ -57,7 +57,7 @@ def test_docstring_example():
     assert got.ids.dtype == np.int32 and got.logprobs.dtype == np.float32
     assert got.metrics == {
         "rows": 2,
-        "kept_ids": 5,
+        "support_ids": 5,
         "singleton_rows": 0,
         "rows_not_member": 0,
         "rows_bound": 1,

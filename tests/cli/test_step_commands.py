@@ -153,15 +153,15 @@ def test_steps_summarises_lengths_loss_truncation_and_kept_widths(written, capsy
         assert row["samples_cut"] == (lengths > n).sum() > 0
         assert row["tokens_dropped"] == np.maximum(lengths - n, 0).sum()
         assert row["loss_tokens_dropped"] == sum(int(s.loss_mask[n:].sum()) for s in inline)
-        assert row["kept_width"] == {
+        assert row["support_width"] == {
             "rows": len(widths),
             "mean": round(widths.mean(), 3),
             "p99": np.percentile(widths, 99, method="inverted_cdf"),
             "max": widths.max(),
         }
     widths = np.concatenate(every)
-    assert report["totals"]["kept_width"]["rows"] == len(widths)
-    assert report["totals"]["kept_width"]["max"] == widths.max()
+    assert report["totals"]["support_width"]["rows"] == len(widths)
+    assert report["totals"]["support_width"]["max"] == widths.max()
     assert report["totals"]["tokens"] == sum(r["tokens"] for r in report["steps"])
 
 

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from rollfeed.collate import KeptSetError, PlanConfig, Sample, prepare_batch, to_tensor_micro_batch
+from rollfeed.collate import (
+    PlanConfig,
+    Sample,
+    SupportSetError,
+    prepare_batch,
+    to_tensor_micro_batch,
+)
 from rollfeed.payload import PayloadSegment, PayloadWriter
 
 FIXTURE = Path(__file__).parents[1] / "payload" / "fixtures"
@@ -76,7 +82,9 @@ def test_an_inline_kept_set_without_its_sampled_token_is_refused():
         fields={"sampling_mask": (np.array([0, 2, 1]), np.array([3, 40, 8], np.int32))},
         uid="u",
     )
-    with pytest.raises(KeptSetError, match=r"\[8\] at position 2 does not hold .* \(7\)") as info:
+    with pytest.raises(
+        SupportSetError, match=r"\[8\] at position 2 does not hold .* \(7\)"
+    ) as info:
         _tensors(sample)
     assert (info.value.field, info.value.pos) == ("sampling_mask", 2)
 

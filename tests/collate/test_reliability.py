@@ -1,6 +1,6 @@
 """Samples: values that cannot be trained on, sizes a record claims beyond the data it carries and
-malformed records are typed errors naming sample, field and position (the README's collate loop,
-dummies included, runs in tests/test_readme.py)."""
+malformed records are typed errors naming sample, field and position (the collate page's loop,
+dummies included, runs in tests/test_doc_blocks.py)."""
 
 from __future__ import annotations
 

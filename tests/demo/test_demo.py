@@ -47,7 +47,12 @@ ROLLOUTS = {
     "completion_tokens": 4,
     "payload_bytes": 100,
     "step_file_bytes": 900,
-    "capture_metrics": {"kept_ids": 9, "rows_bound": 0, "rows_not_member": 0, "rows_repaired": 0},
+    "capture_metrics": {
+        "support_ids": 9,
+        "rows_bound": 0,
+        "rows_not_member": 0,
+        "rows_repaired": 0,
+    },
     "seconds": {"engine_start": 1.0, "generate": 1.0},
     "routed_experts": "not returned",
 }
@@ -218,7 +223,7 @@ def test_demo_end_to_end(capture_server):
     }
     r = summarize(rollouts, trainer)
     # Every completion token is scored exactly once over the 4 ranks, with its recorded kept set.
-    assert r.replay.tokens == 128 and r.kept.sum() == rollouts["capture_metrics"]["kept_ids"]
+    assert r.replay.tokens == 128 and r.kept.sum() == rollouts["capture_metrics"]["support_ids"]
     assert r.replay.mean_abs < 1e-4 and r.replay.max_abs < 1e-3
     assert r.full.mean_abs > 100 * r.replay.mean_abs
     assert np.all(r.delta_full <= 1e-4)  # full vocab only ever adds mass outside the kept set

@@ -54,7 +54,7 @@ def _scores(logprobs, kept=None):  # type: ignore[no-untyped-def]
         logprobs=logprobs,
         entropy=None,
         valid_mask=torch.ones(n, dtype=torch.bool),
-        kept_logprobs=kept,
+        support_logprobs=kept,
     )
 
 

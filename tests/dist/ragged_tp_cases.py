@@ -65,7 +65,7 @@ def check_ragged_tp(group, tp_rank: int) -> None:  # type: ignore[no-untyped-def
         "temperature": torch.linspace(0.7, 1.3, N, dtype=torch.float64),
         "compute_entropy": True,
         "entropy_requires_grad": True,
-        "return_kept_logprobs": True,
+        "return_support_logprobs": True,
         "fallback_mask": fallback,
         "missing_label": "full_vocab",
         "vocab_size": V,
@@ -84,7 +84,7 @@ def check_ragged_tp(group, tp_rank: int) -> None:  # type: ignore[no-untyped-def
     sum_shape = (3 * N + support.nnz,)
 
     def padded(s):  # type: ignore[no-untyped-def]
-        return RaggedRows(support.offsets, s.kept_logprobs.values).padded(
+        return RaggedRows(support.offsets, s.support_logprobs.values).padded(
             width=width, fill=float("-inf")
         )
 
@@ -124,7 +124,7 @@ def check_ragged_tp(group, tp_rank: int) -> None:  # type: ignore[no-untyped-def
             support_logprobs(local, b["labels"], support, **kw),
             fused_support_logprobs(h, w, b["labels"], support, chunk_size=256, **kw),
         ):
-            k = s.kept_logprobs.values
+            k = s.support_logprobs.values
             (
                 s.logprobs.sum() + s.entropy.sum() + torch.where(torch.isfinite(k), k, 0).sum()
             ).backward()

@@ -34,9 +34,9 @@ from rollfeed.objectives import (
     SequenceWeight,
     TruncatedIS,
     Unweighted,
-    kept_distribution,
     micro_batch_rows,
     policy_loss,
+    support_distribution,
 )
 from tests.dist.launch import run_rank
 from tests.models.tiny import VOCAB, tiny_qwen3
@@ -103,11 +103,11 @@ def make_samples(seed: int) -> list[Sample]:
 
 
 def scores_of(scorer: PolicyScorer, tmb):  # type: ignore[no-untyped-def]
-    out = scorer.score(tmb, return_kept_logprobs=True)
+    out = scorer.score(tmb, return_support_logprobs=True)
     support, mask = micro_batch_rows(tmb)
-    kept = kept_distribution(
+    kept = support_distribution(
         support,
-        out.kept_logprobs,
+        out.support_logprobs,
         mask,
         labels=tmb.labels,
         loss_mask=tmb.loss_mask,
@@ -147,10 +147,10 @@ def run_cp(layout: str, cp: CPGroup, single: PolicyScorer, scorer: PolicyScorer)
     out1, kept1 = scores_of(single, whole)
     out, kept = scores_of(scorer, tmb)
     pos = tmb.positions
-    want_kept = out1.kept_logprobs.take(pos)
-    assert torch.equal(out.kept_logprobs.offsets, want_kept.offsets), layout
+    want_kept = out1.support_logprobs.take(pos)
+    assert torch.equal(out.support_logprobs.offsets, want_kept.offsets), layout
     torch.testing.assert_close(
-        out.kept_logprobs.values.detach(), want_kept.values.detach(), atol=TOL, rtol=0
+        out.support_logprobs.values.detach(), want_kept.values.detach(), atol=TOL, rtol=0
     )
     for name, config in CONFIGS.items():
         where = f"{layout}/{name}"
@@ -192,16 +192,16 @@ def run_tp(group, rank: int, size: int) -> None:  # type: ignore[no-untyped-def]
             shard,
             case["labels"],
             case["support"],
-            return_kept_logprobs=True,
+            return_support_logprobs=True,
             fallback_mask=case["fallback"],
             missing_label="full_vocab",
             tp_group=group,
             vocab_start=start,
             vocab_size=V,
         )
-        kept = kept_distribution(
+        kept = support_distribution(
             case["support"],
-            out.kept_logprobs,
+            out.support_logprobs,
             case["mask"],
             labels=case["labels"],
             loss_mask=case["loss_mask"],
@@ -210,7 +210,10 @@ def run_tp(group, rank: int, size: int) -> None:  # type: ignore[no-untyped-def]
         t = policy_loss(kept, out.logprobs, case["advantages"], **bounds, **config)
         (g,) = torch.autograd.grad((t.loss * coef).sum(), shard)
         torch.testing.assert_close(
-            out.kept_logprobs.values.detach(), out1.kept_logprobs.values.detach(), atol=TOL, rtol=0
+            out.support_logprobs.values.detach(),
+            out1.support_logprobs.values.detach(),
+            atol=TOL,
+            rtol=0,
         )
         for field in ("loss", "centering", "sequence_weight", "weight"):
             torch.testing.assert_close(

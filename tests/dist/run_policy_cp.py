@@ -76,11 +76,11 @@ def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
 
     single = PolicyScorer(build(seed=21), compute_entropy=True, entropy_requires_grad=True)
     whole = whole_row(mb)
-    one = single.score(whole, return_kept_logprobs=True)
+    one = single.score(whole, return_support_logprobs=True)
     whole_support = whole.fields["sampling_mask"]
     kw = torch.randn(whole_support.nnz, generator=torch.Generator().manual_seed(4)).double()
     loss = (one.logprobs * w[0]).sum() + (one.entropy * w[1]).sum()
-    (loss + kept_term(one.kept_logprobs, kw)).backward()
+    (loss + kept_term(one.support_logprobs, kw)).backward()
 
     ref_model = build(seed=21)
     ref_model.set_attn_implementation("sdpa")
@@ -98,19 +98,19 @@ def run(build, layout: str, cp: CPGroup, routed: bool, tp=None) -> None:
         model, cp=cp, compute_entropy=True, entropy_requires_grad=True, **tp_options
     )
     tmb = to_tensor_micro_batch(mb, cp_rank=cp.rank)
-    out = scorer.score(tmb, return_kept_logprobs=True)
+    out = scorer.score(tmb, return_support_logprobs=True)
     # This rank's rows: its window of the whole row, slot for slot.
     own = whole_support.take(tmb.positions)
     assert own.equal(tmb.fields["sampling_mask"]), name
     own_kw = RaggedRows(whole_support.offsets, kw).take(tmb.positions).values
     loss = (out.logprobs * w[0]).sum() + (out.entropy * w[1]).sum()
-    (loss + kept_term(out.kept_logprobs, own_kw)).backward()
-    assert torch.equal(out.kept_logprobs.offsets, own.offsets), name
-    want_kept = RaggedRows(whole_support.offsets, one.kept_logprobs.values.detach())
+    (loss + kept_term(out.support_logprobs, own_kw)).backward()
+    assert torch.equal(out.support_logprobs.offsets, own.offsets), name
+    want_kept = RaggedRows(whole_support.offsets, one.support_logprobs.values.detach())
     torch.testing.assert_close(
-        out.kept_logprobs.values.detach(), want_kept.take(tmb.positions).values, atol=TOL, rtol=0
+        out.support_logprobs.values.detach(), want_kept.take(tmb.positions).values, atol=TOL, rtol=0
     )
-    assert int(torch.isfinite(out.kept_logprobs.values).sum()) > 5, name
+    assert int(torch.isfinite(out.support_logprobs.values).sum()) > 5, name
     assert torch.equal(out.valid_mask, one.valid_mask), name
     assert torch.allclose(out.logprobs, one.logprobs, atol=TOL, rtol=0), name
     assert torch.allclose(out.entropy, one.entropy, atol=TOL, rtol=0), name

@@ -52,5 +52,9 @@ def assert_bitwise(a: TensorMicroBatch, b: TensorMicroBatch, where) -> None:
                 assert tensor_bytes(x[k]) == tensor_bytes(y[k]), (where, k)
         elif isinstance(x, torch.Tensor):
             assert tensor_bytes(x) == tensor_bytes(y), (where, f.name)
+        elif f.name == "media" and x is not None and y is not None:
+            for g in dataclasses.fields(x):
+                got, want = getattr(x, g.name), getattr(y, g.name)
+                assert tensor_bytes(got) == tensor_bytes(want), (where, g.name)
         else:
             assert x == y, (where, f.name, x, y)

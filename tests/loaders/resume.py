@@ -40,6 +40,11 @@ def tmb_key(t: Any) -> tuple:
             key += [(f"{f.name}[{k}]", *_tensor(v)) for k, v in sorted(value.items())]
         elif isinstance(value, torch.Tensor):
             key.append((f.name, *_tensor(value)))
+        elif f.name == "media" and value is not None:
+            key += [
+                (f"media.{g.name}", *_tensor(getattr(value, g.name)))
+                for g in dataclasses.fields(value)
+            ]
         else:
             key.append((f.name, repr(value)))
     return tuple(key)

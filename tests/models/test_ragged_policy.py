@@ -69,8 +69,8 @@ def test_ragged_mask_kept_logprobs_match_padded_math_with_gradients() -> None:
     kw_ragged = RaggedRows.from_padded(kw, like=support).values
     scorer = PolicyScorer(tiny_qwen3(seed=11))
     with ShapeRecord() as rec:
-        out = scorer.score(tmb, return_kept_logprobs=True)
-        kept = out.kept_logprobs
+        out = scorer.score(tmb, return_support_logprobs=True)
+        kept = out.support_logprobs
         assert kept is not None and torch.equal(kept.offsets, support.offsets)
         _loss(out.logprobs, kept.values, up, kw_ragged).backward()
     assert rec.matching(vocab={WIDE, WIDE + 1}, rows={mb.length}) == []
@@ -100,5 +100,5 @@ def test_ragged_mask_kept_logprobs_match_padded_math_with_gradients() -> None:
     )
     with torch.no_grad():
         again = scorer.score(padded_mb)
-    assert again.kept_logprobs is None
+    assert again.support_logprobs is None
     torch.testing.assert_close(again.logprobs, out.logprobs, atol=1e-13, rtol=0)

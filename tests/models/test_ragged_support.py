@@ -75,14 +75,14 @@ def test_plain_ragged_matches_padded_math(seed: int, temperature: str, ids: torc
         temperature=t,
         compute_entropy=True,
         entropy_requires_grad=True,
-        return_kept_logprobs=True,
+        return_support_logprobs=True,
         fallback_mask=fb,
         missing_label="full_vocab",
     )
-    assert got.kept_logprobs is not None and torch.equal(
-        got.kept_logprobs.offsets, b["support"].offsets
+    assert got.support_logprobs is not None and torch.equal(
+        got.support_logprobs.offsets, b["support"].offsets
     )
-    got_kept = _ragged_kept_weights_like_padded(b, got.kept_logprobs.values)
+    got_kept = _ragged_kept_weights_like_padded(b, got.support_logprobs.values)
     assert torch.equal(got.valid_mask, valid)
     torch.testing.assert_close(got.logprobs, lp, **TOL)
     torch.testing.assert_close(got.entropy, ent, **TOL)
@@ -111,19 +111,19 @@ def test_fused_ragged_matches_padded_math(chunk_size: int, device: str) -> None:
         temperature=t.to(device),
         compute_entropy=True,
         entropy_requires_grad=True,
-        return_kept_logprobs=True,
+        return_support_logprobs=True,
         fallback_mask=fb.to(device),
         missing_label="full_vocab",
     )
-    assert got.kept_logprobs.device == h.device
+    assert got.support_logprobs.device == h.device
     got = dataclasses.replace(
         got,
         logprobs=got.logprobs.cpu(),
         entropy=got.entropy.cpu(),
         valid_mask=got.valid_mask.cpu(),
-        kept_logprobs=got.kept_logprobs.to("cpu"),
+        support_logprobs=got.support_logprobs.to("cpu"),
     )
-    got_kept = _ragged_kept_weights_like_padded(b, got.kept_logprobs.values)
+    got_kept = _ragged_kept_weights_like_padded(b, got.support_logprobs.values)
     assert torch.equal(got.valid_mask, valid)
     torch.testing.assert_close(got.logprobs, lp, **TOL)
     torch.testing.assert_close(got.entropy, ent, **TOL)
@@ -144,17 +144,17 @@ def test_fused_ragged_matches_padded_math(chunk_size: int, device: str) -> None:
 
 def test_padded_form_scores_as_the_ragged_form() -> None:
     b = ragged_batch(N, V, seed=4, max_width=300, hidden=H)
-    kw = dict(compute_entropy=True, return_kept_logprobs=True, missing_label="full_vocab")
+    kw = dict(compute_entropy=True, return_support_logprobs=True, missing_label="full_vocab")
     ragged = fused_support_logprobs(b["hidden"], b["weight"], b["labels"], b["support"], **kw)
     padded = fused_support_logprobs(b["hidden"], b["weight"], b["labels"], b["padded"], **kw)
     torch.testing.assert_close(padded.logprobs, ragged.logprobs, rtol=0, atol=0)
     torch.testing.assert_close(padded.entropy, ragged.entropy, rtol=0, atol=0)
     # The padded form's kept logprobs are rows of W slots: padded() gives them back as [N, W].
     width = b["padded"].shape[1]
-    assert padded.kept_logprobs.values.shape == (N * width,)
+    assert padded.support_logprobs.values.shape == (N * width,)
     torch.testing.assert_close(
-        padded.kept_logprobs.padded(fill=float("-inf")),
-        ragged.kept_logprobs.padded(width=width, fill=float("-inf")),
+        padded.support_logprobs.padded(fill=float("-inf")),
+        ragged.support_logprobs.padded(width=width, fill=float("-inf")),
         rtol=0,
         atol=0,
     )
@@ -173,7 +173,7 @@ def test_no_tensor_as_wide_as_the_widest_row_on_the_ragged_path() -> None:
     kw = dict(
         compute_entropy=True,
         entropy_requires_grad=True,
-        return_kept_logprobs=True,
+        return_support_logprobs=True,
         fallback_mask=_fallback(),
         missing_label="full_vocab",
     )
@@ -185,7 +185,7 @@ def test_no_tensor_as_wide_as_the_widest_row_on_the_ragged_path() -> None:
             loss = (
                 loss
                 + torch.where(
-                    torch.isfinite(s.kept_logprobs.values), s.kept_logprobs.values, 0
+                    torch.isfinite(s.support_logprobs.values), s.support_logprobs.values, 0
                 ).sum()
             )
             loss.backward()
@@ -211,8 +211,8 @@ def test_kept_logprobs_semantics_on_a_literal_example() -> None:
     # Rows [2, 3], [0] (singleton), [4, -1, 4, 1] (padding inside, a repeat), [] (unscored).
     support = RaggedRows(torch.tensor([0, 2, 3, 7, 7]), torch.tensor([2, 3, 0, 4, -1, 4, 1]))
     labels = torch.tensor([2, 0, 4, 0])
-    out = support_logprobs(logits, labels, support, return_kept_logprobs=True)
-    kept = out.kept_logprobs
+    out = support_logprobs(logits, labels, support, return_support_logprobs=True)
+    kept = out.support_logprobs
     assert torch.equal(kept.offsets, support.offsets)
     lse0 = torch.logsumexp(torch.tensor([2.0, 3.0], dtype=torch.float64), 0)
     lse2 = torch.logsumexp(torch.tensor([3.5, 1.5], dtype=torch.float64), 0)
@@ -228,9 +228,11 @@ def test_kept_logprobs_semantics_on_a_literal_example() -> None:
     assert int(out.metrics["duplicate_ids"]) == 1 and int(out.metrics["rows_singleton"]) == 1
     # A fallback row's slots are -inf (it is not scored over its support).
     fb = torch.tensor([True, False, False, False])
-    fallen = support_logprobs(logits, labels, support, return_kept_logprobs=True, fallback_mask=fb)
-    assert torch.isinf(fallen.kept_logprobs.values[:2]).all()
-    assert support_logprobs(logits, labels, support).kept_logprobs is None
+    fallen = support_logprobs(
+        logits, labels, support, return_support_logprobs=True, fallback_mask=fb
+    )
+    assert torch.isinf(fallen.support_logprobs.values[:2]).all()
+    assert support_logprobs(logits, labels, support).support_logprobs is None
 
 
 def test_ragged_support_errors_name_the_row_and_slot() -> None:
@@ -263,11 +265,11 @@ def test_ragged_backward_is_bitwise_reproducible(device: str) -> None:
             b["support"],
             compute_entropy=True,
             entropy_requires_grad=True,
-            return_kept_logprobs=True,
+            return_support_logprobs=True,
             missing_label="full_vocab",
             chunk_size=64,
         )
-        kept = s.kept_logprobs.values
+        kept = s.support_logprobs.values
         loss = s.logprobs.sum() + s.entropy.sum() + torch.where(torch.isfinite(kept), kept, 0).sum()
         grads.append(torch.autograd.grad(loss, (h, w)))
     assert all(torch.equal(a, c) for a, c in zip(*grads, strict=True))

@@ -3,7 +3,7 @@ loss objectives over a grid of weights, the clip, centering, sequence weights an
 rows whose log-ratio runs from ``-1e4`` to ``1e4``, with sampler logprobs at ``-9999``, ``-inf``
 and NaN, rows without mask logprobs or kept sets, all-masked and no-loss batches.
 
-Each case is one ``kept_distribution`` + ``policy_loss`` + ``finish_metrics`` call and a
+Each case is one ``support_distribution`` + ``policy_loss`` + ``finish_metrics`` call and a
 backward. The oracle (:mod:`tests.objectives.objectives_oracle`) predicts from the rows alone which
 tokens are dropped, weigh 0 or overflow; a case is ``wrong`` when a term or a gradient is not
 finite, a zero-weight or dropped token adds a non-zero term or gradient, the batch with those

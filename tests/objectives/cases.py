@@ -8,7 +8,7 @@ import torch
 
 from rollfeed.collate import RaggedRows
 from rollfeed.models import support_logprobs
-from rollfeed.objectives import kept_distribution
+from rollfeed.objectives import support_distribution
 
 V = 7
 NEG = float("-inf")
@@ -88,13 +88,13 @@ def scored(case: dict, logits: torch.Tensor | None = None):  # type: ignore[no-u
         case["logits"] if logits is None else logits,
         case["labels"],
         case["support"],
-        return_kept_logprobs=True,
+        return_support_logprobs=True,
         fallback_mask=case["fallback"],
         missing_label="full_vocab",
     )
-    kept = kept_distribution(
+    kept = support_distribution(
         case["support"],
-        out.kept_logprobs,
+        out.support_logprobs,
         case["mask"],
         labels=case["labels"],
         loss_mask=case["loss_mask"],

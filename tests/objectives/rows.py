@@ -20,7 +20,7 @@ import math
 import torch
 
 from rollfeed.collate import RaggedRows
-from rollfeed.objectives import KeptDistribution, kept_distribution
+from rollfeed.objectives import SupportDistribution, support_distribution
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,7 +55,7 @@ class Batch:
     advantages: torch.Tensor
     inference: torch.Tensor
 
-    def kept_logprobs(self) -> RaggedRows:
+    def support_logprobs(self) -> RaggedRows:
         """``log p^S`` of every slot (a log-softmax of ``z`` per row), with gradient."""
         row = self.support.row_index()
         n = self.support.n_rows
@@ -104,9 +104,9 @@ def batch(rows: list[Row], dtype: torch.dtype = torch.float64) -> Batch:
 
 
 def kept_of(b: Batch, loss_mask: torch.Tensor | None = None, **options) -> tuple:  # type: ignore[no-untyped-def]
-    """``(kept_logprobs, KeptDistribution, label logprobs)`` of the batch."""
-    kept_lp = b.kept_logprobs()
-    kept: KeptDistribution = kept_distribution(
+    """``(support_logprobs, SupportDistribution, label logprobs)`` of the batch."""
+    kept_lp = b.support_logprobs()
+    kept: SupportDistribution = support_distribution(
         b.support,
         kept_lp,
         b.mask,

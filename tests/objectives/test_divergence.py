@@ -16,8 +16,8 @@ from rollfeed.objectives import (
     MaskedIS,
     TruncatedIS,
     finish_metrics,
-    kept_distribution,
     policy_loss,
+    support_distribution,
 )
 from tests.objectives.rows import Row, batch, kept_of
 
@@ -41,7 +41,7 @@ def _near_on_policy(delta: float, dtype: torch.dtype, seed: int, invalid: bool =
         lq[int(support.offsets[3]) + 1] = -math.inf
         lq[int(support.offsets[8]) + 1] = -9999.0
     leaf = lp.clone().requires_grad_()
-    kept = kept_distribution(
+    kept = support_distribution(
         support,
         support.with_values(leaf),
         support.with_values(lq),

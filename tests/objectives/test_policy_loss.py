@@ -20,8 +20,8 @@ from rollfeed.objectives import (
     TrustRegion,
     Unweighted,
     finish_metrics,
-    kept_distribution,
     policy_loss,
+    support_distribution,
 )
 from tests.objectives.cases import CU_SEQLENS, INVALID_SLOTS, ROWS, make_case, samples_of, scored
 from tests.objectives.reference import reference_terms
@@ -122,10 +122,10 @@ def test_centering_with_a_ratio_weight_has_zero_gradient_on_fully_valid_rows() -
 def test_invalid_slots_get_zero_weight_and_zero_gradient() -> None:
     case = make_case(seed=7)
     out, _ = scored(case)
-    leaf = out.kept_logprobs.values.detach().clone().requires_grad_()
-    kept = kept_distribution(
+    leaf = out.support_logprobs.values.detach().clone().requires_grad_()
+    kept = support_distribution(
         case["support"],
-        out.kept_logprobs.with_values(leaf),
+        out.support_logprobs.with_values(leaf),
         case["mask"],
         labels=case["labels"],
         loss_mask=case["loss_mask"],
@@ -153,7 +153,7 @@ def test_counters_name_each_kind_of_row() -> None:
         "rows_centered": 9,  # rows 0-5, 11, 12, 13
         "rows_singleton": 1,
         "rows_unscored": 2,  # the fallback rows 7 and 8
-        "rows_no_kept_set": 1,  # row 8
+        "rows_no_support": 1,  # row 8
         "rows_missing_label": 1,
         "rows_no_mask_logprobs": 1,
         "rows_inference_q": 5,  # rows 6, 7, 8, 9, 11
@@ -228,9 +228,9 @@ def test_misaligned_rows_are_refused_naming_the_row() -> None:
     lengths[3] -= 1
     bad = RaggedRows.from_lengths(lengths, short.values[: int(lengths.sum())])
     with pytest.raises(ObjectiveInputError, match="row 3 holds 2 values") as err:
-        kept_distribution(
+        support_distribution(
             case["support"],
-            out.kept_logprobs,
+            out.support_logprobs,
             bad,
             labels=case["labels"],
             loss_mask=case["loss_mask"],

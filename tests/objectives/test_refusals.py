@@ -63,9 +63,9 @@ def test_a_nan_trainer_logprob_or_advantage_is_refused_naming_its_token():
     values = kept_lp.values.detach().clone()
     values[4] = NAN  # row 1's second slot
     with pytest.raises(ObjectiveInputError) as err:
-        from rollfeed.objectives import kept_distribution
+        from rollfeed.objectives import support_distribution
 
-        kept_distribution(
+        support_distribution(
             b.support,
             kept_lp.with_values(values),
             b.mask,
@@ -73,7 +73,7 @@ def test_a_nan_trainer_logprob_or_advantage_is_refused_naming_its_token():
             loss_mask=b.loss_mask,
             inference_logprobs=b.inference,
         )
-    assert (err.value.tensor, err.value.pos) == ("kept_logprobs", 1)
+    assert (err.value.tensor, err.value.pos) == ("support_logprobs", 1)
 
 
 @pytest.mark.parametrize(
@@ -130,6 +130,6 @@ def test_centering_without_a_kept_set_names_sampling_mask():
         _loss(batch(rows), centering=ScoreCentering())
     assert (err.value.tensor, err.value.pos) == ("support", 1)
     terms = _loss(batch(rows), centering=ScoreCentering(missing="skip"))
-    assert int(terms.metrics["rows_no_kept_set"]) == 1 and terms.centering[1] == 0
+    assert int(terms.metrics["rows_no_support"]) == 1 and terms.centering[1] == 0
     # A singleton's correction is 0 with or without its mask logprobs: not missing.
     _loss(batch([Row(lp=0.0, lq=0.0, width=1, mask=False)]), centering=ScoreCentering())

@@ -33,6 +33,7 @@ from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_fork import family_fork
+from tests.payload.adversary_media import family_media
 from tests.payload.adversary_ragged import family_ragged_rows
 from tests.payload.adversary_records import family_records
 from tests.payload.adversary_steps import family_steps
@@ -121,6 +122,7 @@ FAMILIES = {
     "cli_steps": family_cli_steps,
     "fork": family_fork,
     "ragged_rows": family_ragged_rows,
+    "media": family_media,
 }
 
 

@@ -24,6 +24,7 @@ little more than its system calls.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import os
@@ -252,6 +253,60 @@ class LocalStore(PerProcess):
 
     def open_file(self, rel: str) -> LocalFile:
         return LocalFile(open_beneath(self.path, rel))
+
+    def put_blob(self, rel: str, data: bytes) -> bool:
+        """Store ``data`` as file ``rel`` unless one of that name exists (then leave it as it
+        is); True when this call wrote it. The bytes go to a temporary file beside it, then are
+        linked to the name (``link`` refuses an existing name: nothing is ever rewritten, and a
+        reader never sees a partial file), parents made as needed, no symlink followed."""
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            dfd, name = open_parent_beneath(self.path, rel, make=True)
+        except OSError as err:
+            raise PayloadIOError(
+                f"cannot create {rel!r} under {self.path}: {err}", file=rel
+            ) from None
+        tmp = f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dfd
+            )
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            return True
+        except OSError as err:
+            raise PayloadIOError(f"writing {len(data)} bytes failed: {err}", file=rel) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            os.close(dfd)
+
+    def get_blob(self, rel: str, retry: Retry, *, size: int) -> bytes:
+        """The ``size`` bytes of file ``rel`` (after the bounded retry for a missing one); a file
+        of another size is :class:`PayloadTruncatedError`, its bytes unread."""
+        fd = retry.opening(rel, lambda: open_beneath(self.path, rel))
+        try:
+            have = os.fstat(fd).st_size
+            if have != size:
+                raise PayloadTruncatedError(
+                    f"file holds {have} bytes, its handle says {size}; nothing was read", file=rel
+                )
+            data = os.pread(fd, size, 0)
+        except OSError as err:
+            raise PayloadIOError(f"reading {size} bytes: {err}", file=rel, offset=0) from None
+        finally:
+            os.close(fd)
+        if len(data) != size:
+            raise PayloadTruncatedError(f"read {len(data)} of {size} bytes", file=rel, offset=0)
+        return data
 
     def delete(self, group: str) -> None:
         """Delete directory ``group``, reached without following any symlink; a missing group is

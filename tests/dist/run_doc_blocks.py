@@ -1,18 +1,19 @@
-"""Rank script: the README's torchrun blocks as printed, in order, in one namespace per rank.
+"""Rank script: the docs' torchrun blocks (the script ``train.py`` the pages build up) as
+printed, in order, in one namespace per rank.
 
-Run by tests/test_readme.py through :func:`tests.dist.launch.torchrun`::
+Run by tests/test_doc_blocks.py through :func:`tests.dist.launch.torchrun`::
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist/run_readme.py \\
+    python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist/run_doc_blocks.py \\
         --blocks blocks.json --workdir W --out OUT
 
-``blocks.json`` holds ``[{"label", "heading", "line", "code"}, ...]``. Each rank works in ``W``
-(where the README's quick start ran, as a reader would), runs the blocks as one script (the
+``blocks.json`` holds ``[{"label", "page", "heading", "line", "code"}, ...]``. Each rank works in
+``W`` (where the README's quick start ran, as a reader would), runs the blocks as one script (the
 blocks start and end the process group themselves: nothing here does it for them), checks what
 each block claims after it ran (:data:`CHECKS`), and writes ``OUT/rank<r>.json``: one
 ``{"label", "ok", "error"}`` per block it ran, rewritten after each block. A block that fails ends
 the rank at once with exit code 1 (torchrun then stops its peer, which may be waiting in a
 collective), so the report names the first failing block. After the last block the interpreter
-ends as the README's script would, so a rank that aborts in teardown fails the launch.
+ends as the pages' script would, so a rank that aborts in teardown fails the launch.
 """
 
 from __future__ import annotations
@@ -51,10 +52,8 @@ def _sharded(ns: dict) -> None:
 
 
 CHECKS: dict[str, Callable[[dict], None]] = {
-    "`rollfeed.loaders` — a resumable loader over `torch.utils.data`": _loaders,
-    "`rollfeed.models` — the policy scorer (packed attention, Ulysses over `cp`, router replay)": (
-        _scorer
-    ),
+    "Loaders and resume": _loaders,
+    "The policy scorer (packed attention, Ulysses over `cp`, router replay)": _scorer,
     "Sharded models: FSDP2, DTensor tensor parallelism, one `DeviceMesh`": _sharded,
 }
 
@@ -66,7 +65,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     blocks = [
-        (b["label"], Block(**{k: b[k] for k in ("line", "heading", "code")}, lang="python"))
+        (b["label"], Block(**{k: b[k] for k in ("page", "line", "heading", "code")}, lang="python"))
         for b in json.loads(args.blocks.read_text())
     ]
     rank = int(os.environ["RANK"])

@@ -1,4 +1,4 @@
-"""The input checks of :func:`~rollfeed.objectives.kept_distribution`.
+"""The input checks of :func:`~rollfeed.objectives.support_distribution`.
 
 :func:`check_rows` holds types, shapes and row alignment to each other before anything is
 computed (alignment only on the CPU: on an accelerator it would sync). :func:`verify_values`
@@ -39,7 +39,7 @@ def check_rows(support, kept, mask, labels, loss_mask, inference, policy) -> int
         raise ObjectiveInputError(
             f"no_sampler_logprob must be one of {NO_SAMPLER_LOGPROB}, got {policy!r}"
         )
-    for name, value in (("support", support), ("kept_logprobs", kept), ("mask_logprobs", mask)):
+    for name, value in (("support", support), ("support_logprobs", kept), ("mask_logprobs", mask)):
         if not isinstance(value, RaggedRows):
             raise ObjectiveInputError(
                 f"{name} must be RaggedRows, got {type(value).__name__}; a padded [N, W] tensor "
@@ -51,7 +51,7 @@ def check_rows(support, kept, mask, labels, loss_mask, inference, policy) -> int
         raise ObjectiveInputError(f"support ids must be int32/int64, got {support.dtype}")
     if not kept.dtype.is_floating_point or not mask.dtype.is_floating_point:
         raise ObjectiveInputError(
-            f"kept_logprobs and mask_logprobs must be float, got {kept.dtype} and {mask.dtype}"
+            f"support_logprobs and mask_logprobs must be float, got {kept.dtype} and {mask.dtype}"
         )
     for name, t, dtype in (
         ("labels", labels, None),
@@ -68,7 +68,7 @@ def check_rows(support, kept, mask, labels, loss_mask, inference, policy) -> int
         raise ObjectiveInputError(
             f"inference_logprobs must be float, got {inference.dtype}", tensor="inference_logprobs"
         )
-    for name, rows in (("kept_logprobs", kept), ("mask_logprobs", mask)):
+    for name, rows in (("support_logprobs", kept), ("mask_logprobs", mask)):
         if rows.n_rows != n:
             raise ObjectiveInputError(
                 f"{name} has {rows.n_rows} rows, the support {n}", tensor=name
@@ -78,8 +78,8 @@ def check_rows(support, kept, mask, labels, loss_mask, inference, policy) -> int
     if not torch.equal(kept.offsets, support.offsets):
         bad = int(torch.nonzero(kept.offsets != support.offsets)[0]) - 1
         raise ObjectiveInputError(
-            "kept_logprobs rows must align slot for slot with the support rows",
-            tensor="kept_logprobs",
+            "support_logprobs rows must align slot for slot with the support rows",
+            tensor="support_logprobs",
             pos=max(bad, 0),
         )
     held, want = mask.lengths(), support.lengths()
@@ -116,7 +116,7 @@ def verify_values(
         return
     for name, bad, rows in (
         ("mask_logprobs", bad_mask, mask_rows),
-        ("kept_logprobs", bad_kept, slot_rows),
+        ("support_logprobs", bad_kept, slot_rows),
     ):
         if bool(bad.any()):
             row = int(rows[int(torch.nonzero(bad)[0])])

@@ -1,10 +1,11 @@
-"""KeptDistribution: the sampler's and the trainer's distributions over each row's kept set ``S``.
+"""SupportDistribution: the sampler's and the trainer's distributions over each row's kept set
+(support) ``S``.
 
 Inputs are ragged rows aligned slot for slot (:class:`~rollfeed.collate.RaggedRows`, ``n`` rows):
 the kept ids, the trainer's ``log p^S(v) = z_v − logsumexp_{u∈S} z_u`` of every kept id (with
-gradient; :attr:`rollfeed.models.SupportScores.kept_logprobs`), and the sampler's logprob of every
-kept id (``sampling_mask_logprobs``: :func:`rollfeed.objectives.micro_batch_rows` takes its rows
-from a micro batch). A row of mask logprobs is either as long as its kept set or empty (the row
+gradient; :attr:`rollfeed.models.SupportScores.support_logprobs`), and the sampler's logprob of
+every kept id (``sampling_mask_logprobs``: :func:`rollfeed.objectives.micro_batch_rows` takes its
+rows from a micro batch). A row of mask logprobs is either as long as its kept set or empty (the row
 has no mask logprobs).
 
 Slot rules (padding is explicit, never a sentinel id):
@@ -12,7 +13,7 @@ Slot rules (padding is explicit, never a sentinel id):
 - a slot is a *member* of ``S`` if its id is ``>= 0`` and the trainer's logprob there is finite:
   the scorer gives ``-inf`` on every slot that is no member (padding, the later slots of a
   repeated id, so a repeated id counts once at its first slot, and every slot of a fallback
-  row), and ``kept_logprobs`` from elsewhere must follow that rule; a repeat is counted in
+  row), and ``support_logprobs`` from elsewhere must follow that rule; a repeat is counted in
   ``duplicate_ids`` (an id's slot at ``-inf`` in a row that has members);
 - a member is *valid* if the sampler's logprob there is a number ``> -9999`` (``-inf`` and vLLM's
   JSON clamp at ``-9999`` and below are "no logprob"): an invalid member stays in ``S`` for
@@ -31,7 +32,7 @@ Slot rules (padding is explicit, never a sentinel id):
 A loss token is *centered* when its row was scored over its support (a member exists and the label
 is among the ids) and has at least one valid slot. Counters (0-d int64, loss tokens only):
 ``rows_centered``, ``rows_singleton``, ``rows_unscored`` (fallback rows, rows without a kept set),
-``rows_no_kept_set`` (of those, rows without any kept id), ``rows_missing_label`` (a kept set
+``rows_no_support`` (of those, rows without any kept id), ``rows_missing_label`` (a kept set
 without the label), ``rows_no_mask_logprobs`` (no mask row, or no valid slot in it),
 ``rows_inference_q``, ``slots_invalid``, ``duplicate_ids``, and ``no_sampler_logprob`` (tokens
 dropped from the given loss mask).
@@ -45,11 +46,14 @@ sampler ``log [0.6, 0.3, 0.0]`` with the last slot at ``-inf``::
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
 from rollfeed.collate import RaggedRows
-from rollfeed.objectives.kept_checks import (
+from rollfeed.deprecation import RenamedKeys, renamed_attribute, renamed_keywords
+from rollfeed.objectives.support_checks import (
     NoSamplerLogprob,
     check_rows,
     not_a_logprob,
@@ -60,8 +64,17 @@ from rollfeed.objectives.kept_checks import (
 SAMPLER_LOGPROB_FLOOR = -9999.0
 
 
+class ObjectiveMetrics(RenamedKeys):
+    """The objectives' counters and metrics (``counts``, :attr:`PolicyTerms.metrics`,
+    :func:`~rollfeed.objectives.finish_metrics`): a dict whose renamed keys still read, with a
+    ``DeprecationWarning`` (:class:`rollfeed.deprecation.RenamedKeys`)."""
+
+    owner = "metrics"
+    renamed: ClassVar[Mapping[str, str]] = {"rows_no_kept_set": "rows_no_support"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class KeptDistribution:
+class SupportDistribution:
     """``q^S`` and ``p^S`` of ``N`` rows over their ``nnz`` kept slots (see the module doc).
 
     row: ``[nnz]`` int64, the row of every slot. valid: ``[nnz]`` bool.
@@ -71,7 +84,7 @@ class KeptDistribution:
     log_mass: ``[N]`` detached ``logsumexp`` of the valid sampler logprobs (0 on rows without
     one). log_p_valid: ``[N]`` detached ``log Σ_valid p^S`` (0 where every member is
     valid). centered: ``[N]`` bool. loss_mask: ``[N]`` bool, the loss tokens that have a sampler
-    logprob (the given mask less the dropped ones). no_kept_set, no_mask_logprobs: ``[N]`` bool,
+    logprob (the given mask less the dropped ones). no_support, no_mask_logprobs: ``[N]`` bool,
     the loss tokens score centering cannot center for want of an input: no kept id at all, or a
     kept set of two or more members without a valid mask logprob (a singleton's correction is 0
     either way). counts: name -> 0-d int64 tensor.
@@ -86,7 +99,7 @@ class KeptDistribution:
     log_p_valid: torch.Tensor
     centered: torch.Tensor
     loss_mask: torch.Tensor
-    no_kept_set: torch.Tensor
+    no_support: torch.Tensor
     no_mask_logprobs: torch.Tensor
     counts: dict[str, torch.Tensor]
 
@@ -94,23 +107,26 @@ class KeptDistribution:
     def n_rows(self) -> int:
         return self.loss_mask.numel()
 
+    no_kept_set = renamed_attribute("SupportDistribution", "no_kept_set", "no_support")
 
-def kept_distribution(
+
+@renamed_keywords("support_distribution", kept_logprobs="support_logprobs")
+def support_distribution(
     support: RaggedRows,
-    kept_logprobs: RaggedRows,
+    support_logprobs: RaggedRows,
     mask_logprobs: RaggedRows,
     *,
     labels: torch.Tensor,
     loss_mask: torch.Tensor,
     inference_logprobs: torch.Tensor,
     no_sampler_logprob: NoSamplerLogprob = "drop",
-) -> KeptDistribution:
+) -> SupportDistribution:
     """The kept-set distributions of ``N`` rows (module doc); reads its value checks back in one
-    host sync (:mod:`rollfeed.objectives.kept_checks`).
+    host sync (:mod:`rollfeed.objectives.support_checks`).
 
     Args:
         support: ``N`` rows of int32/int64 kept ids (``-1`` slots are padding).
-        kept_logprobs: trainer ``log p^S`` aligned with ``support`` (float, with gradient).
+        support_logprobs: trainer ``log p^S`` aligned with ``support`` (float, with gradient).
         mask_logprobs: sampler logprobs, each row as long as its kept set or empty.
         labels: ``[N]`` sampled token ids. loss_mask: ``[N]`` bool.
         inference_logprobs: ``[N]`` sampler logprob of the label, used where the label's mask
@@ -121,18 +137,18 @@ def kept_distribution(
     """
     n = check_rows(
         support,
-        kept_logprobs,
+        support_logprobs,
         mask_logprobs,
         labels,
         loss_mask,
         inference_logprobs,
         no_sampler_logprob,
     )
-    cdt = kept_logprobs.dtype
-    device = kept_logprobs.device
+    cdt = support_logprobs.dtype
+    device = support_logprobs.device
     row = support.row_index()
     ids = support.values.long()
-    trainer = kept_logprobs.values
+    trainer = support_logprobs.values
     detached = trainer.detach()
     member = (ids >= 0) & torch.isfinite(detached)
     has_row = mask_logprobs.lengths() > 0
@@ -181,22 +197,24 @@ def kept_distribution(
     loss = loss_mask & ~dropped
     log_q_label = torch.where(q_label_ok, q_at_label, torch.where(inference_ok, inference, 0.0))
     centered = loss & scored & has_q
-    no_kept_set = loss & (per_row(ids >= 0) == 0)
+    no_support = loss & (per_row(ids >= 0) == 0)
     loss_slot = loss[row]
     count = lambda mask: mask.sum(dtype=torch.int64)  # noqa: E731
-    counts = {
-        "rows_centered": count(centered),
-        "rows_singleton": count(loss & scored & (members == 1)),
-        "rows_unscored": count(loss & ~scored & ~missing),
-        "rows_missing_label": count(loss & missing),
-        "rows_no_mask_logprobs": count(loss & scored & ~has_q),
-        "rows_no_kept_set": count(no_kept_set),
-        "rows_inference_q": count(loss & ~q_label_ok),
-        "slots_invalid": count(loss_slot & member & has_row[row] & ~sampler_ok),
-        "duplicate_ids": count(loss_slot & scored[row] & ~member & (ids >= 0)),
-        "no_sampler_logprob": count(dropped),
-    }
-    return KeptDistribution(
+    counts = ObjectiveMetrics(
+        {
+            "rows_centered": count(centered),
+            "rows_singleton": count(loss & scored & (members == 1)),
+            "rows_unscored": count(loss & ~scored & ~missing),
+            "rows_missing_label": count(loss & missing),
+            "rows_no_mask_logprobs": count(loss & scored & ~has_q),
+            "rows_no_support": count(no_support),
+            "rows_inference_q": count(loss & ~q_label_ok),
+            "slots_invalid": count(loss_slot & member & has_row[row] & ~sampler_ok),
+            "duplicate_ids": count(loss_slot & scored[row] & ~member & (ids >= 0)),
+            "no_sampler_logprob": count(dropped),
+        }
+    )
+    return SupportDistribution(
         row=row,
         valid=valid,
         log_p=torch.where(valid, trainer, torch.zeros((), dtype=cdt, device=device)),
@@ -206,7 +224,7 @@ def kept_distribution(
         log_p_valid=_log_valid_mass(detached, member, valid, row, n),
         centered=centered,
         loss_mask=loss,
-        no_kept_set=no_kept_set,
+        no_support=no_support,
         no_mask_logprobs=loss & scored & (members > 1) & ~has_q,
         counts=counts,
     )

@@ -1,4 +1,4 @@
-"""The README's command-line section: every command it shows parses, and the output it quotes is
+"""The command-line page (docs/cli.md): every command it shows parses, and the output it quotes is
 what the commands print over a step of the quick start's shape (four samples of a 3-token prompt
 and 12 sampled tokens, each kept set 8 ids and their logprobs)."""
 
@@ -13,16 +13,16 @@ from rollfeed.cli.parser import build_parser
 from rollfeed.collate import Sample
 from rollfeed.loaders import write_step_file
 from rollfeed.payload import PayloadWriter
-from tests.readme_blocks import README, readme_blocks
+from tests.readme_blocks import REPO, page_blocks
 
-HEADING = "Command line"
+PAGE = "docs/cli.md"
 
 
 def _section() -> str:
-    return README.read_text().split(f"\n## {HEADING}\n", 1)[1].split("\n## ", 1)[0]
+    return (REPO / PAGE).read_text()
 
 
-def test_every_command_the_readme_shows_parses():
+def test_every_command_the_page_shows_parses():
     lines = (line.strip().removeprefix("$ ") for line in _section().splitlines())
     shown = [
         shlex.split(line.split("#")[0])[3:]
@@ -35,7 +35,7 @@ def test_every_command_the_readme_shows_parses():
             build_parser().parse_args(argv)
 
 
-def test_the_output_the_readme_quotes_is_what_the_commands_print(tmp_path, capsys, monkeypatch):
+def test_the_output_the_page_quotes_is_what_the_commands_print(tmp_path, capsys, monkeypatch):
     rng = np.random.default_rng(0)
     monkeypatch.chdir(tmp_path)
     samples = []
@@ -62,7 +62,7 @@ def test_the_output_the_readme_quotes_is_what_the_commands_print(tmp_path, capsy
                 )
             )
     write_step_file("quickstart/steps", 0, samples)
-    [quoted] = [b.code for b in readme_blocks() if b.heading == HEADING]
+    [quoted] = [b.code for b in page_blocks(PAGE) if b.lang == ""]
     for chunk in quoted.split("$ ")[1:]:  # "$ command", then what it prints
         command, *printed = chunk.splitlines()
         assert main(shlex.split(command)[3:]) == 0
