@@ -46,7 +46,7 @@ def _expected(ref, plan, taken: int) -> dict:
     widths = widths[widths > 0]
     keys = ("samples", "tokens", "truncated", "truncated_tokens", "dropped", "padding_fraction")
     keys += ("loss_tokens", "samples_without_loss", "micro_batches_without_loss")
-    keys += ("dummy_micro_batches",)
+    keys += ("dummy_micro_batches", "truncated_before_image", "dropped_at_image")
     out = {k: plan.metrics[k] for k in keys}
     out.update(
         step=0,
