@@ -55,59 +55,20 @@ from rollfeed.loaders.collator import MicroBatchCollator
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import WorkerError
 from rollfeed.loaders.handover import Described, Handover
-from rollfeed.loaders.hints import Pace, worker_hints
 from rollfeed.loaders.metrics import StepMetrics
-from rollfeed.loaders.next_step import plan_following
 from rollfeed.loaders.options import LoaderOptions, memfd_available
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
+from rollfeed.loaders.tasks import Tasks
 from rollfeed.loaders.transfer import move_micro_batch
 from rollfeed.loaders.watch import TICK_S, WorkerWatch
-from rollfeed.loaders.worker import Delivered, MicroBatchWork, Task, WorkerFailure, as_is
+from rollfeed.loaders.worker import Delivered, MicroBatchWork, WorkerFailure, as_is
 from rollfeed.payload.stores.store_url import is_store_url
 
 logger = logging.getLogger(__name__)
 RETIRE_THREAD = "rollfeed-retire"  # drops the DataLoader of a worker error
 # what a fork server imports once, so that each worker it forks starts without importing them
 FORKSERVER_PRELOAD = ("torch", "rollfeed.loaders.worker", "rollfeed.loaders.dataset")
-
-
-class _Tasks:
-    """The DataLoader's batch sampler: the sampler's index lists as :class:`Task`s, each with
-    the hints of its worker's read-ahead (:mod:`~rollfeed.loaders.hints`) when ``workers``."""
-
-    def __init__(self, sampler: MicroBatchSampler, workers: int, depth: int | None) -> None:
-        self.sampler, self.yielded = sampler, 0  # yielded: tasks drawn in the current pass
-        self.step: int | None = None  # the step of the tasks drawn in the current pass
-        self.workers, self.depth, self.pace = workers, depth, Pace()
-
-    def __iter__(self) -> Iterator[Task]:
-        plan, micro, following = None, [], None
-        for indices in self.sampler:
-            state = self.sampler.state_dict()
-            self.yielded += 1
-            # right after micro batch k of step s: (s, k + 1), or (s + 1, 0) after its last
-            step = state["step"] - (state["micro_batches"] == 0)
-            if plan is None:
-                self.step, plan = step, self.sampler.plan_metrics(step)
-                if self._depth():
-                    micro = self.sampler.step_micro_batches(step)
-                    following = plan_following(self.sampler, step)
-            hints = self._hints(step, state, micro, following)
-            yield Task(indices, step, state, plan, hints)
-
-    def _depth(self) -> int:
-        if not self.workers:
-            return 0
-        return self.pace.depth(self.workers) if self.depth is None else self.depth
-
-    def _hints(self, step: int, state: dict, micro: list, following) -> tuple:
-        depth = self._depth()
-        if not depth or not micro:
-            return ()
-        k = state["micro_batches"] - 1 if state["micro_batches"] else len(micro) - 1
-        j, w = self.yielded - 1, self.workers
-        return worker_hints(step, micro, k=k, j=j, workers=w, depth=depth, following=following)
 
 
 class RolloutIterator(Iterator[TensorMicroBatch]):
@@ -184,7 +145,7 @@ class RolloutLoader:
     ) -> None:
         self.dataset, self.batch_sampler, self.collator = dataset, sampler, collator
         self.options = options
-        self._tasks = _Tasks(sampler, options.num_workers, options.read_ahead)
+        self._tasks = Tasks(sampler, options.num_workers, options.read_ahead)
         self._pin = torch.cuda.is_available() if options.pin_memory is None else options.pin_memory
         self._device = None if options.device is None else torch.device(options.device)
         self._loader: DataLoader | None = None
