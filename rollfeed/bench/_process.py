@@ -33,6 +33,8 @@ import time
 from collections.abc import Iterator
 
 _RESET_PEAK = b"5"  # clear_refs: set VmHWM back to the current resident set
+# a busy loop that ends with the process that started it (killed without its finally: no orphan)
+_SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
 
 
 def run_variant(
@@ -51,9 +53,10 @@ def run_variant(
 
 @contextlib.contextmanager
 def busy_core() -> Iterator[None]:
-    """Another process holds one core busy (``while 1: pass``) for the block: the contention a
-    trainer meets when a loader worker or a peer's job takes a core."""
-    proc = subprocess.Popen([sys.executable, "-c", "while 1: pass"])
+    """Another process holds one core busy (a ``while`` loop) for the block: the contention a
+    trainer meets when a loader worker or a peer's job takes a core. The loop also ends when
+    this process does, however it ends."""
+    proc = subprocess.Popen([sys.executable, "-c", _SPIN])
     try:
         time.sleep(0.2)  # its interpreter started and spinning
         yield
