@@ -133,3 +133,16 @@ def test_payload_and_collate_export_nothing_of_capture():
     assert not capture & set(rollfeed.payload.__all__)
     assert not capture & set(rollfeed.collate.__all__)
     assert not [n for n in capture if hasattr(rollfeed.payload, n) or hasattr(rollfeed.collate, n)]
+
+
+def test_loaders_import_only_the_public_face_of_other_packages():
+    """The loaders reach payload and collate through their packages' public names (``from
+    rollfeed.payload import ...``), never a module inside them: what those packages keep private
+    can change without the loaders noticing."""
+    found = []
+    for path in sorted((LIBRARY / "loaders").rglob("*.py")):
+        for module, line in _imported(ast.parse(path.read_text()), ("rollfeed", "loaders")):
+            parts = module.split(".")
+            if parts[0] == "rollfeed" and len(parts) > 2 and parts[1] != "loaders":
+                found.append(f"{path.name}:{line}: {module}")
+    assert found == []

@@ -13,12 +13,13 @@ ERRORS_PAYLOAD = """PayloadChecksumError PayloadDtypeError PayloadError PayloadF
     PayloadHeaderError PayloadIOError PayloadIndexError PayloadInputError PayloadMediaError
     PayloadMissingFileError PayloadOutputBoundError PayloadPathError PayloadRegionError
     PayloadSegmentError PayloadStaleFileError PayloadStoreAuthError PayloadStoreTimeoutError
-    PayloadTruncatedError PayloadWidthError RaggedRowsError UnknownFieldError"""
+    PayloadTruncatedError PayloadWidthError RaggedRowsError StepRecordError UnknownFieldError"""
 PUBLIC = {
     "rollfeed.payload": f"""PAYLOAD_FIELDS PayloadField register_field lookup_field PayloadSegment
         RaggedLayout clip_segments shift_segments PayloadWriter PayloadRoot read_field read_fields
         FieldRead RaggedRows canonical_rows MediaRef ImageSpan MediaWriter read_media
-        ImageProcessorSpec {ERRORS_PAYLOAD}""",
+        ImageProcessorSpec StepRecord StepRecordIndex StepRecordFile StepRecordWriter
+        is_store_url {ERRORS_PAYLOAD}""",
     "rollfeed.collate": """Sample PlanConfig Topology prepare_batch plan_lengths place_micro_batch
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError SupportSetError MeshAxisError OverlongError
@@ -26,7 +27,7 @@ PUBLIC = {
         SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
-        write_step_file step_file_name LoaderError LoaderConfigError LoaderStateError
+        write_step_file step_file_name StepWriter LoaderError LoaderConfigError LoaderStateError
         EmptyStepError PlanMismatchError StepFileError StepTimeoutError StepMissingError
         StepReplacedError StepWriteError WorkerError WorkerDiedError WorkerStoppedError
         WorkerTimeoutError""",

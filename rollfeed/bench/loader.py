@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import os
 import statistics
 import tempfile
@@ -42,7 +41,6 @@ from rollfeed.loaders import (
     step_file_name,
     write_step_file,
 )
-from rollfeed.loaders.step_index import index_path
 from rollfeed.payload import PayloadRoot, PayloadWriter
 
 SEQ_LEN = 16_384
@@ -138,21 +136,17 @@ def main(argv: list[str]) -> None:
     args.add_argument("--seed", type=int, default=0)
     opts = args.parse_args(argv)
     busy = opts.busy_ms / 1e3
-    logging.getLogger("rollfeed.loaders.step_load").setLevel(logging.ERROR)  # fallback warnings
     with tempfile.TemporaryDirectory() as tmp:
         root, steps = os.path.join(tmp, "payload"), os.path.join(tmp, "steps")
-        bare = os.path.join(tmp, "steps_without_index")
         os.makedirs(steps)
-        os.makedirs(bare)
         samples = make_step(root, np.random.default_rng(opts.seed), opts.samples)
         for step in (0, 1):  # a second step, for the warm time to first
-            index_path(write_step_file(bare, step, samples)).unlink()
             write_step_file(steps, step, samples)
         topo = Topology(dp_rank=0, dp_size=1)
-        names = ("workers", "no_thread", "torch", "torch_no_thread", "main", "bare")
+        names = ("workers", "no_thread", "torch", "torch_no_thread", "main")
         rows: dict[str, list] = {k: [] for k in names}
-        warm: dict[str, list[float]] = {"workers": [], "bare": []}
-        times: dict[str, list[float]] = {"up_front": [], "index": [], "parse": []}
+        warm: dict[str, list[float]] = {"workers": []}
+        times: dict[str, list[float]] = {"up_front": [], "index": []}
         runs = (
             ("workers", steps, dict(num_workers=opts.workers)),
             ("no_thread", steps, dict(num_workers=opts.workers, receive_depth=0)),
@@ -160,7 +154,6 @@ def main(argv: list[str]) -> None:
             ("torch_no_thread", steps, dict(num_workers=opts.workers, receive_depth=0,
                                             handover="torch")),
             ("main", steps, dict(num_workers=0)),
-            ("bare", bare, dict(num_workers=opts.workers)),
         )  # fmt: skip
         for _ in range(opts.repeats):
             for name, directory, options in runs:
@@ -181,7 +174,6 @@ def main(argv: list[str]) -> None:
                 del loader
             times["up_front"].append(_up_front(os.path.join(steps, step_file_name(0)), root))
             times["index"].append(_lengths(steps))
-            times["parse"].append(_lengths(bare))
     micro = len(rows["main"][0][1]) + 1
     wait = {k: statistics.median(statistics.mean(w) for _, w, _ in rows[k]) for k in rows}
     first = statistics.median(f for f, _, _ in rows["workers"])
@@ -235,15 +227,5 @@ def main(argv: list[str]) -> None:
         f"whole step read, parsed and decoded up front {whole * 1e3:.1f} ms "
         f"(ratio {whole / nxt:.1f}x)"
     )
-    bare_first = statistics.median(f for f, _, _ in rows["bare"])
-    bare_nxt = statistics.median(warm["bare"])
-    print(
-        f"  step index: time to first micro batch {first * 1e3:.1f} ms vs without index "
-        f"{bare_first * 1e3:.1f} ms (ratio {bare_first / first:.1f}x); next step "
-        f"{nxt * 1e3:.1f} ms vs {bare_nxt * 1e3:.1f} ms (ratio {bare_nxt / nxt:.1f}x)"
-    )
-    index, parse = statistics.median(times["index"]), statistics.median(times["parse"])
-    print(
-        f"  lengths for planning: from the index {index * 1e3:.2f} ms vs parsing the step file "
-        f"{parse * 1e3:.1f} ms (ratio {parse / index:.0f}x)"
-    )
+    index = statistics.median(times["index"])
+    print(f"  lengths for planning: from the step file's index {index * 1e3:.2f} ms")

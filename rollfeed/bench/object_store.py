@@ -50,7 +50,6 @@ from rollfeed.loaders import (
     build_dataloader,
     write_step_file,
 )
-from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.format.layout import REGION_HEADER
 
@@ -134,7 +133,7 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], run
     root = PayloadRoot(f"{url}/loader", **options)
     samples = make_step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
     access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
-    StepStore(f"{url}/steps", **access).write_step_file(0, samples)
+    write_step_file(f"{url}/steps", 0, samples, store=access)
     plan = prepare_batch(samples, CONFIG, dp_size=1)
     fresh = PayloadRoot(f"{url}/loader", **options)
     fetch = statistics.median(
@@ -192,12 +191,11 @@ def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
     access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
     root = PayloadRoot(f"{url}/start", **options)
     samples = make_step(root, np.random.default_rng(7), 24)  # type: ignore[arg-type]
-    steps = StepStore(f"{url}/start-steps", **access)
     local_root, local_steps = work / "start-payload", work / "start-steps"
     local_steps.mkdir()
     local = make_step(str(local_root), np.random.default_rng(7), 24)
     for step in range(2):
-        steps.write_step_file(step, samples)
+        write_step_file(f"{url}/start-steps", step, samples, store=access)
         write_step_file(local_steps, step, local)
     stored = functools.partial(RolloutDataset.from_step_dir, f"{url}/start-steps", store=access)
     on_disk = functools.partial(RolloutDataset.from_step_dir, local_steps)

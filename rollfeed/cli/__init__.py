@@ -8,7 +8,8 @@
   ``verify ROOT --steps DIR``: every record of a step directory checked against the root
   (:mod:`rollfeed.cli.verify_steps`);
 - ``steps DIR``: per step, samples, tokens, loss tokens, truncation and kept-set widths
-  (:mod:`rollfeed.cli.step_summary`).
+  (:mod:`rollfeed.cli.step_summary`); ``steps convert DIR``: JSON-lines step files written as
+  the step record files the loader reads (:mod:`rollfeed.cli.step_convert`).
 
 ``inspect``, ``verify`` and ``steps`` take ``--json`` (one JSON object on stdout, its keys in
 each command's module doc), ``--progress`` / ``--no-progress`` (counts on stderr; by default

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from rollfeed.cli.errors import UsageError
-from rollfeed.cli.parser import build_parser
+from rollfeed.cli.parser import build_convert_parser, build_parser
 from rollfeed.cli.report import USAGE
 
 
@@ -23,6 +23,10 @@ def main(argv: list[str]) -> int:
             from rollfeed.cli.serve_help import serve
 
             return serve(argv[1:])
+        if argv[:2] == ["steps", "convert"]:
+            from rollfeed.cli.step_convert import run_convert
+
+            return run_convert(build_convert_parser().parse_args(argv[2:]))
         args = build_parser().parse_args(argv)
         return _run(args)
     except SystemExit as done:  # --help printed (0), or argparse's usage error printed (2)

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--steps",
         metavar="DIR",
-        help="check the records of the step files (step_NNNNNN.jsonl) in DIR against ROOT",
+        help="check the records of the step files (step_NNNNNN.rfs) in DIR against ROOT",
     )
     v.add_argument(
         "--checksums",
@@ -121,12 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     _report_flags(v, "rollfeed.cli.verify_root; with --steps: rollfeed.cli.verify_steps")
     s = sub.add_parser(
         "steps",
-        help="per step of a step directory: samples, tokens, loss tokens, truncation, kept sets",
+        help="per step of a step directory: samples, tokens, loss tokens, truncation, kept sets "
+        "(steps convert DIR: JSON-lines step files as step record files)",
         description="Per step file in DIR: samples, tokens (min/median/max length), loss "
-        "tokens; with --seq-len, what truncation would cut; with --root, kept-set widths.",
+        "tokens; with --seq-len, what truncation would cut; with --root, kept-set widths. "
+        "'steps convert DIR' converts JSON-lines step files (python -m rollfeed steps convert "
+        "--help).",
         epilog=EXIT_CODES,
     )
-    s.add_argument("dir", metavar="DIR", help="the step directory (step_NNNNNN.jsonl files)")
+    s.add_argument("dir", metavar="DIR", help="the step directory (step_NNNNNN.rfs files)")
     s.add_argument(
         "--seq-len",
         type=_positive,
@@ -139,4 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="the payload root the records point into: adds kept-set widths (mean/p99/max)",
     )
     _report_flags(s, "rollfeed.cli.step_summary")
+    return ap
+
+
+def build_convert_parser() -> argparse.ArgumentParser:
+    """``python -m rollfeed steps convert``'s parser."""
+    ap = argparse.ArgumentParser(
+        prog="python -m rollfeed steps convert",
+        description="Write each JSON-lines step file of DIR (step_NNNNNN.jsonl) as the step "
+        "record file the loader reads (step_NNNNNN.rfs); a step converted already is left as "
+        "it is.",
+        epilog=EXIT_CODES,
+    )
+    ap.add_argument("dir", metavar="DIR", help="the step directory")
+    ap.add_argument(
+        "--remove",
+        action="store_true",
+        help="delete each JSON-lines step file and its index once its step is converted",
+    )
     return ap

@@ -30,8 +30,8 @@ Example text::
                 length: {min, median, max} (null for a step of no readable sample);
                 support_width: {rows, mean, p99, max}, the kept-set widths (null without
                 --root, or with no kept row; the key was ``kept_width`` before this release)
-    findings    [{type, message, step_file, step, line, sample}] (+ field, pos, file, offset
-                for a kept-set read)
+    findings    [{type, message, step_file, step, sample}] (+ field, pos, file, offset for a
+                kept-set read)
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def run_steps(args: argparse.Namespace) -> int:
                     findings.append(step_finding(step, step.problem))
                     counts[-1].findings += 1
                 continue
-            at = {"line": got.line, "sample": got.sample}
+            at = {"sample": got.sample}
             if got.error is not None:
                 findings.append(step_finding(step, got.error, **at))
                 counts[-1].findings += 1

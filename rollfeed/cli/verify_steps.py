@@ -2,36 +2,35 @@
 checked against the payload root ``ROOT``.
 
 Each step file is read as the loader reads it (:mod:`rollfeed.cli.step_samples`: through its
-index, whose token counts and line bounds are checked, or parsed line by line), and each
-sample's segment records are read back from the root field by field over the whole sample, as a
-trainer would read them: the files exist under the root, every record lies within its region and
-its region within its file; with ``--checksums`` the CRC-32C of every block read is checked too.
+index, each sample's record held to its index row), and each sample's segment records are read
+back from the root field by field over the whole sample, as a trainer would read them: the files
+exist under the root, every record lies within its region and its region within its file; with
+``--checksums`` the CRC-32C of every block read is checked too.
 A sample whose read fails is read again record by record, so each finding names the step file,
-its line and sample, the field, the record's token position and the payload file and offset.
-Only the bytes the records name are read: ``verify ROOT`` checks the files themselves.
+its sample, the field, the record's token position and the payload file and offset. Only the
+bytes the records name are read: ``verify ROOT`` checks the files themselves.
 
-Exits 0 when every record of every step file is readable, else 1. A step file without an index
-is read whole (the loader's ``missing_index="parse"``) and counted, not a finding.
+Exits 0 when every record of every step file is readable, else 1.
 
 Example text::
 
-    BAD step_000002.jsonl line 3 (sample 2, uid s2): sampling_mask at pos 4: the segment's
-        region ends past the file [file=a/w0.rfp, offset=812]
+    BAD step_000002.rfs sample 2 (uid s2): sampling_mask at pos 4: the segment's region ends
+        past the file [file=a/w0.rfp, offset=812]
     17 of 18 samples in 2 step files have readable records (31 segments read)
 
 ``--json`` prints one object instead::
 
     command     "verify"
     root        the root as given;  steps_dir: DIR as given;  checksums: true / false
-    totals      {step_files, unindexed, samples, sound, segments, findings}: sound counts the
-                samples without a finding, segments the records read
-    steps       [{step, step_file, indexed, samples, sound, segments, findings}], by step
-    findings    [{type, message, step_file, step, line, sample, uid, field, pos, file,
-                offset}]: the keys a finding does not know are left out. A finding of the
-                step file as a whole (it cannot be opened, the loader refuses its index, a
-                NUL byte or an overlong line: the loader refuses the step) has no sample, and
-                a line where one is known; a record finding names field, pos and what the
-                payload error knows of file and offset
+    totals      {step_files, samples, sound, segments, findings}: sound counts the samples
+                without a finding, segments the records read
+    steps       [{step, step_file, samples, sound, segments, findings}], by step
+    findings    [{type, message, step_file, step, sample, uid, field, pos, file, offset}]: the
+                keys a finding does not know are left out. A finding of the step file as a
+                whole (it cannot be opened, the loader refuses its footer or index: the loader
+                refuses the step) has no sample, unless the index names the one at fault; a
+                record finding names field, pos and what the payload error knows of file and
+                offset
 """
 
 from __future__ import annotations
@@ -89,15 +88,14 @@ def run_verify_steps(args: argparse.Namespace) -> int:
     try:
         for step, got in walk_steps(args.steps, steps, progress):
             if got is None:
-                rows.append({"step": step.step, "step_file": step.name, "indexed": step.indexed})
+                rows.append({"step": step.step, "step_file": step.name, "samples": step.samples})
                 row = rows[-1]
-                row.update(samples=0, sound=0, segments=0, findings=0)
+                row.update(sound=0, segments=0, findings=0)
                 if step.problem is not None:
                     findings.append(step_finding(step, step.problem))
                     row["findings"] += 1
                 continue
-            at = {"line": got.line, "sample": got.sample}
-            row["samples"] += got.sample is not None
+            at = {"sample": got.sample}
             if got.error is not None:
                 findings.append(step_finding(step, got.error, **at))
                 row["findings"] += 1
@@ -121,7 +119,6 @@ def run_verify_steps(args: argparse.Namespace) -> int:
         "checksums": args.checksums,
         "totals": {
             "step_files": len(rows),
-            "unindexed": sum(not r["indexed"] for r in rows),
             **{k: sum(r[k] for r in rows) for k in ("samples", "sound", "segments")},
             "findings": len(findings),
         },
@@ -139,10 +136,9 @@ def _print(report: dict[str, Any]) -> None:
     for f in report["findings"]:
         print(step_finding_line(f))
     t = report["totals"]
-    unindexed = f"; {t['unindexed']} without an index, read whole" if t["unindexed"] else ""
     checked = ", checksums checked" if report["checksums"] else ""
     print(
         f"{t['sound']} of {count(t['samples'], 'sample')} in "
         f"{count(t['step_files'], 'step file')} have readable records "
-        f"({t['segments']} segments read{checked}{unindexed})"
+        f"({t['segments']} segments read{checked})"
     )

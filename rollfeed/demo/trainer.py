@@ -84,7 +84,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def step_file(workdir: Path) -> Path:
     """The captured step: the first step file in ``workdir/steps``."""
-    files = sorted((workdir / "steps").glob("step_*.jsonl"))
+    files = sorted((workdir / "steps").glob("step_*.rfs"))
     if not files:
         raise SystemExit(f"no step file in {workdir / 'steps'}: run the rollouts stage first")
     return files[0]

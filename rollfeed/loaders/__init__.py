@@ -24,7 +24,7 @@ from rollfeed.loaders.errors import (
 from rollfeed.loaders.loader import RolloutIterator, RolloutLoader
 from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
-from rollfeed.loaders.step_files import read_step_file, step_file_name, write_step_file
+from rollfeed.loaders.step_files import StepWriter, read_step_file, step_file_name, write_step_file
 
 __all__ = [
     "EmptyStepError",
@@ -44,6 +44,7 @@ __all__ = [
     "StepReplacedError",
     "StepTimeoutError",
     "StepWriteError",
+    "StepWriter",
     "Topology",
     "WorkerDiedError",
     "WorkerError",

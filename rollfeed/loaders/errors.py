@@ -1,5 +1,5 @@
 """Typed loader errors: :class:`~rollfeed.errors.RollfeedError` subclasses that name the value,
-the bound and the fix, and the place (step file and line, step, DataLoader worker).
+the bound and the fix, and the place (step file, step and sample, DataLoader worker).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from rollfeed.errors import RollfeedError
 class LoaderError(RollfeedError):
     """Base class: loader input, configuration or saved state is not what the loader needs."""
 
-    PLACE = ("file", "line", "step", "worker")
+    PLACE = ("file", "line", "step", "sample", "worker")
 
 
 class LoaderConfigError(LoaderError):
@@ -18,14 +18,9 @@ class LoaderConfigError(LoaderError):
 
 
 class StepFileError(LoaderError):
-    """A step file or its index cannot be read as one: a line that is not a valid sample record,
-    an index that disagrees with its file, or something other than a regular file (a symlink, a
-    FIFO, a directory) under a step file's or an index's name."""
-
-
-class StepIndexVersionError(StepFileError):
-    """A step index of an older format version, which the loader does not use (a dataset then
-    applies its ``missing_index`` policy); ``build_step_index`` writes the current one."""
+    """A step file cannot be read as one: bytes or a record that are not what its format says, a
+    record that is not a valid sample, something other than a regular file (a symlink, a FIFO, a
+    directory) under a step file's name, or a step file of the JSON-lines format."""
 
 
 class StepMissingError(StepFileError):
@@ -34,7 +29,7 @@ class StepMissingError(StepFileError):
 
 class StepReplacedError(StepFileError):
     """A step file is not the version its step was planned from: it was replaced (or rewritten)
-    after planning, so its samples, lengths or lines may differ from the plan's."""
+    after planning, so its samples or lengths may differ from the plan's."""
 
 
 class StepWriteError(LoaderError):

@@ -43,8 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rollfeed.collate import TensorMicroBatch
-from rollfeed.collate.tensor_batch import map_field
+from rollfeed.collate import RaggedRows, TensorMicroBatch
 
 KEEP = 4  # free buffers a worker keeps for reuse
 _ALIGN = 64
@@ -178,7 +177,10 @@ class Handover:
         return dataclasses.replace(
             tmb,
             **top,
-            fields={k: map_field(v, view) for k, v in tmb.fields.items()},
+            fields={
+                k: v.apply(view) if isinstance(v, RaggedRows) else view(v)
+                for k, v in tmb.fields.items()
+            },
             coverage={k: view(v) for k, v in tmb.coverage.items()},
             step_counts=None if tmb.step_counts is None else tmb.step_counts.apply(view),
             media=None if tmb.media is None else tmb.media.apply(view),

@@ -63,7 +63,7 @@ from rollfeed.loaders.tasks import Tasks
 from rollfeed.loaders.transfer import move_micro_batch
 from rollfeed.loaders.watch import TICK_S, WorkerWatch
 from rollfeed.loaders.worker import Delivered, MicroBatchWork, WorkerFailure, as_is
-from rollfeed.payload.stores.store_url import is_store_url
+from rollfeed.payload import is_store_url
 
 logger = logging.getLogger(__name__)
 RETIRE_THREAD = "rollfeed-retire"  # drops the DataLoader of a worker error

@@ -19,11 +19,12 @@ logs as they are:
 - this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
   ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
-  collating them), of which ``samples_s`` reading their samples (the step records: a GET each
-  from a step store), ``read_ahead`` (of them, made before the loader asked: a worker's
-  :mod:`~rollfeed.loaders.read_ahead`), and the kept-set (support) width distribution over this
-  rank's rows that hold one (``sampling_mask``): ``support_rows``, ``support_width_mean``,
-  ``support_width_p50`` / ``_p90`` / ``_p99``, ``support_width_max`` (0 when there is none);
+  collating them), of which ``samples_s`` reading their samples (the step records; from an
+  object store a GET per block of the step file), ``read_ahead`` (of them, made before the
+  loader asked: a worker's :mod:`~rollfeed.loaders.read_ahead`), and the kept-set (support)
+  width distribution over this rank's rows that hold one (``sampling_mask``): ``support_rows``,
+  ``support_width_mean``, ``support_width_p50`` / ``_p90`` / ``_p99``, ``support_width_max`` (0
+  when there is none);
 - the trainer-visible wait, the time spent inside ``next``: ``wait_s`` (total), ``wait_max_s``, and
   of ``wait_s`` the part before the micro batch was made, ``wait_making_s``, and after it,
   ``wait_handover_s`` (transfer from the worker, receive, pinning, the device copy).
@@ -47,8 +48,8 @@ from typing import ClassVar
 import numpy as np
 
 from rollfeed.collate import RaggedRows, Sample, TensorMicroBatch
-from rollfeed.collate.token_checks import SUPPORT_FIELD
 from rollfeed.deprecation import RenamedKeys
+from rollfeed.payload import PAYLOAD_FIELDS
 
 PLAN_KEYS = (
     "samples",
@@ -104,7 +105,8 @@ def measure(
     """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``), which
     took ``samples_s`` to read."""
     by_handle = {seg.field for s in samples for seg in s.payload}
-    support = tmb.fields.get(SUPPORT_FIELD)
+    kept = [name for name in tmb.fields if _kept_set(name)]  # the sampling mask's ids
+    support = tmb.fields[kept[0]] if kept else None
     widths = np.zeros(1, np.int64)
     if isinstance(support, RaggedRows) and support.n_rows:
         widths = np.bincount(support.lengths().numpy())
@@ -120,6 +122,12 @@ def measure(
         made_at=now,
         samples_s=samples_s,
     )
+
+
+def _kept_set(name: str) -> bool:
+    """Whether field ``name`` holds kept sets of token ids (declared ``label="omitted"``)."""
+    spec = PAYLOAD_FIELDS.get(name)
+    return spec is not None and spec.ragged and spec.label == "omitted"
 
 
 class StepMetrics:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -57,7 +56,6 @@ from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.plan_fingerprint import plan_fingerprint
 from rollfeed.loaders.state import SamplerState, continue_at, resume_point, step_gone
-from rollfeed.loaders.step_files import step_file_name
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_version import StepVersion
 
@@ -257,10 +255,8 @@ class MicroBatchSampler(Sampler[list[int]]):
                 else "(overlong='drop'; use 'truncate' to keep them)"
             )
         )
-        directory = self.dataset.directory
         return EmptyStepError(
-            f"step {step} has no micro batch to train on: {why}",
-            file=None if directory is None else os.path.join(directory, step_file_name(step)),
+            f"step {step} has no micro batch to train on: {why}", file=self.dataset.where(step)
         )
 
     def __len__(self) -> int:

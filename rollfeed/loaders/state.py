@@ -18,7 +18,7 @@ was planned under and which samples it counted in::
 Checks, each failure a :class:`LoaderStateError` naming the step and what differs:
 
 - loading (:meth:`SamplerState.from_dict`): exactly these keys; ``step`` an int in
-  ``[0, 2**31)`` (a dataset index is ``step * 2**32 + line`` in int64), ``micro_batches`` and
+  ``[0, 2**31)`` (a dataset index is ``step * 2**32 + sample`` in int64), ``micro_batches`` and
   ``seed`` ints in ``[0, 2**62)``, ``dp_size`` and ``cp_size`` ints >= 1 (no bools, floats or
   strings); ``data`` names samples exactly when ``micro_batches`` > 0;
 - loading (:func:`resume_point`): the seed is this sampler's (another seed is always refused: it is
@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollfeed.loaders.config import Reshard
-from rollfeed.loaders.dataset import MAX_STEP
 from rollfeed.loaders.errors import LoaderStateError
 from rollfeed.loaders.plan_fingerprint import FINGERPRINT_KEYS, fingerprint_differences
+from rollfeed.loaders.step_files import MAX_STEP
 from rollfeed.loaders.step_identity import NO_SAMPLES, StepIdentity
 
 logger = logging.getLogger(__name__)

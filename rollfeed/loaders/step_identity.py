@@ -5,8 +5,8 @@ step 7's samples *as they were*. Were the step file rewritten before the resume 
 fewer, the same number with other content), the same count would skip samples never trained on,
 or run past the new plan and train on nothing. So the state carries the identity of the samples it
 counted in: how many, their tokens, and a digest of each sample's token count and content hash
-(the step index's ``lengths`` and ``crc32c``, :mod:`rollfeed.loaders.step_index`; for a step
-parsed without an index, the same values computed from its lines), in file order::
+(the step index's ``tokens`` and ``crc32c`` of each record, :mod:`rollfeed.payload.format.
+step_layout`), in file order::
 
     StepIdentity.of(np.array([3, 5]), np.array([938304012, 2867502917]))
     -> StepIdentity(samples=2, tokens=8, digest="<32 hex digits>")
@@ -15,8 +15,11 @@ parsed without an index, the same values computed from its lines), in file order
 It is the content, not the step file's inode or modification time (its
 :class:`~rollfeed.loaders.step_version.StepVersion`, which a plan carries for the reads of one
 pass): a run directory copied to another machine or restored from a backup resumes, and so does a
-step written again with the very same lines. An in-memory list's identity is taken from its
-samples' token counts and token ids (the list is the caller's and has no lines).
+step written again with the very same samples (a record's bytes are a function of its sample).
+An in-memory list's identity is taken from its samples' token counts and token ids (the list is
+the caller's and has no records). A state saved mid-step over a JSON-lines step file meets other
+bytes in its converted step record file: it is refused as a rewritten step (or its ``on_reshard``
+policy applies); one saved at a step boundary resumes.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import crc32c
 import numpy as np
 
 from rollfeed.collate import Sample
 from rollfeed.loaders.errors import LoaderStateError
-from rollfeed.payload.format.checksum import crc
 
 _HEX = re.compile(r"^[0-9a-f]{32}$")
 _KEYS = ("samples", "tokens", "digest")
@@ -61,7 +64,7 @@ class StepIdentity:
         """An in-memory list's identity: token counts and a CRC-32C of each one's token ids."""
         lengths = np.fromiter((len(s) for s in samples), np.int64, len(samples))
         ids = (np.ascontiguousarray(s.token_ids, "<i8") for s in samples)
-        return cls.of(lengths, np.fromiter(map(crc, ids), np.int64, len(samples)))
+        return cls.of(lengths, np.fromiter(map(crc32c.crc32c, ids), np.int64, len(samples)))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in _KEYS}

@@ -2,7 +2,7 @@
 
 A step file can be replaced under its name (a producer that writes a step again, a copy tool).
 The sampler plans a step from its index in the trainer's process; a worker reads its samples'
-lines later, in another process, perhaps after the replacement, with an index of its own. So the
+records later, in another process, perhaps after the replacement, with an index of its own. So the
 plan carries the version it was made from (and each planned sample's length,
 :class:`~rollfeed.loaders.plan.Planned`), a worker reads only through a handle on that version,
 and any other is refused with :class:`~rollfeed.loaders.errors.StepReplacedError` naming the file
@@ -11,17 +11,17 @@ and the step:
 - a local step file: its size, inode and modification time (ns), from ``fstat`` of the descriptor
   the reads go through (a file moved into place is another inode; a rewrite in place moves the
   modification time);
-- an object in a store: its size and ETag; every line's ranged GET carries ``If-Match`` on it.
+- an object in a store: its size and ETag; every record's ranged GET carries ``If-Match`` on it.
 
-Example::
+Both are the ``size`` and ``stamp`` of the file as the store opened it
+(:class:`~rollfeed.payload.StepRecordFile`)::
 
-    StepVersion.of_stat(os.fstat(fd))  -> StepVersion(size=97, stamp="inode 1234, mtime_ns 17...")
-    StepVersion.of_etag(97, '"9b2c"')  -> StepVersion(size=97, stamp='ETag "9b2c"')
+    StepVersion(size=97, stamp="inode 1234, mtime_ns 17...")   # a local file
+    StepVersion(size=97, stamp='ETag "9b2c"')                  # an object
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from rollfeed.loaders.errors import StepReplacedError
@@ -34,15 +34,6 @@ class StepVersion:
 
     size: int
     stamp: str
-    etag: str | None = None  # an object's, for ``If-Match``
-
-    @classmethod
-    def of_stat(cls, st: os.stat_result) -> StepVersion:
-        return cls(size=st.st_size, stamp=f"inode {st.st_ino}, mtime_ns {st.st_mtime_ns}")
-
-    @classmethod
-    def of_etag(cls, size: int, etag: str | None) -> StepVersion:
-        return cls(size=size, stamp=f"ETag {etag}", etag=etag)
 
     def __str__(self) -> str:
         return f"{self.size} bytes, {self.stamp}"

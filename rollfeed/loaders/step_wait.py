@@ -1,108 +1,109 @@
-"""Bounded, logged waits for a step file, and what a step directory holds when none comes.
+"""A step directory as a listing: the steps it holds, bounded, logged waits for the next, and what
+it holds when none comes.
+
+:class:`StepDirectory` lists a directory or prefix through its root's store (one folder deep,
+:meth:`~rollfeed.payload.stores.store.Store.names`): the step files present, and a JSON-lines
+step file without its step record file refused naming the command that converts it.
 
 A pass waits for its step file (stream mode: exactly step ``s``; otherwise step ``s`` or a later
-one) by polling the directory or the store (no inotify: it does not see writes made on other hosts
-of a shared filesystem). The wait is never silent: it logs at INFO once as it starts and then
-every :data:`LOG_EVERY_S` what it waits for and where, and after ``step_timeout_s`` it raises
+one) by polling that listing (no inotify: it does not see writes made on other hosts of a shared
+filesystem). The wait is never silent: it logs at INFO once as it starts and then every
+:data:`LOG_EVERY_S` what it waits for and where, and after ``step_timeout_s`` it raises
 :class:`StepTimeoutError` naming the directory, what it found there and the producer's last step
-seen (the newest step file there). :func:`misplaced_steps` finds the mistake a new user makes most,
-a run folder given for its ``steps/`` subfolder, which ``from_step_dir`` refuses at build time.
+seen (the newest step file there). :func:`describe` finds the mistake a new user makes most, a
+run folder given for its ``steps/`` subfolder, which ``from_step_dir`` refuses at build time
+(:meth:`StepDirectory.check`).
 
 Example (``/run/steps`` holds steps 0..5, the pass wants 6, ``step_timeout_s=600``)::
 
-    INFO rollfeed.loaders.step_wait: waiting for step 6 (step_000006.jsonl) in /run/steps, for
+    INFO rollfeed.loaders.step_wait: waiting for step 6 (step_000006.rfs) in /run/steps, for
     at most step_timeout_s=600 (0 s so far); found there: step files up to step 5 (6 files, from
     step 0; the newest written 2 s ago)
-    StepTimeoutError: step 6 (step_000006.jsonl) did not appear in /run/steps within
+    StepTimeoutError: step 6 (step_000006.rfs) did not appear in /run/steps within
     step_timeout_s=600; found there: step files up to step 5 (...); the producer's last step
     seen: 5. The producer may have stopped or be behind: raise step_timeout_s, or stop after the
-    last step [file=/run/steps/step_000006.jsonl]
+    last step [file=/run/steps/step_000006.rfs]
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from rollfeed.loaders.errors import LoaderConfigError, StepTimeoutError
-from rollfeed.loaders.step_files import list_steps, parse_step_name, step_file_name
+from rollfeed.loaders.errors import LoaderConfigError, StepFileError, StepTimeoutError
+from rollfeed.loaders.step_files import parse_json_step_name, parse_step_name, step_file_name
+from rollfeed.payload import PayloadMissingFileError, PayloadPathError, PayloadRoot
 
 logger = logging.getLogger(__name__)
 LOG_EVERY_S = 30.0  # how often a wait logs again
-_SUBFOLDERS = 64  # subfolders of a directory without step files looked into for some
+SUBFOLDERS = 64  # subfolders of a directory without step files looked into for some
 _EXAMPLES = 3  # names of other entries a description shows
+
+
+class Entry(Protocol):
+    """One entry of a listing: its name (``rel``), modification time and kind."""
+
+    rel: str
+    mtime: float
+    folder: bool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Found:
-    """What a step directory holds, in words, and its newest step (``None``: no step file)."""
+    """What a step directory holds, in words, its newest step (``None``: no step file) and its
+    subfolders that hold step files (``(name, description)``), when it holds none itself."""
 
     text: str
     last: int | None
+    misplaced: tuple[tuple[str, str], ...] = ()
 
 
 def describe_steps(steps: list[int], *, newest_age_s: float | None = None) -> Found:
     """The words for a directory (or prefix) holding the step files ``steps`` (sorted)."""
     if not steps:
-        return Found(text="no step file named step_NNNNNN.jsonl", last=None)
+        return Found(text="no step file named step_NNNNNN.rfs", last=None)
     age = "" if newest_age_s is None else f"; the newest written {newest_age_s:.0f} s ago"
     files = f"{len(steps)} file{'s' if len(steps) > 1 else ''}"
     text = f"step files up to step {steps[-1]} ({files}, from step {steps[0]}{age})"
     return Found(text=text, last=steps[-1])
 
 
-def describe_directory(directory: str) -> Found:
-    """What the local ``directory`` holds (see the module doc's example)."""
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
+def describe(entries: Sequence[Entry] | None, look: Callable[[str], Sequence[Entry]]) -> Found:
+    """What a directory of ``entries`` holds (``None``: it does not exist); ``look(folder)``
+    lists a subfolder, looked into (the first :data:`SUBFOLDERS`) when it holds no step file."""
+    if entries is None:
         return Found(text="nothing: the directory does not exist", last=None)
-    except OSError as err:
-        return Found(text=f"nothing readable ({err.strerror})", last=None)
-    steps = sorted(s for e in entries if (s := parse_step_name(e.name)) is not None)
+    steps = {s: e for e in entries if (s := parse_step_name(e.rel)) is not None}
     if steps:
-        try:
-            newest = os.path.join(directory, step_file_name(steps[-1]))
-            age = time.time() - os.lstat(newest).st_mtime
-        except OSError:
-            age = None
-        return describe_steps(steps, newest_age_s=age)
+        newest = steps[max(steps)]
+        age = time.time() - newest.mtime if newest.mtime else None
+        return describe_steps(sorted(steps), newest_age_s=age)
     if not entries:
         return Found(text="nothing: the directory is empty", last=None)
-    misplaced = misplaced_steps(directory, entries)
+    misplaced = []
+    for folder in [e.rel for e in entries if e.folder][:SUBFOLDERS]:
+        try:
+            inside = sorted(
+                s for e in look(folder) if (s := parse_step_name(_base(e.rel))) is not None
+            )
+        except ValueError:  # a typed error of the store: that folder cannot be listed
+            continue
+        if inside:
+            misplaced.append((folder, f"step files (steps {inside[0]}..{inside[-1]})"))
     if misplaced:
         where = "; ".join(f"a {name}/ subfolder holding {what}" for name, what in misplaced)
-        return Found(text=f"no step file, but {where}", last=None)
-    names = ", ".join(sorted(e.name for e in entries)[:_EXAMPLES])
+        return Found(text=f"no step file, but {where}", last=None, misplaced=tuple(misplaced))
+    names = ", ".join(sorted(e.rel for e in entries)[:_EXAMPLES])
     return Found(
-        text=f"{len(entries)} entries, none named step_NNNNNN.jsonl (e.g. {names})", last=None
+        text=f"{len(entries)} entries, none named step_NNNNNN.rfs (e.g. {names})", last=None
     )
 
 
-def misplaced_steps(directory: str, entries: list[os.DirEntry] | None = None) -> list[tuple]:
-    """``(name, description)`` of the subfolders of ``directory`` holding step files (the first
-    :data:`_SUBFOLDERS` looked into), when ``directory`` itself holds none."""
-    if entries is None:
-        try:
-            entries = list(os.scandir(directory))
-        except OSError:
-            return []
-    if any(parse_step_name(e.name) is not None for e in entries):
-        return []
-    found = []
-    folders = [e for e in entries if e.is_dir(follow_symlinks=False)]
-    for entry in sorted(folders, key=lambda e: e.name)[:_SUBFOLDERS]:
-        try:
-            names = os.listdir(entry.path)
-        except OSError:
-            continue
-        steps = sorted(s for n in names if (s := parse_step_name(n)) is not None)
-        if steps:
-            found.append((entry.name, f"step files (steps {steps[0]}..{steps[-1]})"))
-    return found
+def _base(rel: str) -> str:
+    return rel.rsplit("/", 1)[-1]
 
 
 def wait_for_step(
@@ -159,41 +160,84 @@ def wait_for_step(
             return found
 
 
-def wait_in_directory(directory: str, step: int, *, exact: bool, timeout_s: float) -> int:
-    """:func:`wait_for_step` over a local step directory."""
-    path = os.path.join(directory, step_file_name(step))
+class StepDirectory:
+    """The step files of ``directory`` (as given), listed through ``root``'s store; picklable."""
 
-    def find() -> int | None:
-        if exact:  # lexists: a dangling symlink is found, and refused as the step is read
-            return step if os.path.lexists(path) else None
-        return next((s for s in list_steps(directory) if s >= step), None)
+    def __init__(self, root: PayloadRoot, directory: str) -> None:
+        self.root, self.directory = root, directory
 
-    return wait_for_step(
-        find,
-        step,
-        exact=exact,
-        where=directory,
-        file=path,
-        describe=lambda: describe_directory(directory),
-        timeout_s=timeout_s,
-    )
+    def entries(self) -> list | None:
+        """The directory's entries (``None`` when it does not exist); a JSON-lines step file
+        without its step record file is a :class:`StepFileError` naming it and the command that
+        converts the directory."""
+        try:
+            entries = self.root.store.names("")
+        except PayloadMissingFileError:
+            return None
+        names = {e.rel for e in entries}
+        for e in entries:
+            old = parse_json_step_name(e.rel)
+            if old is not None and step_file_name(old) not in names:
+                raise StepFileError(
+                    f"step {old} is a step file of the JSON-lines format, which this loader no "
+                    "longer reads; convert the directory once: python -m rollfeed steps convert "
+                    f"{self.directory}",
+                    file=self.root.store.where(e.rel),
+                    step=old,
+                )
+        return entries
 
+    def describe(self, entries: list | None = None) -> Found:
+        return describe(self.entries() if entries is None else entries, look=self.root.store.names)
 
-def check_step_dir(directory: str) -> None:
-    """Refuse at once a local step directory that cannot be one (``from_step_dir``): a missing
-    path or a file, or a directory without step files whose subfolder has some."""
-    if not os.path.isdir(directory):
-        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
-        raise LoaderConfigError(
-            f"step directory {directory!r} {what}; pass the directory that holds (or will hold) "
-            "the step_NNNNNN.jsonl files (a producer's write_step_file makes it with its first "
-            "step: create it first to start a trainer before its producer)"
+    def steps_from(self, step: int) -> list[int]:
+        """The steps present from ``step`` on, sorted."""
+        entries = self.entries() or []
+        return sorted(s for e in entries if (s := parse_step_name(e.rel)) is not None and s >= step)
+
+    def wait_for_step(self, step: int, *, timeout_s: float, exact: bool) -> int:
+        """:func:`wait_for_step` over this directory's listing."""
+
+        def find() -> int | None:
+            present = self.steps_from(step)
+            if exact:
+                return step if present[:1] == [step] else None
+            return present[0] if present else None
+
+        return wait_for_step(
+            find,
+            step,
+            exact=exact,
+            where=self.directory,
+            file=self.root.store.where(step_file_name(step)),
+            describe=self.describe,
+            timeout_s=timeout_s,
         )
-    misplaced = misplaced_steps(directory)
-    if misplaced:
-        paths = [os.path.join(directory, name) for name, _ in misplaced]
-        held = "; ".join(f"{p} holds {what}" for p, (_, what) in zip(paths, misplaced, strict=True))
-        raise LoaderConfigError(
-            f"step directory {directory!r} holds no step file, but {held}: pass that directory, "
-            f"RolloutDataset.from_step_dir({paths[0]!r})"
-        )
+
+    def check(self) -> None:
+        """Refuse at once a local directory that cannot be a step directory: a missing path or
+        a file, or a directory without step files whose subfolder has some (a run folder given
+        for its ``steps/``); :class:`LoaderConfigError` naming it (and that subfolder)."""
+        what = None
+        try:
+            entries = self.root.store.names("")
+        except PayloadMissingFileError:
+            what = "does not exist"
+        except PayloadPathError:
+            what = "is not a directory"
+        if what is not None:
+            raise LoaderConfigError(
+                f"step directory {self.directory!r} {what}; pass the directory that holds (or "
+                "will hold) the step_NNNNNN.rfs files (a producer's StepWriter makes it with its "
+                "first step: create it first to start a trainer before its producer)"
+            )
+        found = self.describe(entries)
+        if found.misplaced:
+            paths = [self.root.store.where(name) for name, _ in found.misplaced]
+            held = "; ".join(
+                f"{p} holds {w}" for p, (_, w) in zip(paths, found.misplaced, strict=True)
+            )
+            raise LoaderConfigError(
+                f"step directory {self.directory!r} holds no step file, but {held}: pass that "
+                f"directory, RolloutDataset.from_step_dir({paths[0]!r})"
+            )

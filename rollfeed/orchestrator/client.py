@@ -15,14 +15,14 @@ An orchestrator in a few lines::
 
     client = CaptureClient("http://inference-0:8000")
     sampling = {"top_k": 20, "top_p": 0.95, "temperature": 1.0, "max_tokens": 256}
-    samples = []
-    for i, prompt in enumerate(prompts):
-        rollout = Rollout()   # the temperature the server sampled at
-        rollout.add(prompt, client.generate(prompt, group="step_000042", sampling=sampling))
-        rollout.add(tool_ids, client.turn(rollout, tool_ids, group="step_000042",
-                                          sampling=sampling))   # a second turn
-        samples.append(rollout.sample(advantage=0.3, uid=f"p{i}"))
-    client.write_step("steps/", 42, samples)   # step file and its index
+    with client.step_writer("steps/", 42) as step:   # the step file, written as rollouts finish
+        for i, prompt in enumerate(prompts):
+            rollout = Rollout()   # the temperature the server sampled at
+            rollout.add(prompt, client.generate(prompt, group="step_000042", sampling=sampling))
+            rollout.add(tool_ids, client.turn(rollout, tool_ids, group="step_000042",
+                                              sampling=sampling))   # a second turn
+            step.append(rollout.sample(advantage=0.3, uid=f"p{i}"), group=f"p{i}")
+    # step_000042.rfs appears whole here; client.write_step("steps/", 42, samples) writes a list
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -50,7 +49,7 @@ from rollfeed.capture.protocol import (
 )
 from rollfeed.capture.turns import Turn, assemble_turns
 from rollfeed.collate import Sample
-from rollfeed.loaders import write_step_file
+from rollfeed.loaders import StepWriter, write_step_file
 from rollfeed.payload import ImageSpan
 
 
@@ -132,9 +131,18 @@ class CaptureClient:
         return self.generate(history, prompt_start=len(rollout.token_ids), **kwargs)
 
     @staticmethod
-    def write_step(directory: str | os.PathLike[str], step: int, samples: list[Sample]) -> Path:
-        """Write step ``step``'s file and its index (:func:`rollfeed.loaders.write_step_file`)."""
-        return write_step_file(directory, step, samples)
+    def write_step(
+        directory: str | os.PathLike[str], step: int, samples: list[Sample], **options: Any
+    ) -> str:
+        """Write step ``step``'s file whole (:func:`rollfeed.loaders.write_step_file`; ``options``:
+        :class:`~rollfeed.loaders.StepWriter`'s); its path or URL."""
+        return write_step_file(directory, step, samples, **options)
+
+    @staticmethod
+    def step_writer(directory: str | os.PathLike[str], step: int, **options: Any) -> StepWriter:
+        """A writer of step ``step``'s file that takes each sample as its rollout finishes
+        (:class:`~rollfeed.loaders.StepWriter`; the file appears whole when it closes)."""
+        return StepWriter(directory, step, **options)
 
 
 class Rollout:

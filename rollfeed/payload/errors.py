@@ -111,6 +111,15 @@ class PayloadStoreAuthError(PayloadError):
     credential itself never appears."""
 
 
+class StepRecordError(PayloadError):
+    """A step record file's bytes are not what its format says: a header, footer or index that
+    does not hold, a record whose bytes or checksum disagree with its index row, or a record's
+    sections that do not fit its bytes (:mod:`rollfeed.payload.format.step_layout`). Names the
+    file, the byte ``offset`` and the ``record`` (0-based) where known."""
+
+    PLACE = ("file", "offset", "record")
+
+
 class PayloadStoreTimeoutError(PayloadIOError, TimeoutError):
     """An object store did not answer (timeout, connection refused, 5xx) within the retry bound;
     names the bucket, key and byte range."""

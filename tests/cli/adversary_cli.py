@@ -1,12 +1,13 @@
 """Attack family ``cli_steps`` of the adversary harness (:mod:`tests.payload.adversary`):
-``verify ROOT --steps DIR`` over step directories holding a crafted line, a segment record no
-writer made, or an index that is stale or gone.
+``verify ROOT --steps DIR`` over step directories holding a record with a byte flipped (its
+CRC-32C stale, or made to match so that only the record's structure is checked), an index or
+footer with a byte flipped, or a segment record no writer made.
 
 The loader is the oracle: a :class:`~rollfeed.loaders.RolloutDataset` over the same directory,
 each sample's records read back with :func:`~rollfeed.payload.read_fields`. ``verify`` must
 return 0 or 1 (never 2 for valid arguments, never raise), print one JSON object, and name
-exactly the samples (by step file, sample and line) the loader cannot read; a step the loader
-refuses whole (an index it refuses, an unindexed file with a bad line) must have a finding.
+exactly the samples (by step file and sample) the loader cannot read; a step the loader refuses
+whole (a footer or an index it refuses) must have a finding.
 A case matching the oracle with no finding is ``correct``; with findings, ``refused`` (the first
 finding's typed error is raised again from its record); any disagreement is ``wrong``.
 """
@@ -21,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rollfeed.collate import Sample
+from rollfeed.errors import RollfeedError
 from tests.cli.common import write_root_and_steps
-from tests.payload.adversary_steps import crafted_lines
+from tests.loaders.step_bytes import footer_fields
 from tests.payload.adversary_tally import Tally, Wrong
 
 VICTIM = 2  # the step whose file is attacked; step 1 stays sound
@@ -81,9 +84,6 @@ def _check(steps: Path, root: Path) -> None:
     kept = {(s, i) for s, i in named if s not in whole}
     if kept != failing:
         raise Wrong(f"verify names samples {sorted(kept)}, the loader fails {sorted(failing)}")
-    for f in report["findings"]:
-        if "sample" in f and f["line"] != f["sample"] + 1:  # the files here have no blank line
-            raise Wrong(f"sample {f['sample']} named on line {f['line']}")
     if report["findings"]:  # agreed: verify refused the data with this error (tally: refused)
         raise _typed(report["findings"][0])
 
@@ -108,37 +108,39 @@ def _case_dir(base, workdir: Path, j: int) -> Path:
 
 
 def family_cli_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
-    """Crafted lines (index removed, stale, or rebuilt when the line parses) and mutated segment
-    records, each in step ``VICTIM``'s file; see the module doc for the oracle."""
-    from rollfeed.loaders.errors import StepFileError
+    """Bytes flipped in step ``VICTIM``'s file (a record, its CRC-32C stale or resealed; the
+    index; the footer) and mutated segment records; see the module doc for the oracle."""
+    from rollfeed.loaders import write_step_file
     from rollfeed.loaders.step_files import step_file_name
-    from rollfeed.loaders.step_index import build_step_index, index_path
+    from tests.loaders.step_bytes import flip, record_span, reseal
 
     base = write_root_and_steps(workdir / "base", n=4)
     tally.case("cli_steps: sound directory", lambda: _check(base.steps, base.root))
-    lines = crafted_lines()
-    picked = rng.choice(len(lines), 20, replace=False)
+    path = base.steps / step_file_name(VICTIM)
+    offset, size = record_span(path, 1)
+    index_at, total = footer_fields(path)[0], path.stat().st_size
     j = 0
-    for k in sorted(picked.tolist()):
-        what, line = lines[k]
-        for index in ("removed", "stale", "rebuilt"):
+    for at in sorted(rng.choice(size, 25, replace=False).tolist()):
+        for resealed in (False, True):
             j += 1
             steps = _case_dir(base, workdir, j)
-            path = steps / step_file_name(VICTIM)
-            text = path.read_bytes().splitlines(keepends=True)
-            text[1] = line.replace(b"\n", b" ") + b"\n"
-            path.write_bytes(b"".join(text))
-            if index == "removed":
-                index_path(path).unlink()
-            elif index == "rebuilt":
-                try:
-                    build_step_index(path)
-                except StepFileError:
-                    continue  # a line the index builder refuses: covered by "stale"
+            flip(steps / step_file_name(VICTIM), offset + at)
+            if resealed:
+                reseal(steps / step_file_name(VICTIM))
+            state = "resealed" if resealed else "CRC-32C stale"
             tally.case(
-                f"cli_steps: {what} on line 2, index {index}",
+                f"cli_steps: record 1 byte {at} flipped, {state}",
                 lambda steps=steps: _check(steps, base.root),
             )
+    for at in sorted(rng.choice(total - index_at, 12, replace=False).tolist()):
+        j += 1
+        steps = _case_dir(base, workdir, j)
+        flip(steps / step_file_name(VICTIM), index_at + at)
+        where = "index" if index_at + at < total - 48 else "footer"
+        tally.case(
+            f"cli_steps: {where} byte {at} flipped",
+            lambda steps=steps: _check(steps, base.root),
+        )
     victims = [(i, s) for i, s in enumerate(base.handle[VICTIM]) if s.payload]
     other = sorted(str(p.relative_to(base.root)) for p in base.root.rglob("*.rfp"))
     for i, sample in victims[:2]:
@@ -169,14 +171,12 @@ def family_cli_steps(tally: Tally, workdir: Path, rng: np.random.Generator) -> N
                 steps = _case_dir(base, workdir, j)
                 record = sample.to_dict()
                 record["payload"][kseg] = {**record["payload"][kseg], **edit}
-                path = steps / step_file_name(VICTIM)
-                text = path.read_bytes().splitlines(keepends=True)
-                text[i] = json.dumps(record).encode() + b"\n"
-                path.write_bytes(b"".join(text))
+                samples = list(base.handle[VICTIM])
                 try:
-                    build_step_index(path)
-                except StepFileError:
-                    index_path(path).unlink()
+                    samples[i] = Sample.from_dict(record)
+                except RollfeedError:
+                    continue  # a record the sample itself refuses: no writer can write it
+                write_step_file(steps, VICTIM, samples)
                 tally.case(
                     f"cli_steps: sample {i} record {kseg} {seg.field} with {what}",
                     lambda steps=steps: _check(steps, base.root),

@@ -32,7 +32,7 @@ class Written:
 def write_root_and_steps(tmp_path: Path, *, n: int = 5, seq_len: int = 12) -> Written:
     """Per step ``k``: group ``step_00000k`` of the root (two writers), ``n`` samples of up to
     ``3 * seq_len`` tokens by handle (routing, kept sets, their logprobs; records split
-    mid-request) in ``steps/step_00000k.jsonl`` with its index."""
+    mid-request) in ``steps/step_00000k.rfs``."""
     rng = np.random.default_rng(7)
     root, steps = tmp_path / "root", tmp_path / "steps"
     inline, handle = {}, {}

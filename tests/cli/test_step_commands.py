@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -13,6 +12,7 @@ import pytest
 from rollfeed.collate import Sample
 from rollfeed.loaders import write_step_file
 from tests.cli.common import STEPS, run, run_json, write_root_and_steps
+from tests.loaders.step_bytes import flip, record_span
 
 
 @pytest.fixture
@@ -34,14 +34,13 @@ def test_verify_steps_reads_every_record_of_every_step(written, capsys):
     assert rc == 0 and report["checksums"] is True and report["findings"] == []
     assert report["totals"] == {
         "step_files": 2,
-        "unindexed": 0,
         "samples": samples,
         "sound": samples,
         "segments": segments,
         "findings": 0,
     }
-    assert [(r["step"], r["indexed"], r["samples"]) for r in report["steps"]] == [
-        (s, True, len(written.handle[s])) for s in STEPS
+    assert [(r["step"], r["samples"]) for r in report["steps"]] == [
+        (s, len(written.handle[s])) for s in STEPS
     ]
 
 
@@ -52,7 +51,7 @@ def _with_record(sample: Sample, k: int, **update) -> Sample:
     return Sample.from_dict({**sample.to_dict(), "payload": [s.model_dump() for s in payload]})
 
 
-def test_verify_steps_names_step_file_line_field_and_position_of_a_bad_record(written, capsys):
+def test_verify_steps_names_step_file_sample_field_and_position_of_a_bad_record(written, capsys):
     samples = list(written.handle[2])
     i = next(i for i, s in enumerate(samples) if i >= 2 and len(s.payload) >= 2)
     k = len(samples[i].payload) - 1
@@ -63,16 +62,14 @@ def test_verify_steps_names_step_file_line_field_and_position_of_a_bad_record(wr
     assert rc == 1
     [line] = [x for x in out.splitlines() if x.startswith("BAD ")]
     assert line.startswith(
-        f"BAD step_000002.jsonl line {i + 1} (sample {i}, uid {samples[i].uid}): "
-        f"{bad.field} at pos {bad.pos}: "
+        f"BAD step_000002.rfs sample {i} (uid {samples[i].uid}): {bad.field} at pos {bad.pos}: "
     )
     assert f"file={bad.file}" in line
     rc, report = run_json(capsys, "verify", written.root, "--steps", written.steps)
     [finding] = report["findings"]
-    assert {k: finding[k] for k in ("step_file", "step", "line", "sample", "field", "pos")} == {
-        "step_file": "step_000002.jsonl",
+    assert {k: finding[k] for k in ("step_file", "step", "sample", "field", "pos")} == {
+        "step_file": "step_000002.rfs",
         "step": 2,
-        "line": i + 1,
         "sample": i,
         "field": bad.field,
         "pos": bad.pos,
@@ -81,27 +78,21 @@ def test_verify_steps_names_step_file_line_field_and_position_of_a_bad_record(wr
     assert report["totals"]["sound"] == report["totals"]["samples"] - 1
 
 
-def test_verify_steps_finds_lines_and_indexes_that_do_not_read(written, capsys):
+def test_verify_steps_finds_records_and_indexes_that_do_not_read(written, capsys):
     step1, step2 = written.step_file(1), written.step_file(2)
-    lines = step1.read_bytes().splitlines(keepends=True)
-    lines[1] = b'{"token_ids": [1, 2], "loss_mask": [1]}\n'  # not a sample record
-    step1.write_bytes(b"".join(lines))
-    step1.with_name("step_000001.index.json").unlink()  # read line by line
-    index = step2.with_name("step_000002.index.json")
-    record = json.loads(index.read_text())
-    record["lengths"][0] += 1  # the index's token count of sample 0 is not its line's
-    index.write_text(json.dumps(record))
+    flip(step1, record_span(step1, 1)[0] + 33)  # a token id of sample 1, in place
+    flip(step2, step2.stat().st_size - 49)  # the index's last byte: the loader refuses the step
     rc, report = run_json(capsys, "verify", written.root, "--steps", written.steps)
     assert rc == 1
-    found = [(f["step_file"], f.get("line"), f["type"]) for f in report["findings"]]
+    found = [(f["step_file"], f.get("sample"), f["type"]) for f in report["findings"]]
     assert found == [
-        ("step_000001.jsonl", 2, "StepFileError"),
-        ("step_000002.jsonl", 1, "StepFileError"),
+        ("step_000001.rfs", 1, "StepFileError"),
+        ("step_000002.rfs", None, "StepFileError"),
     ]
-    assert "lacks ['advantages', 'inference_logprobs']" in report["findings"][0]["message"]
-    assert "tokens" in report["findings"][1]["message"]
-    assert [r["indexed"] for r in report["steps"]] == [False, True]
-    assert report["totals"]["unindexed"] == 1
+    assert "CRC-32C" in report["findings"][0]["message"]
+    assert "index bytes' CRC-32C" in report["findings"][1]["message"]
+    assert [r["samples"] for r in report["steps"]] == [len(written.handle[1]), 0]
+    assert report["totals"]["sound"] == len(written.handle[1]) - 1
 
 
 def test_verify_steps_names_every_record_of_a_missing_payload_file(written, capsys):
@@ -195,25 +186,29 @@ def test_step_commands_refuse_a_directory_without_step_files(tmp_path, written, 
 
 
 def test_verify_steps_names_a_fifo_under_a_step_name_at_once(written, capsys):
-    os.mkfifo(written.steps / "step_000003.jsonl")  # open() of a FIFO waits for a writer
+    os.mkfifo(written.steps / "step_000003.rfs")  # open() of a FIFO waits for a writer
     t0 = time.monotonic()
     rc, report = run_json(capsys, "verify", written.root, "--steps", written.steps)
     assert time.monotonic() - t0 < 5
-    assert rc == 1 and [f["step_file"] for f in report["findings"]] == ["step_000003.jsonl"]
-    assert "FIFO" in report["findings"][0]["message"]
+    assert rc == 1 and [f["step_file"] for f in report["findings"]] == ["step_000003.rfs"]
+    assert "a FIFO" in report["findings"][0]["message"]
     rc, out, _ = run(capsys, "steps", written.steps)
-    assert rc == 1 and "BAD step_000003.jsonl: step file is a FIFO" in out
+    assert rc == 1 and "BAD step_000003.rfs: the step file is not a regular file" in out
 
 
-def test_a_nul_byte_in_an_unindexed_step_file_is_a_finding_of_the_step(written, capsys):
+def test_a_step_file_cut_short_is_a_finding_of_the_step(written, capsys):
     path = written.step_file(2)
-    lines = path.read_bytes().splitlines(keepends=True)
-    lines[2] = lines[2][:10] + b"\0" + lines[2][11:]  # the loader refuses the whole file
-    path.write_bytes(b"".join(lines))
-    path.with_name("step_000002.index.json").unlink()
+    path.write_bytes(path.read_bytes()[:-100])  # its footer and part of its index gone
     rc, report = run_json(capsys, "verify", written.root, "--steps", written.steps)
     assert rc == 1
     [finding] = report["findings"]
-    assert finding["step_file"] == "step_000002.jsonl" and finding["line"] == 3
-    assert "sample" not in finding and "NUL byte" in finding["message"]
-    assert report["steps"][1]["samples"] == 0  # no sample of the step is read after it
+    assert finding["step_file"] == "step_000002.rfs" and "sample" not in finding
+    assert "footer" in finding["message"]
+    assert report["steps"][1]["samples"] == 0  # no sample of the step is read
+
+
+def test_step_commands_name_the_conversion_of_a_json_lines_directory(tmp_path, written, capsys):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "step_000000.jsonl").write_text(written.handle[1][0].to_json() + "\n")
+    rc, _, err = run(capsys, "steps", tmp_path / "old")
+    assert rc == 2 and "python -m rollfeed steps convert" in err, err

@@ -1,6 +1,6 @@
 """Run under torchrun (4 gloo ranks): every rank's loader output equals the one-process reference.
 
-Args: ``RUN_DIR CP_SIZE``; ``RUN_DIR`` holds ``payload/`` and ``steps/step_000000.jsonl``. For
+Args: ``RUN_DIR CP_SIZE``; ``RUN_DIR`` holds ``payload/`` and ``steps/step_000000.rfs``. For
 ``num_workers`` 0 and 2 and both CP layouts each rank asserts its TensorMicroBatches equal, bitwise,
 ``prepare_batch`` + ``to_tensor_micro_batch`` for its (dp, cp); rank 0 then checks, over a gather,
 that CP peers saw the same micro batches in the same order and that the DP ranks' micro batches
@@ -36,7 +36,7 @@ from tests.loaders.common import SEQ_LEN, assert_bitwise, reference
 def main(run: str, cp_size: int) -> None:
     topo = Topology.from_process_group(cp_size=cp_size)
     steps, root = os.path.join(run, "steps"), os.path.join(run, "payload")
-    samples = read_step_file(os.path.join(steps, "step_000000.jsonl"))
+    samples = read_step_file(os.path.join(steps, "step_000000.rfs"))
     seen = {}
     for cp_layout in ("contiguous", "zigzag"):
         ref, _ = reference(

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from rollfeed.loaders.step_store import StepStore
+from rollfeed.loaders import write_step_file
 from rollfeed.payload import PayloadRoot
 from tests.dist.launch import REPO
 from tests.loaders.common import assert_bitwise, reference, write_batch
@@ -31,7 +31,7 @@ def test_two_nodes_read_only_from_the_store_equal_the_local_reference(
 ):
     local = write_batch(tmp_path / "payload", 19, seed=31)
     remote = write_batch(PayloadRoot(f"{s3_url}/payload", **object_store.options()), 19, seed=31)
-    StepStore(f"{s3_url}/steps", **object_store.options()).write_step_file(0, remote)
+    write_step_file(f"{s3_url}/steps", 0, remote, store=object_store.options())
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", PYTHONPATH=str(REPO))
     env.update(object_store.env())

@@ -27,7 +27,7 @@ LENGTHS = [7, 10, 3, 9, 12, 5, 8, 11, 6, 4]
 
 
 def captured_step(work, seed: int = 3) -> int:
-    """``work/payload`` and ``work/steps/step_000000.jsonl``: prompts, completions whose every
+    """``work/payload`` and ``work/steps/step_000000.rfs``: prompts, completions whose every
     token has a kept set holding it (1-4 ids) and the sampler's logprob of every kept id, near the
     kept set's uniform value (written by handle as the capture does), advantages of both signs.
     Returns the count of loss tokens."""

@@ -26,7 +26,7 @@ def reference(samples, *, dp_size, cp_size, cp_layout, root, seq_len=SEQ_LEN, **
     """``{(dp, cp): [TensorMicroBatch per micro step]}`` and the plan, in one process."""
     config = PlanConfig(seq_len=seq_len, cp_size=cp_size, cp_layout=cp_layout, **kw)
     plan = prepare_batch(samples, config, dp_size=dp_size)
-    root = PayloadRoot(root)
+    root = root if isinstance(root, PayloadRoot) else PayloadRoot(root)
     out = {
         (dp, cp): [to_tensor_micro_batch(mb, cp_rank=cp, root=root) for mb in plan[dp]]
         for dp in range(dp_size)

@@ -1,21 +1,26 @@
 """Attack family ``step_guards`` of the adversary harness (:mod:`tests.payload.adversary`): step
-files and indexes that are not what their names say, rewritten in place, or never coming.
+files that are not what their names say, rewritten in place, or never coming.
 
-- Under the step file's or the index's name (each in turn): a FIFO without a writer, a directory,
-  a symlink to a good copy, to a canary outside the step directory, a dangling symlink, a unix
-  socket, a sparse file of 2**40 bytes, an empty file; and, accepted as the step itself, a hard
-  link to a good copy. Each is planned by a sampler (stream mode, and listing the directory), read
-  whole by ``read_step_file`` and indexed by ``build_step_index``. A refusal must be a typed
-  error naming that path; a FIFO open would block for ever, so the per-case alarm proves no
-  hang; bytes of the canary in a sample are an ``escape``.
+- Under the step file's name: a FIFO without a writer, a directory, a symlink to a good copy, to
+  a canary outside the step directory, a dangling symlink, a unix socket, a sparse file of 2**40
+  bytes, an empty file, a JSON-lines file, the good file cut in half or before its footer, a copy
+  of the canary, a payload file; and,
+  accepted as the step itself, a hard link to a good copy, a copy, the file moved away and back.
+  Each is planned by a sampler (stream mode, and listing the directory), read whole by
+  ``read_step_file`` and summarised by ``python -m rollfeed steps``. A refusal must be a typed
+  error (or a finding) naming that path; a FIFO open would block for ever, so the per-case
+  alarm proves no hang; bytes of the canary in a sample are an ``escape``.
 - Rewritten in place to the very same size after the pass's first micro batch (or before the
-  pass): a step line with other tokens of the same sizes, two lines swapped, the same bytes
-  again; an index with a line's CRC-32C changed, two samples' lengths swapped, the same bytes
-  again. Read in the trainer's process, in a spawned copy of the dataset, or by two forked
-  DataLoader workers, a pass yields exactly the planned samples or raises a typed error.
+  pass): a record with other tokens of the same sizes, every record, two records swapped, the
+  same bytes again; a record's header; the index with a record's CRC-32C changed or two
+  samples' token counts swapped (the footer's CRC-32C of the index made to match), the index's
+  last byte (not), the footer's magic, the file header's version, the same index again. Read in
+  the trainer's process, in a spawned copy of the dataset, or by two forked DataLoader workers,
+  a pass yields exactly the planned samples or raises a typed error.
 - A step that never comes (stream mode and not, ``step_timeout_s=0.3``), a run folder given for
-  its ``steps/``, a missing path, a FIFO as the step directory: a typed error naming the directory
-  and what is there.
+  its ``steps/``, a missing path, a FIFO as the step directory, a JSON-lines step file left
+  unconverted (and one beside its converted file, and a writer's temporary file: both ignored):
+  a typed error naming the directory and what is there, or the pass.
 """
 
 from __future__ import annotations
@@ -53,8 +58,28 @@ def _sparse(target: Path) -> None:
         f.truncate(1 << 40)
 
 
-# (what, make(target, good copy, canary), refused): things put under a step file's or an index's
-# name; a hard link to a good copy is the file itself
+def _moved_back(target: Path, good: Path) -> None:
+    shutil.copyfile(good, target.with_name("away"))
+    os.replace(target.with_name("away"), target)
+
+
+def _cut(target: Path, good: Path, before_footer: bool) -> None:
+    data = good.read_bytes()
+    target.write_bytes(data[:-FOOTER_BYTES] if before_footer else data[: len(data) // 2])
+
+
+def _payload_file(target: Path) -> None:
+    """A payload file (``.rfp``) of one region, put under the step file's name."""
+    from rollfeed.payload import PayloadWriter
+
+    with PayloadWriter(target.parent / "payload", group="g", name="w") as w:
+        w.write({"routed_experts": np.ones((4, 2, 2), np.uint8)}, 0)
+    os.replace(target.parent / "payload" / "g" / "w.rfp", target)
+
+
+FOOTER_BYTES = 48
+# (what, make(target, good copy, canary), refused): things put under a step file's name; a hard
+# link to a good copy, a copy and the file moved away and back are the step itself
 THINGS: list[tuple[str, Callable[[Path, Path, Path], None], bool]] = [
     ("a FIFO", lambda t, g, c: os.mkfifo(t), True),
     ("a directory", lambda t, g, c: t.mkdir(), True),
@@ -63,7 +88,15 @@ THINGS: list[tuple[str, Callable[[Path, Path, Path], None], bool]] = [
     ("a dangling symlink", lambda t, g, c: t.symlink_to(t.with_name("gone")), True),
     ("a unix socket", lambda t, g, c: _socket(t), True),
     ("a sparse file of 2**40 bytes", lambda t, g, c: _sparse(t), True),
+    ("an empty file", lambda t, g, c: t.write_bytes(b""), True),
+    ("a JSON-lines file", lambda t, g, c: t.write_bytes(b'{"token_ids": [1]}\n'), True),
+    ("the good file cut in half", lambda t, g, c: _cut(t, g, False), True),
+    ("the good file cut before its footer", lambda t, g, c: _cut(t, g, True), True),
+    ("a copy of the canary", lambda t, g, c: shutil.copyfile(c, t), True),
+    ("a payload file", lambda t, g, c: _payload_file(t), True),
     ("a hard link to a good copy", lambda t, g, c: os.link(g, t), False),
+    ("a copy of a good file", lambda t, g, c: shutil.copyfile(g, t), False),
+    ("the file moved away and back", lambda t, g, c: _moved_back(t, g), False),
 ]
 
 
@@ -138,7 +171,6 @@ def _names(path: Path, refused: bool, run: Callable[[], object], want: object) -
 def family_step_guards(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     """See the module doc."""
     from rollfeed.loaders.step_files import read_step_file, write_step_file
-    from rollfeed.loaders.step_index import build_step_index, index_path
     from tests.collate.gen import inline_batch
 
     samples = inline_batch(rng, N, MAX_LEN)
@@ -161,36 +193,29 @@ def family_step_guards(tally: Tally, workdir: Path, rng: np.random.Generator) ->
         shutil.copytree(base, directory)
         return directory
 
-    for target in ("step_000000.jsonl", "step_000000.index.json"):
-        ways: list[tuple[str, Callable[[Path], list], list]] = [
-            ("planned, listing the directory", _planned, want),
-            ("planned in stream mode", lambda d: _planned(d, stream=True), want),
-        ]
-        things = list(THINGS)
-        if target.endswith("jsonl"):
-            ways.append(("read_step_file", lambda d: _whole(read_step_file, d), [samples_json]))
-            ways.append(("build_step_index", lambda d: _index(build_step_index, d), [lengths]))
-        else:
-            things.append(("an empty file", lambda t, g, c: t.write_bytes(b""), True))
-        for indexed in (True, False) if target.endswith("jsonl") else (True,):
-            for what, make, refused in things:
-                for how, run, expect in ways:
-                    directory = fresh()
-                    path = directory / target
-                    if not indexed:
-                        index_path(directory / "step_000000.jsonl").unlink()
-                    path.unlink()
-                    make(path, good / target, canary)
-                    tally.case(
-                        f"step_guards: {target} is {what}{'' if indexed else ', no index'}; {how}",
-                        _names(path, refused, lambda run=run, d=directory: run(d), expect),
-                    )
+    target = "step_000000.rfs"
+    ways: list[tuple[str, Callable[[Path], list], list]] = [
+        ("planned, listing the directory", _planned, want),
+        ("planned in stream mode", lambda d: _planned(d, stream=True), want),
+        ("read_step_file", lambda d: _whole(read_step_file, d), [samples_json]),
+        ("python -m rollfeed steps", _summary, [[len(lengths), sum(lengths)]]),
+    ]
+    for what, make, refused in THINGS:
+        for how, run, expect in ways:
+            directory = fresh()
+            path = directory / target
+            path.unlink()
+            make(path, good / target, canary)
+            tally.case(
+                f"step_guards: {target} is {what}; {how}",
+                _names(path, refused, lambda run=run, d=directory: run(d), expect),
+            )
 
     loaded = _loaded(fresh(), lambda: None, workers=0)
-    for what, rewrite, target in [*_step_rewrites(samples), *_index_rewrites()]:
+    for what, rewrite in _rewrites(samples, base / target):
         for where in ("trainer", "spawned copy", "2 workers", "before the pass"):
-            if where == "2 workers" and "same bytes" in what:
-                continue  # what the workers read is the planned version either way
+            if where == "2 workers" and ("same bytes" in what or "record" not in what):
+                continue  # the planned version either way, or what a spawned copy finds too
             directory = fresh()
             change = lambda p=directory / target, r=rewrite: r(p)  # noqa: E731
             tally.case(
@@ -202,14 +227,29 @@ def family_step_guards(tally: Tally, workdir: Path, rng: np.random.Generator) ->
 
 
 def _whole(read: Callable, directory: Path) -> list:
-    return [[s.to_json() for s in read(directory / "step_000000.jsonl")]]
+    return [[s.to_json() for s in read(directory / "step_000000.rfs")]]
 
 
-def _index(build: Callable, directory: Path) -> list:
-    from rollfeed.loaders.step_index import read_step_index
+def _summary(directory: Path) -> list:
+    """``python -m rollfeed steps DIR``: ``[[samples, tokens]]``, or its first finding raised as
+    a typed error naming the step file."""
+    import contextlib
+    import io
+    import json
 
-    build(directory / "step_000000.jsonl")
-    return [read_step_index(directory / "step_000000.jsonl").lengths.tolist()]
+    from rollfeed.cli import main
+    from rollfeed.loaders import StepFileError
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["steps", str(directory), "--json"])
+    if rc not in (0, 1):
+        raise Wrong(f"steps exited {rc}")
+    report = json.loads(out.getvalue())
+    if report["findings"]:
+        f = report["findings"][0]
+        raise StepFileError(f["message"], file=str(directory / f["step_file"]))
+    return [[r["samples"], r["tokens"]] for r in report["steps"]]
 
 
 def _rewritten(where: str, directory: Path, change: Callable[[], None]) -> list:
@@ -234,63 +274,56 @@ def _either(run: Callable[[], list], want: list, loaded: list) -> Callable:
     return attack
 
 
-def _step_rewrites(samples: list) -> list:
-    """``(what, rewrite(path), target)`` of step file lines, each in place to the same size."""
+def _rewrites(samples: list, path: Path) -> list:
+    """``(what, rewrite(path))``: parts of the step file ``path`` rewritten in place, each to the
+    same size."""
+    from rollfeed.loaders.step_files import write_step_file
+    from rollfeed.payload.format.step_layout import INDEX_ROW
     from tests.loaders.step_attacks import same_sizes_other_tokens
+    from tests.loaders.step_bytes import flip, index_bytes, index_of, rewrite_index, write_at
 
-    lines = [(s.to_json() + "\n").encode() for s in samples]
-    other = [(s.to_json() + "\n").encode() for s in same_sizes_other_tokens(samples)]
-    i = next(j for j in range(N - 1) if len(lines[j]) != len(lines[j + 1]))
+    ROW = INDEX_ROW.itemsize
+    data = path.read_bytes()
+    index = index_of(path)
+    at, size = index.offsets.tolist(), index.sizes.tolist()
+    other = Path(
+        write_step_file(path.parent.with_name("rewrites"), 0, same_sizes_other_tokens(samples))
+    )
+    others = other.read_bytes()
+    i = next(j for j in range(N - 1) if size[j] == size[j + 1] and data[at[j] : at[j] + size[j]]
+             != data[at[j + 1] : at[j + 1] + size[j + 1]])  # fmt: skip
+    last, idx = N - 1, index_bytes(path)
+    rows = bytearray(idx)
+    rows[ROW * last + 24] ^= 1  # the last record's CRC-32C
+    swapped = bytearray(idx)
+    j = next(j for j in range(N - 1, 0, -1) if index.tokens[j] != index.tokens[j - 1])
+    swapped[ROW * j + 16 : ROW * j + 24], swapped[ROW * (j - 1) + 16 : ROW * (j - 1) + 24] = (
+        idx[ROW * (j - 1) + 16 : ROW * (j - 1) + 24],
+        idx[ROW * j + 16 : ROW * j + 24],
+    )
 
-    def at(offset: int, data: bytes) -> Callable[[Path], None]:
-        def rewrite(path: Path) -> None:
-            with open(path, "r+b") as f:
-                f.seek(offset)
-                f.write(data)
+    def at_(offset: int, new: bytes) -> Callable[[Path], None]:
+        return lambda p: write_at(p, offset, new)
 
-        return rewrite
-
-    offsets = np.cumsum([0] + [len(x) for x in lines]).tolist()
-    last = N - 1
+    end = at[last] + size[last]
     return [
-        ("the last line, other tokens", at(offsets[last], other[last]), "step_000000.jsonl"),
-        ("every line, other tokens", at(0, b"".join(other)), "step_000000.jsonl"),
-        ("two lines swapped", at(offsets[i], lines[i + 1] + lines[i]), "step_000000.jsonl"),
-        ("the same bytes again", at(0, b"".join(lines)), "step_000000.jsonl"),
-    ]
-
-
-def _index_rewrites() -> list:
-    """``(what, rewrite(path), target)`` of the index, each in place to the same size."""
-
-    def edit(change: Callable[[dict], None]) -> Callable[[Path], None]:
-        def rewrite(path: Path) -> None:
-            import json
-
-            text = path.read_bytes()
-            record = json.loads(text)
-            change(record)
-            new = json.dumps(record, separators=(",", ":")).encode()
-            new = new[: len(text)].ljust(len(text), b" ")  # the same size, JSON whitespace
-            with open(path, "r+b") as f:
-                f.write(new)
-
-        return rewrite
-
-    def crc(record: dict) -> None:
-        record["crc32c"][-1] ^= 1
-
-    def lengths(record: dict) -> None:
-        a = record["lengths"]
-        j = next(j for j in range(len(a) - 1, 0, -1) if a[j] != a[j - 1])
-        if len(str(a[j])) == len(str(a[j - 1])):
-            a[j], a[j - 1] = a[j - 1], a[j]
-
-    name = "step_000000.index.json"
-    return [
-        ("the last line's CRC-32C", edit(crc), name),
-        ("two samples' lengths swapped", edit(lengths), name),
-        ("the same bytes again", edit(lambda record: None), name),
+        ("the last record, other tokens", at_(at[last], others[at[last] : end])),
+        ("every record, other tokens", at_(at[0], others[at[0] : end])),
+        (
+            "two records swapped",
+            at_(at[i], data[at[i + 1] : at[i + 1] + size[i]] + data[at[i] : at[i] + size[i]]),
+        ),
+        ("the same bytes again", at_(0, data)),
+        ("a record's header", lambda p: flip(p, at[last] + 1)),
+        ("the index: the last record's CRC-32C", lambda p: rewrite_index(p, bytes(rows))),
+        (
+            "the index: two samples' token counts swapped",
+            lambda p: rewrite_index(p, bytes(swapped)),
+        ),
+        ("the index's last byte", lambda p: flip(p, len(data) - 49)),
+        ("the footer's magic", lambda p: flip(p, len(data) - 1)),
+        ("the file header's version", lambda p: flip(p, 8)),
+        ("the same index again, the same bytes", lambda p: rewrite_index(p, idx)),
     ]
 
 
@@ -331,7 +364,7 @@ def _waits(tally: Tally, workdir: Path, base: Path) -> None:
         ),
         ("step 1 never comes", base, "the producer's last step seen: 0", {"start_step": 1}),
         ("an empty directory", empty, "the directory is empty", {}),
-        ("a directory of other files", other, "none named step_NNNNNN.jsonl", {}),
+        ("a directory of other files", other, "none named step_NNNNNN.rfs", {}),
     ]:
         tally.case(f"step_guards: wait: {what}", timeout(directory, found, **kw))
 
@@ -351,7 +384,7 @@ def _waits(tally: Tally, workdir: Path, base: Path) -> None:
 
     far = workdir / "far"
     far.mkdir()
-    os.link(base / "step_000000.jsonl", far / "step_3000000000.jsonl")
+    os.link(base / "step_000000.rfs", far / "step_3000000000.rfs")
     tally.case("step_guards: a step numbered 3000000000", lambda: _planned(far))
     run = workdir / "run"
     shutil.copytree(base, run / "steps")
@@ -361,6 +394,35 @@ def _waits(tally: Tally, workdir: Path, base: Path) -> None:
         ("a run folder for its steps/", run, os.fspath(run / "steps")),
         ("a missing path", workdir / "missing", "does not exist"),
         ("a FIFO as the step directory", fifo, "is not a directory"),
-        ("a step file as the step directory", base / "step_000000.jsonl", "is not a directory"),
+        ("a step file as the step directory", base / "step_000000.rfs", "is not a directory"),
     ]:
         tally.case(f"step_guards: build: {what}", build(directory, named))
+    _beside(tally, workdir, base)
+
+
+def _beside(tally: Tally, workdir: Path, base: Path) -> None:
+    """Files beside a good step 0: a JSON-lines step file left unconverted is refused naming it
+    and the command that converts it; one beside its converted file, and a killed writer's
+    temporary file, are passed over (the pass is step 0's)."""
+    want = _planned(base)
+    for what, name, refused in [
+        ("a JSON-lines step 1 left unconverted", "step_000001.jsonl", True),
+        ("a JSON-lines step 0 beside its converted file", "step_000000.jsonl", False),
+        ("a killed writer's temporary file", ".step_000001.rfs.77-0a1b2c3d.tmp", False),
+    ]:
+        directory = workdir / f"beside-{len(name)}-{refused}"
+        shutil.copytree(base, directory)
+        (directory / name).write_bytes(b'{"token_ids": [1, 2]}\n')
+        path = directory / name if refused else directory / "step_000000.rfs"
+
+        def attack(directory=directory, path=path, refused=refused) -> None:
+            try:
+                got = _planned(directory)
+            except Exception as err:
+                if refused and "steps convert" not in str(err):
+                    raise Wrong(f"the refusal does not name the command: {err}") from None
+                raise
+            if refused or got != want:
+                raise Wrong(f"a pass of {len(got)} micro batches")
+
+        tally.case(f"step_guards: beside step 0: {what}", _names(path, refused, attack, None))

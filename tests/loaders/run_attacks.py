@@ -1,11 +1,13 @@
 """Attack family ``loss_runs`` of the adversary harness (:mod:`tests.payload.adversary`): crafted
-loss runs in a step index.
+loss runs in a step file's index.
 
 A step of samples with varied loss masks (none, a completion, several turns, a loss token at
-position 0 only; some truncated at ``seq_len``) is written with its index; then the index's
-``loss_runs`` / ``loss_spans`` are rewritten: runs out of order, overlapping, touching, empty,
-past the sample, shifted by one token, dropped, added, merged, split, moved to another sample,
-counts that do not match the spans, values that are not integers in range, the keys left out.
+position 0 only; some truncated at ``seq_len``) is written; then the index's run counts and runs
+are rewritten, the footer's size and CRC-32C of the index made to match (so only the index's own
+checks and each record's own runs stand between them and a reader): runs out of order,
+overlapping, touching, empty, past the sample, shifted by one token, dropped, added, merged, split,
+moved to another sample, counts that do not match the runs, values at the ends of ``<u4``, the
+runs' bytes cut short or one value longer.
 Every (dp, cp) rank of a dp 2 x cp 2 world then takes a pass of the step from the directory. The
 oracle is the same step planned from the samples in memory: every rank's micro batches, their
 step counts included, must be exactly those, or the pass must raise a typed error. A count taken
@@ -14,7 +16,6 @@ from crafted runs that reaches a micro batch is ``wrong``.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,9 @@ import numpy as np
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import LoaderConfig, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_files import write_step_file
-from rollfeed.loaders.step_index import index_path
 from tests.collate.loss_samples import samples_for
 from tests.loaders.common import assert_bitwise
+from tests.loaders.step_bytes import index_of, index_with_runs, rewrite_index
 from tests.payload.adversary_tally import Tally, Wrong
 
 SEQ_LEN = 16
@@ -66,7 +67,8 @@ def _split(runs: list, k: int, gap: int) -> list:
 
 
 def _edits(rng: np.random.Generator, counts: list[int], spans: list[int], lengths: list[int]):
-    """``(what, loss_runs, loss_spans)``: crafted runs (JSON values, not always integers)."""
+    """``(what, counts, spans)``: crafted runs (integers, wrapped to ``<u4`` when written;
+    ``None`` spans: the runs' bytes cut by one value)."""
     pairs = [spans[2 * k : 2 * k + 2] for k in range(len(spans) // 2)]
     first = np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
     per = [pairs[first[i] : first[i + 1]] for i in range(len(counts))]
@@ -89,7 +91,10 @@ def _edits(rng: np.random.Generator, counts: list[int], spans: list[int], length
                 f"sample {i} run {k} past the sample",
                 *_with(per, i, _shifted(runs, k, 0, T + 1 - b)),
             ),
-            (f"sample {i} run {k} end 2**61", *_with(per, i, _shifted(runs, k, 0, 2**61 - b))),
+            (
+                f"sample {i} run {k} end 2**32-1",
+                *_with(per, i, _shifted(runs, k, 0, 2**32 - 1 - b)),
+            ),
             (f"sample {i} run {k} empty", *_with(per, i, _shifted(runs, k, 0, a - b))),
             (f"sample {i} run {k} dropped", *_with(per, i, [*runs[:k], *runs[k + 1 :]])),
             (f"sample {i} run {k} twice", *_with(per, i, [*runs[: k + 1], *runs[k:]])),
@@ -110,15 +115,14 @@ def _edits(rng: np.random.Generator, counts: list[int], spans: list[int], length
     out += [
         ("spans unchanged", counts, spans),  # the oracle itself: correct
         ("a negative start", counts, [-1, *spans[1:]]),
-        ("a float end", counts, [spans[0], spans[1] + 0.5, *spans[2:]]),
-        ("a boolean count", [True, *counts[1:]], spans),
-        ("a string span", counts, ["1", *spans[1:]]),
-        ("spans nested", counts, pairs),
-        ("spans null", counts, None),
-        ("counts of another step", counts[:-1], spans),
-        ("one extra integer", counts, [*spans, 1]),
+        ("a start of 2**31", counts, [2**31, *spans[1:]]),
+        ("counts rolled by one sample", counts[1:] + counts[:1], spans),
+        ("the runs cut by one value", counts, spans[:-1]),
+        ("one extra value", counts, [*spans, 1]),
+        ("one extra run at the end", [*counts[:-1], counts[-1] + 1], [*spans, 0, 1]),
         ("all spans reversed", counts, spans[::-1]),
-        ("counts huge", [2**61] * len(counts), spans),
+        ("counts huge", [2**31] * len(counts), spans),
+        ("counts 2**32-1", [2**32 - 1] * len(counts), spans),
     ]
     return out
 
@@ -127,20 +131,17 @@ def family_loss_runs(tally: Tally, workdir: Path, rng: np.random.Generator) -> N
     samples = samples_for(int(rng.integers(0, 1 << 16)), 9, SEQ_LEN)
     oracle = _passes(RolloutDataset(samples))
     steps = workdir / "steps"
-    path = write_step_file(steps, 0, samples)
-    ipath = index_path(path)
-    record = json.loads(ipath.read_bytes())
-    lengths = record["lengths"]
-    edits = _edits(rng, record["loss_runs"], record["loss_spans"], lengths)
-    edits.append(("keys left out", None, None))
+    path = Path(write_step_file(steps, 0, samples))
+    index = index_of(path)
+    counts, spans = index.run_counts.tolist(), index.run_spans.ravel().tolist()
+    edits = _edits(rng, counts, spans, index.tokens.tolist())
 
     for what, counts, spans in edits:
-        crafted = {k: v for k, v in record.items() if k not in ("loss_runs", "loss_spans")}
-        if counts is not None or spans is not None:
-            crafted.update(loss_runs=counts, loss_spans=spans)
+        crafted = index_with_runs(path, counts, spans)
 
         def attack(crafted=crafted) -> None:
-            ipath.write_text(json.dumps(crafted))
+            write_step_file(steps, 0, samples)
+            rewrite_index(path, crafted)
             got = _passes(RolloutDataset.from_step_dir(steps))
             for rank, want in oracle.items():
                 if len(got[rank]) != len(want):

@@ -11,11 +11,12 @@ runs the passes left (at most :data:`MAX_PASSES`):
   float, a string; bad steps, seeds, world sizes, versions, plans and sample identities; not a
   dict at all: must be refused with a typed error (yielding anything, a pass of nothing included,
   is ``wrong``);
-- the step file rewritten between save and resume (fewer samples, more, the same line sizes with
-  other tokens, other samples, the same lines again, removed; or only the next step rewritten),
+- the step file rewritten between save and resume (fewer samples, more, the same record sizes
+  with other tokens, other samples, the same samples again, removed; or only the next step
+  rewritten),
   under each ``on_reshard``: the typed error, or exactly the policy's stream (``restart_step``:
-  the new step from its start, then the next; ``next_step``: the next step), or -- the same lines
-  again, the next step rewritten -- exactly the rest of the saved run.
+  the new step from its start, then the next; ``next_step``: the next step), or -- the same
+  samples again, the next step rewritten -- exactly the rest of the saved run.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def crafted(state: dict, planned: int, other: dict) -> list[tuple[str, object]]:
         ("digest not hex", {**data, "digest": "z" * 32}),
         ("samples -1", {**data, "samples": -1}),
         ("tokens a string", {**data, "tokens": str(data["tokens"])}),
-        ("an extra key", {**data, "file": "step_000000.jsonl"}),
+        ("an extra key", {**data, "file": "step_000000.rfs"}),
         ("one sample fewer, the same digest", {**data, "samples": data["samples"] - 1}),
         ("another digest", {**data, "digest": "0" * 32}),
         ("step 1's samples", other),
@@ -139,16 +140,15 @@ def rewrites(spare: list, same_sizes) -> list[tuple[str, object]]:
     return [
         ("fewer samples", lambda s: s[:4]),
         ("more samples", lambda s: s + spare[:5]),
-        ("same line sizes, other tokens", same_sizes),
+        ("same record sizes, other tokens", same_sizes),
         ("other samples", lambda s: spare[: len(s)]),
-        ("the same lines again", lambda s: s),
+        ("the same samples again", lambda s: s),
         ("the step file removed", None),
     ]
 
 
 def family_loader_states(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     """See the module doc."""
-    from rollfeed.loaders.step_index import index_path
     from tests.collate.gen import inline_batch
     from tests.loaders.step_attacks import same_sizes_other_tokens
 
@@ -203,10 +203,9 @@ def family_loader_states(tally: Tally, workdir: Path, rng: np.random.Generator) 
                 case += 1
                 directory = workdir / f"r{case}"
                 shutil.copytree(base, directory)
-                path = directory / "step_000000.jsonl"
+                path = directory / "step_000000.rfs"
                 if change is None:
                     path.unlink()
-                    index_path(path).unlink()
                 else:
                     steps_dir(directory, [change(run_steps[0])])
                 fresh = run(make_sampler(directory), 1)  # the rewritten run from its start
@@ -215,7 +214,7 @@ def family_loader_states(tally: Tally, workdir: Path, rng: np.random.Generator) 
                     "restart_step": fresh,
                     "next_step": fresh[-(len(full) - first) :],
                 }[policy]
-                if what == "the same lines again":
+                if what == "the same samples again":
                     want = full[k:]
                 make = lambda d, p=policy: make_sampler(d, on_reshard=p)  # noqa: E731
                 attack = refused(states[k], make, directory) if want is None else None

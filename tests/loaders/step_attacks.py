@@ -1,15 +1,16 @@
 """Attack family ``step_replace`` of the adversary harness (:mod:`tests.payload.adversary`): a step
 file replaced between planning and the reads of its samples.
 
-The trainer plans a step; then the step file, its index or both are replaced under their names
-(other tokens in lines of the same sizes, other samples, fewer or more, the same bytes again, a
-stale or a missing index, the step file removed: a pass then waits ``step_timeout_s`` for it),
-before the pass starts or after its first micro batch. The pass runs in the trainer's process,
-in a fresh copy of the dataset (a worker started by ``spawn``) or in two DataLoader workers
-(forked; over a step store, from a fork server). With the session's S3 server (``AWS_*``
-passed on by the test) the step objects of a step store are replaced too. The oracle is the
-planned version's micro batches (a single-process reference): a pass must yield exactly those or
-raise a typed error; yielding anything else is ``wrong``.
+The trainer plans a step; then the step file is replaced under its name (other tokens in records
+of the same sizes, other samples, fewer or more, the same bytes again, the replacement's records
+under the planned file's index, a replacement cut before its index, the step file removed: a pass
+then waits ``step_timeout_s`` for it), before the pass starts or after its first micro batch.
+The pass runs in the trainer's process, in a fresh copy of the dataset (a worker started by
+``spawn``) or in two DataLoader workers (forked; over an object store, from a fork server).
+With the session's S3 server (``AWS_*`` passed on by the test) the step objects under a prefix
+are replaced too. The oracle is the planned version's micro batches (a single-process
+reference): a pass must yield exactly those or raise a typed error; yielding anything else is
+``wrong``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ SAMPLES = 6
 
 
 def same_sizes_other_tokens(samples: list[Sample]) -> list[Sample]:
-    """Each sample with its token ids reversed: every line keeps its size and token count, so
+    """Each sample with its token ids reversed: every record keeps its size and token count, so
     the planned index fits the replacement exactly (only a version check can tell)."""
     return [
         Sample(
@@ -48,68 +49,80 @@ def same_sizes_other_tokens(samples: list[Sample]) -> list[Sample]:
 
 def _replacements(planned, spare):
     """``(what, samples, index)``: the replacement's samples (``None``: the step file removed)
-    and what becomes of the index (``"new"``, ``"old"``: the planned one stays, ``"none"``)."""
+    and what becomes of its index (``"new"``: its own; ``"old"``: the planned file's index and
+    footer grafted onto its records; ``"none"``: cut off before its index)."""
     other = same_sizes_other_tokens(planned)
     return [
-        ("same line sizes, other tokens", other, "new"),
-        ("same line sizes, other tokens, old index", other, "old"),
+        ("same record sizes, other tokens", other, "new"),
+        ("same record sizes, other tokens, the planned index", other, "old"),
         ("other samples", spare[:SAMPLES], "new"),
-        ("other samples, old index", spare[:SAMPLES], "old"),
+        ("other samples, the planned index", spare[:SAMPLES], "old"),
         ("fewer samples", planned[:2], "new"),
         ("more samples", planned + spare[:3], "new"),
         ("the same samples again", planned, "new"),
-        ("other samples, no index", spare[:SAMPLES], "none"),
+        ("other samples, cut before their index", spare[:SAMPLES], "none"),
         ("step file removed", None, "none"),
     ]
 
 
+def step_bytes(samples: list[Sample]) -> bytes:
+    """The bytes of a step file of ``samples``."""
+    import tempfile
+
+    from rollfeed.loaders.step_files import write_step_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(write_step_file(tmp, 0, samples)).read_bytes()
+
+
+def grafted(new: bytes, planned: bytes, index: str) -> bytes:
+    """``new`` with what ``index`` says of its index (:func:`_replacements`)."""
+    from rollfeed.payload.format.step_layout import FOOTER
+
+    if index == "new":
+        return new
+    own = FOOTER.unpack(new[-FOOTER.size :])[0]  # where the replacement's index begins
+    if index == "none":
+        return new[:own]
+    at = FOOTER.unpack(planned[-FOOTER.size :])[0]
+    return new[:at].ljust(at, b"\0") + planned[at:]
+
+
 def _local(steps: Path) -> tuple[str, Callable, Callable]:
-    """A step directory: its dataset source, and how to write and to replace step 0."""
+    """A step directory: its dataset source, and how to write and to replace step 0 (a new file
+    moved over the name, as a writer does)."""
     from rollfeed.loaders.step_files import step_file_name, write_step_file
-    from rollfeed.loaders.step_index import index_path
 
     steps.mkdir()
     path = steps / step_file_name(0)
 
     def replace(samples, index: str) -> None:
-        old_index = index_path(path).read_bytes()
         if samples is None:
             path.unlink()
-        else:
-            write_step_file(steps, 0, samples)
-        if index == "old":
-            index_path(path).write_bytes(old_index)
-        elif index == "none":
-            index_path(path).unlink(missing_ok=True)
+            return
+        tmp = path.with_name(".replacement")
+        tmp.write_bytes(grafted(step_bytes(samples), path.read_bytes(), index))
+        os.replace(tmp, path)
 
     return os.fspath(steps), lambda samples: write_step_file(steps, 0, samples), replace
 
 
 def _stored(url: str) -> tuple[str, Callable, Callable]:
-    """The same under an object-store prefix (objects overwritten under their keys)."""
-    from rollfeed.loaders.step_index import index_path
-    from rollfeed.loaders.step_store import StepStore
+    """The same under an object-store prefix (the object overwritten under its key)."""
+    from rollfeed.loaders.step_files import write_step_file
+    from rollfeed.payload import PayloadRoot, StepRecordFile
 
-    store = StepStore(url)
-    name = "step_000000.jsonl"
-    iname = index_path(name).name
-
-    def delete(obj: str) -> None:
-        store._reader().delete([store.url.key(obj)], where=store.where(obj), rel=obj)
+    root = PayloadRoot(url)
+    name = "step_000000.rfs"
 
     def replace(samples, index: str) -> None:
-        old_index = store.read_all(iname)
-        if samples is None:
-            delete(name)
-        else:
-            store.write_step_file(0, samples)
-        if index == "old":
-            key, where = store.url.key(iname), store.where(iname)
-            store._reader().overwrite(key, old_index, where=where, rel=iname)
-        elif index == "none":
-            delete(iname)
+        with StepRecordFile(root, name) as f:
+            planned = f._read(0, f.size, "the file")
+        staged = root.store.stage(name)
+        staged.write(grafted(step_bytes(samples), planned, index))
+        staged.commit()
 
-    return url, lambda samples: store.write_step_file(0, samples), replace
+    return url, lambda samples: write_step_file(url, 0, samples), replace
 
 
 def _noop() -> None:

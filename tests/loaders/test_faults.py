@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rollfeed.collate import PlanConfig
@@ -26,6 +27,7 @@ from rollfeed.loaders.step_files import read_step_file, write_step_file
 from rollfeed.payload import PayloadMissingFileError
 from tests.loaders.common import SEQ_LEN, write_batch
 from tests.loaders.resume import tmb_key
+from tests.loaders.step_bytes import flip, record_span
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,35 +90,41 @@ def test_killed_or_stopped_worker_is_a_typed_error_and_restart_repeats_nothing(
 
 
 @pytest.mark.parametrize("depth", [0, 2])
-def test_malformed_step_line_names_file_and_line(run, depth):
-    path = run / "steps" / "step_000001.jsonl"
-    lines = (run / "steps" / "step_000000.jsonl").read_text().splitlines()
-    path.write_text("\n".join([lines[0], "", lines[1][:-7], lines[2]]) + "\n")
+def test_record_rewritten_in_place_names_file_step_and_sample(run, depth):
+    path = Path(
+        write_step_file(run / "steps", 1, read_step_file(run / "steps" / "step_000000.rfs"))
+    )
+    offset, _ = record_span(path, 2)
+    flip(path, offset + 32)  # a token id of sample 2: the record's CRC-32C differs
     loader = _loader(run, num_workers=0, start_step=1, receive_depth=depth)
     with pytest.raises(StepFileError) as err:
         list(loader)
-    assert err.value.file == str(path) and err.value.line == 3
-    assert "step_000001.jsonl" in str(err.value) and "line=3" in str(err.value)
+    assert (err.value.file, err.value.step, err.value.sample) == (str(path), 1, 2)
+    assert "step_000001.rfs" in str(err.value) and "sample=2" in str(err.value)
 
 
 @pytest.mark.parametrize("depth", [0, 2])
-def test_malformed_indexed_step_line_read_in_a_worker_keeps_file_and_line(run, depth):
-    """With an index, a worker parses only its samples' lines: a bad one is found there, and
-    the error reaches the trainer with its file and line, not rebuilt from text."""
-    path = write_step_file(run / "steps", 1, read_step_file(run / "steps" / "step_000000.jsonl"))
-    lines = path.read_bytes().splitlines(keepends=True)
-    lines[2] = b"{" + b"x" * (len(lines[2]) - 2) + b"\n"  # same size: the index still fits
-    path.write_bytes(b"".join(lines))
+def test_record_rewritten_in_place_read_in_a_worker_keeps_file_and_sample(run, depth):
+    """A worker reads only its samples' records: a bad one is found there, and the error reaches
+    the trainer with its file and sample, not rebuilt from text."""
+    path = Path(
+        write_step_file(run / "steps", 1, read_step_file(run / "steps" / "step_000000.rfs"))
+    )
+    offset, _ = record_span(path, 2)
+    flip(path, offset + 32)
     err = _first_error(_loader(run, num_workers=2, start_step=1, receive_depth=depth))
     assert type(err) is StepFileError, repr(err)
-    assert err.file == str(path) and err.line == 3
+    assert err.file == str(path) and err.sample == 2
     assert any("worker process" in note for note in err.__notes__)
 
 
-def test_invalid_sample_record_names_line(run):
-    path = run / "steps" / "step_000001.jsonl"
-    path.write_text('{"token_ids": [1, 2], "loss_mask": [0, 1], "advantages": [0.0]}\n')
-    with pytest.raises(StepFileError, match=r"line=1") as err:
+def test_record_that_is_no_sample_names_the_sample(run):
+    from rollfeed.payload import PayloadRoot, StepRecord, StepRecordWriter
+
+    ids = np.array([1, 2])
+    with StepRecordWriter(PayloadRoot(run / "steps"), "step_000001.rfs") as w:
+        w.append(StepRecord(ids=ids, mask=ids > 1, columns={"advantages": np.zeros(2, "f4")}))
+    with pytest.raises(StepFileError, match=r"sample=0") as err:
         list(_loader(run, start_step=1))
     assert "inference_logprobs" in str(err.value)
 

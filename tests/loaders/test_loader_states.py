@@ -1,6 +1,6 @@
 """A loader state is held to what it counted: a consumed count at or past the step's plan is refused
 (never a pass of nothing), a step file rewritten between save and resume is a LoaderStateError
-naming the step and what differs (or the on_reshard policy, logged), the same lines written again
+naming the step and what differs (or the on_reshard policy, logged), the same samples written again
 or a copied run resume exactly, and a version 2 state is migrated or refused with the way out;
 and the attack family ``loader_states`` (:mod:`tests.loaders.state_attacks`) finds nothing
 else."""
@@ -98,13 +98,13 @@ def test_rewritten_step_under_a_policy_restarts_it_or_skips_its_rest(two_steps, 
     assert any("skipping its rest" in m for m in said), said
 
 
-def test_same_lines_again_or_a_copied_run_resume_exactly(two_steps, tmp_path):
-    """The identity is the content, not the inode: a step written again with the same lines, and
+def test_same_samples_again_or_a_copied_run_resume_exactly(two_steps, tmp_path):
+    """The identity is the content, not the inode: a step written again with the same samples, and
     a run directory copied elsewhere, resume with exactly the rest of the run."""
     directory, steps, _, full, _ = two_steps
     states = saved_states(directory)
     copy = shutil.copytree(directory, tmp_path / "copied")
-    steps_dir(directory, [steps[0]])  # a new inode and modification time, the same lines
+    steps_dir(directory, [steps[0]])  # a new inode and modification time, the same samples
     for where in (directory, copy):
         for k in (1, 2, len(full) - 1):
             resumed = make_sampler(where)
@@ -115,7 +115,7 @@ def test_same_lines_again_or_a_copied_run_resume_exactly(two_steps, tmp_path):
 def test_mid_step_state_whose_step_file_is_gone(two_steps):
     directory, _, _, full, first = two_steps
     state = saved_states(directory)[2]
-    (directory / "step_000000.jsonl").unlink()
+    (directory / "step_000000.rfs").unlink()
     resumed = make_sampler(directory)
     resumed.load_state_dict(state)
     with pytest.raises(LoaderStateError, match="step 0 has no step file now") as err:

@@ -5,7 +5,7 @@ tensors, by handle and inline alike; the index carries the image runs the planne
 from __future__ import annotations
 
 import dataclasses
-import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,13 +18,14 @@ from rollfeed.loaders import (
     RolloutDataset,
     Topology,
     build_dataloader,
+    read_step_file,
     write_step_file,
 )
 from rollfeed.loaders.errors import EmptyStepError, StepFileError
-from rollfeed.loaders.step_index import index_path, read_step_index
 from rollfeed.payload import MediaWriter, PayloadWriter
 from tests.collate.test_multimodal import SPEC, _image_pairs
 from tests.loaders.common import assert_bitwise
+from tests.loaders.step_bytes import index_bytes, index_of, rewrite_index
 from tests.models.tiny_vlm import png, vlm_sample
 
 SEQ_LEN = 64
@@ -79,25 +80,30 @@ def test_loader_workers_give_each_rank_the_single_process_multimodal_micro_batch
 
 def test_step_index_carries_image_runs_and_a_text_step_keeps_its_bytes(step_dir, tmp_path):
     base, _, handle = step_dir
-    index = read_step_index(base / "steps" / "step_000000.jsonl")
+    index = index_of(base / "steps" / "step_000000.rfs")
     want = ImageRuns.of_samples(handle)
-    assert np.array_equal(index.images.counts, want.counts)
-    assert np.array_equal(index.images.spans, want.spans) and want.counts.sum() > 10
+    assert np.array_equal(index.span_counts, want.counts)
+    assert np.array_equal(index.span_spans, want.spans) and want.counts.sum() > 10
     dataset = RolloutDataset.from_step_dir(base / "steps")
     assert np.array_equal(dataset.image_runs(0).spans, want.spans)
     assert np.array_equal(RolloutDataset(handle).image_runs().spans, want.spans)
+    assert [s.images for s in read_step_file(base / "steps" / "step_000000.rfs")] == [
+        s.images for s in handle
+    ]
     text = [dataclasses.replace(s, images=[]) for s in handle[:3]]
     write_step_file(tmp_path, 0, text)
-    record = json.loads(index_path(tmp_path / "step_000000.jsonl").read_bytes())
-    assert "image_runs" not in record and RolloutDataset(text).image_runs() is None
-    # an index whose image runs do not describe the line is refused when the line is read
-    write_step_file(tmp_path, 1, handle[:2])
-    path = index_path(tmp_path / "step_000001.jsonl")
-    record = json.loads(path.read_bytes())
+    assert index_of(tmp_path / "step_000000.rfs").span_counts.sum() == 0
+    assert RolloutDataset.from_step_dir(tmp_path).image_runs(0) is None
+    assert RolloutDataset(text).image_runs() is None
+    # an index whose image runs do not describe the record is refused when the record is read
+    path = Path(write_step_file(tmp_path, 1, handle[:2]))
+    old = index_bytes(path)
     first = handle[0].images[0]
-    record["image_spans"][:2] = [first.start, first.end - 1]
-    path.write_text(json.dumps(record))
-    with pytest.raises(StepFileError, match="image runs"):
+    at = old.rindex(np.array([first.start, first.end], "<u4").tobytes())
+    rewrite_index(
+        path, old[:at] + np.array([first.start, first.end - 1], "<u4").tobytes() + old[at + 8 :]
+    )
+    with pytest.raises(StepFileError, match="marked spans"):
         RolloutDataset.from_step_dir(tmp_path)[1 << 32]
 
 
@@ -112,8 +118,9 @@ def test_cuts_at_images_are_counted_by_the_loader_and_an_empty_step_says_why(tmp
     config = LoaderConfig(plan=PlanConfig(seq_len=8), image_processor=SPEC, step_timeout_s=0)
     for step, samples in enumerate([[*first, later], first]):
         write_step_file(tmp_path / "steps", step, samples)
-    loader = build_dataloader(RolloutDataset.from_step_dir(tmp_path / "steps"), Topology(),
-                              config, root=tmp_path)  # fmt: skip
+    loader = build_dataloader(
+        RolloutDataset.from_step_dir(tmp_path / "steps"), Topology(), config, root=tmp_path
+    )
     (tmb,) = list(loader)
     assert tmb.media is None and int(tmb.seq_lens.sum()) == 4  # the text before the image
     m = loader.metrics

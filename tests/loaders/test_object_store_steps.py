@@ -18,8 +18,8 @@ from rollfeed.loaders import (
     StepTimeoutError,
     Topology,
     build_dataloader,
+    write_step_file,
 )
-from rollfeed.loaders.step_store import StepStore
 from rollfeed.payload import PayloadIOError, PayloadRoot
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
 
@@ -49,13 +49,13 @@ def steps_in_store(tmp_path, server, url):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stream_from_the_store_equals_the_local_reference(tmp_path, object_store, s3_url, workers):
     root, local, remote = steps_in_store(tmp_path, object_store, s3_url)
-    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
-    steps.write_step_file(7, remote[7])
+    steps, access = f"{s3_url}/steps", store_options(object_store)
+    write_step_file(steps, 7, remote[7], store=access)
 
     def produce():
         for step in (8, 9):
             time.sleep(0.3)
-            steps.write_step_file(step, remote[step])
+            write_step_file(steps, step, remote[step], store=access)
 
     producer = threading.Thread(target=produce)
     producer.start()
@@ -83,13 +83,13 @@ def test_stream_from_the_store_equals_the_local_reference(tmp_path, object_store
             assert_bitwise(a, b, (step, k))  # the step counts too
         stored = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
         runs, listed = stored.loss_runs(step), RolloutDataset(batch).loss_runs()
-        assert runs.spans.tolist() == listed.spans.tolist()  # from the index object
+        assert runs.spans.tolist() == listed.spans.tolist()  # from the step file's index
         assert runs.counts.tolist() == listed.counts.tolist()
     if workers == 0:
-        assert ds.metrics()["indexed_steps"] == 3  # planned from the index objects alone
+        assert ds.metrics()["steps_loaded"] == 3  # planned from the step files' indexes
     t0 = time.monotonic()
     loader.batch_sampler.step_timeout_s = 0.3
-    with pytest.raises(StepTimeoutError, match=r"s3://.*step_000010\.jsonl") as err:
+    with pytest.raises(StepTimeoutError, match=r"s3://.*step_000010\.rfs") as err:
         next(iter(loader))
     said = str(err.value)  # where it looked, what it found, the producer's last step
     assert f"in {s3_url}/steps within" in said and "step files up to step 9" in said, said
@@ -100,9 +100,8 @@ def test_stream_from_the_store_equals_the_local_reference(tmp_path, object_store
 
 def test_resume_mid_step_from_the_store(tmp_path, object_store, s3_url):
     root, local, remote = steps_in_store(tmp_path, object_store, s3_url)
-    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
     for step in (7, 8):
-        steps.write_step_file(step, remote[step])
+        write_step_file(f"{s3_url}/steps", step, remote[step], store=store_options(object_store))
 
     def loader():
         ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
@@ -131,39 +130,38 @@ def test_resume_mid_step_from_the_store(tmp_path, object_store, s3_url):
     second.close()
 
 
-def test_step_store_lists_and_refuses_a_missing_step_within_its_bound(object_store, s3_url):
-    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
-    assert steps.list_steps() == []
+def test_step_prefix_lists_and_refuses_a_missing_step_within_its_bound(object_store, s3_url):
+    steps = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
+    assert steps.steps_from(0) == []
     t0 = time.monotonic()
-    with pytest.raises(StepTimeoutError, match="found there: no step file named") as err:
+    with pytest.raises(
+        StepTimeoutError, match="found there: nothing: the directory is empty"
+    ) as err:
         steps.wait_for_step(3, timeout_s=0.2)
     assert err.value.step == 3 and "the producer's last step seen: none" in str(err.value)
     assert time.monotonic() - t0 < 3
-    assert "secret" not in repr(steps).lower()
+    assert "secret" not in repr(steps.source.root).lower()
 
 
 def test_a_store_out_of_reach_is_a_typed_error_naming_the_store():
     # nothing listens on port 1: the listing fails at once, as an error a loader can name
-    steps = StepStore(
-        "s3://bucket/steps",
-        endpoint="http://127.0.0.1:1",
-        region="us-east-1",
-        access_key_id="AK",
-        secret_access_key="SK",
+    access = {"endpoint": "http://127.0.0.1:1", "region": "us-east-1"}
+    steps = RolloutDataset.from_step_dir(
+        "s3://bucket/steps", store={**access, "access_key_id": "AK", "secret_access_key": "SK"}
     )
     with pytest.raises(PayloadIOError, match=r"s3://bucket/steps.*out of reach"):
-        steps.list_steps()
+        steps.steps_from(0)
 
 
 @pytest.mark.timeout(120)
 def test_two_workers_read_payload_and_steps_through_obstore_alone(tmp_path, object_store, s3_url):
     """Workers from a fork server, after the trainer's process listed and planned over the
-    store: every read (a step's index and lines, payload objects) is obstore's, as the store
+    store: every read (a step's index and records, payload objects) is obstore's, as the store
     sees it (its ``User-Agent``), and the micro batches are the reference's, bitwise."""
     from tests.payload.store_proxy import StoreProxy
 
     _, local, remote = steps_in_store(tmp_path, object_store, s3_url)
-    StepStore(f"{s3_url}/steps", **store_options(object_store)).write_step_file(7, remote[7])
+    write_step_file(f"{s3_url}/steps", 7, remote[7], store=store_options(object_store))
     with StoreProxy(object_store.endpoint) as proxy:  # passes every answer; notes who asked
         via = {**store_options(object_store), "endpoint": proxy.endpoint}
         loader = build_dataloader(

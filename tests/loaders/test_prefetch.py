@@ -71,7 +71,7 @@ def _position(state: dict) -> tuple[int, int]:
 def test_threaded_passes_equal_reference_bitwise(run, num_workers, handover):
     loader = _loader(run, num_workers=num_workers, receive_depth=2, handover=handover)
     for step in (0, 1):
-        samples = read_step_file(run / "steps" / f"step_{step:06d}.jsonl")
+        samples = read_step_file(run / "steps" / f"step_{step:06d}.rfs")
         ref, _ = reference(
             samples, dp_size=1, cp_size=2, cp_layout="contiguous", root=run / "payload"
         )
@@ -81,7 +81,7 @@ def test_threaded_passes_equal_reference_bitwise(run, num_workers, handover):
         for k, (a, b) in enumerate(zip(got, ref[0, 1], strict=True)):
             assert_bitwise(a, b, (step, k))
     loader.batch_sampler.step_timeout_s = 0.1
-    with pytest.raises(StepTimeoutError, match=r"step_000002\.jsonl"):
+    with pytest.raises(StepTimeoutError, match=r"step_000002\.rfs"):
         list(loader)  # no step left: a bounded wait, then the error, never an empty pass
     _wait_no_thread()
 

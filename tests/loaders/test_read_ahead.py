@@ -12,8 +12,7 @@ import pytest
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.hints import MAX_DEPTH, Pace, worker_hints
-from rollfeed.loaders.step_files import write_step_file
-from rollfeed.loaders.step_store import StepStore
+from rollfeed.loaders.step_files import step_file_name, write_step_file
 from rollfeed.payload import PayloadRoot
 from rollfeed.payload.stores.object_blocks import BLOCK_BYTES
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
@@ -111,21 +110,22 @@ def test_the_next_steps_first_micro_batches_are_made_ahead_and_every_one_is_the_
 
 @pytest.mark.timeout(120)
 def test_a_stores_step_records_are_read_a_block_at_a_time(tmp_path, object_store, s3_url):
-    """Two workers over a step in the store: the step object is read in at most one GET per
-    worker and block, not one per sample as before (12 samples), and the micro batches are the
-    reference's."""
+    """Two workers over a step file in the store, opened with a 4 KiB first GET (so its records
+    lie beyond it): the file is read in at most its opening GET and one GET per block in each
+    process that reads it (the loader's, planning, and each worker's), not one per sample as
+    before (12 samples, 3 processes: 21 GETs), and the micro batches are the reference's."""
     from tests.payload.store_proxy import StoreProxy
 
     opts = object_store.options()
     access = {k: opts[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
     local = write_batch(tmp_path / "payload", 12, seed=9)
     remote = write_batch(PayloadRoot(f"{s3_url}/payload", **opts), 12, seed=9)
-    StepStore(f"{s3_url}/steps", **access).write_step_file(0, remote)
-    size = StepStore(f"{s3_url}/steps", **access).size("step_000000.jsonl")
+    write_step_file(f"{s3_url}/steps", 0, remote, store=access)
+    size = PayloadRoot(f"{s3_url}/steps", **access).store.open_file(step_file_name(0)).size
     with StoreProxy(object_store.endpoint) as proxy:
         via = {**access, "endpoint": proxy.endpoint}
         loader = build_dataloader(
-            RolloutDataset.from_step_dir(f"{s3_url}/steps", store=via),
+            RolloutDataset.from_step_dir(f"{s3_url}/steps", store={**via, "open_bytes": 4096}),
             TOPO,
             LoaderConfig(plan=CONFIG),
             root=PayloadRoot(f"{s3_url}/payload", **via),
@@ -138,5 +138,6 @@ def test_a_stores_step_records_are_read_a_block_at_a_time(tmp_path, object_store
     assert len(got) == len(ref[0][0, 0])
     for k, (a, b) in enumerate(zip(got, ref[0][0, 0], strict=True)):
         assert_bitwise(a, b, k)
-    lines = [t for m, t in asked if m == "GET" and t.split("?")[0].endswith("step_000000.jsonl")]
-    assert 1 <= len(lines) <= 2 * -(-size // BLOCK_BYTES), lines
+    assert size > 3 * 4096  # records beyond the opening GET, in every process
+    gets = [t for m, t in asked if m == "GET" and t.split("?")[0].endswith(step_file_name(0))]
+    assert 3 <= len(gets) <= 3 * (1 + -(-size // BLOCK_BYTES)), gets

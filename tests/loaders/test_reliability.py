@@ -58,7 +58,7 @@ def _dataset(steps: Path) -> RolloutDataset:
 
 
 def _reference(run: Path) -> list:
-    samples = read_step_file(run / "steps" / "step_000000.jsonl")
+    samples = read_step_file(run / "steps" / "step_000000.rfs")
     ref, _ = reference(samples, dp_size=1, cp_size=2, cp_layout="contiguous", root=run / "payload")
     assert len(ref[0, 1]) >= 3
     return ref[0, 1]
@@ -118,12 +118,12 @@ def test_pass_over_missing_step_waits_then_raises_step_timeout(run, num_workers)
     waited = time.monotonic() - t0
     assert type(err) is StepTimeoutError, repr(err)
     assert 0.4 <= waited < 5, waited
-    assert err.file == str(run / "steps" / "step_000001.jsonl")
-    assert "step_000001.jsonl" in str(err) and "step_timeout_s=0.4" in str(err)
+    assert err.file == str(run / "steps" / "step_000001.rfs")
+    assert "step_000001.rfs" in str(err) and "step_timeout_s=0.4" in str(err)
 
 
 def test_pass_over_step_not_there_yet_yields_it_once_it_appears(run, tmp_path):
-    samples = read_step_file(run / "steps" / "step_000000.jsonl")
+    samples = read_step_file(run / "steps" / "step_000000.rfs")
     steps = tmp_path / "steps"
     steps.mkdir()
     producer = threading.Timer(0.3, write_step_file, (steps, 0, samples))
@@ -238,7 +238,7 @@ def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_ne
     steps = tmp_path / "steps"
     steps.mkdir()
     write_step_file(steps, 0, [])
-    write_step_file(steps, 1, read_step_file(run / "steps" / "step_000000.jsonl"))
+    write_step_file(steps, 1, read_step_file(run / "steps" / "step_000000.rfs"))
     loader = build_dataloader(
         _dataset(steps),
         TOPO,
@@ -248,7 +248,7 @@ def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_ne
     )
     err = _first_error(loader)
     assert isinstance(err, EmptyStepError)
-    assert err.file == str(steps / "step_000000.jsonl")
+    assert err.file == str(steps / "step_000000.rfs")
     assert "no samples" in str(err)
     assert (loader.state_dict()["step"], loader.state_dict()["micro_batches"]) == (1, 0)
     got = list(loader)  # the empty step counts as done: the next pass is step 1, whole
@@ -257,7 +257,7 @@ def test_pass_over_a_step_file_with_no_samples_is_an_empty_step_error_and_the_ne
 
 
 def test_step_whose_samples_are_all_dropped_as_overlong_is_an_empty_step_error(run):
-    samples = read_step_file(run / "steps" / "step_000000.jsonl")
+    samples = read_step_file(run / "steps" / "step_000000.rfs")
     shortest = min(len(s) for s in samples)
     config = PlanConfig(seq_len=(shortest - 1) // 2 * 2, cp_size=2, overlong="drop")
     loader = build_dataloader(

@@ -1,12 +1,10 @@
 """The loader's micro batches carry their step's loss-token counts, planned on every rank from
-the step index (or, for a list or a step parsed whole, from the samples): equal to a brute-force
-count over what every (dp, cp) rank's loader yields, for every source, shuffled or not; a step
-whose index holds no loss runs takes the ``missing_index`` policy; the truncation warning is
+the step file's index (or, for a list, from the samples): equal to a brute-force count over what
+every (dp, cp) rank's loader yields, for every source, shuffled or not; the truncation warning is
 logged once per step on one rank."""
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 from multiprocessing.reduction import ForkingPickler
@@ -19,13 +17,10 @@ from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
     LoaderConfig,
     RolloutDataset,
-    StepFileError,
     Topology,
     build_dataloader,
     write_step_file,
 )
-from rollfeed.loaders.errors import StepIndexVersionError
-from rollfeed.loaders.step_index import RUNS, index_path
 from tests.collate.loss_samples import samples_for
 
 SEQ_LEN = 16
@@ -35,18 +30,11 @@ DP, CP = 2, 2
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory):
     """Steps 0 and 1 of 11 samples each, some truncated at ``SEQ_LEN``, some without a loss
-    token; the same steps under four directories for four sources."""
+    token; written as step files under ``indexed``."""
     base = tmp_path_factory.mktemp("counts")
     batches = {0: samples_for(20, 11, SEQ_LEN), 1: samples_for(21, 11, SEQ_LEN)}
-    for name in ("indexed", "unindexed", "no-runs"):
-        for step, samples in batches.items():
-            path = write_step_file(base / name, step, samples)
-            ipath = index_path(path)
-            if name == "unindexed":
-                ipath.unlink()
-            elif name == "no-runs":  # an index as written before it held loss runs
-                record = json.loads(ipath.read_bytes())
-                ipath.write_text(json.dumps({k: v for k, v in record.items() if k not in RUNS}))
+    for step, samples in batches.items():
+        write_step_file(base / "indexed", step, samples)
     return base, batches
 
 
@@ -75,8 +63,8 @@ def _brute_force(ranks) -> tuple[int, int, int]:
     return sum(tokens.values()), len(tokens), sum(v > 0 for v in tokens.values())
 
 
-@pytest.mark.parametrize("source", ["list", "indexed", "unindexed", "no-runs"])
-def test_every_source_gives_the_brute_force_counts_on_every_rank(steps, source, caplog):
+@pytest.mark.parametrize("source", ["list", "indexed"])
+def test_every_source_gives_the_brute_force_counts_on_every_rank(steps, source):
     base, batches = steps
     for step in (0, 1):
         for shuffle in (False, True):
@@ -84,8 +72,7 @@ def test_every_source_gives_the_brute_force_counts_on_every_rank(steps, source, 
                 dataset = RolloutDataset(batches[step])
             else:
                 dataset = RolloutDataset.from_step_dir(base / source)
-            with caplog.at_level(logging.WARNING, logger="rollfeed.loaders"):
-                ranks = _pass(dataset, step, shuffle)
+            ranks = _pass(dataset, step, shuffle)
             total, samples, with_loss = _brute_force(ranks)
             assert 0 < with_loss < samples  # some samples are left without a loss token
             for mbs in ranks.values():
@@ -103,23 +90,6 @@ def test_every_source_gives_the_brute_force_counts_on_every_rank(steps, source, 
             listed = _pass(RolloutDataset(batches[step]), step, shuffle)
             for r, mbs in ranks.items():
                 assert [mb.step_counts for mb in mbs] == [mb.step_counts for mb in listed[r]]
-    unused = [r for r in caplog.records if "index it does not use" in r.getMessage()]
-    assert bool(unused) == (source == "no-runs")  # the missing_index policy, with its warning
-
-
-def test_an_index_without_loss_runs_is_not_used_and_refused_under_error(steps):
-    base, _ = steps
-    parsed = RolloutDataset.from_step_dir(base / "no-runs")
-    indexed = RolloutDataset.from_step_dir(base / "indexed")
-    for step in (0, 1):
-        a, b = parsed.loss_runs(step), indexed.loss_runs(step)
-        assert a.counts.tolist() == b.counts.tolist() and a.spans.tolist() == b.spans.tolist()
-    assert parsed.metrics()["unindexed_steps"] == 2 and indexed.metrics()["indexed_steps"] == 2
-    strict = RolloutDataset.from_step_dir(base / "no-runs", missing_index="error")
-    with pytest.raises(StepIndexVersionError, match="holds no loss runs") as err:
-        strict.lengths(0)
-    assert isinstance(err.value, StepFileError)
-    assert err.value.file == str(base / "no-runs" / "step_000000.index.json")
 
 
 def test_the_truncation_warning_is_logged_once_per_step_on_one_rank(steps, caplog):

@@ -1,7 +1,8 @@
 """A step file replaced after its step was planned: a pass yields exactly the planned version's
-micro batches or raises StepReplacedError naming the file and the step, never the replacement's
-tokens read through the planned index (local step directory and object store); and the step
-replacement attack family (:mod:`tests.loaders.step_attacks`) finds nothing else."""
+micro batches (the trainer's process reads the file it planned from) or raises
+StepReplacedError naming the file and the step (a worker finds another version), never the
+replacement's tokens read through the planned index (local step directory and object store); and
+the step replacement attack family (:mod:`tests.loaders.step_attacks`) finds nothing else."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from rollfeed.loaders import (
     build_dataloader,
 )
 from rollfeed.loaders.step_files import write_step_file
-from rollfeed.loaders.step_store import StepStore
 from tests.loaders.common import SEQ_LEN, reference, write_batch
 from tests.loaders.resume import tmb_key
 from tests.loaders.step_attacks import same_sizes_other_tokens
@@ -54,7 +54,7 @@ def test_step_replaced_after_planning_reads_the_planned_version_or_is_refused(
         options=LoaderOptions(num_workers=num_workers),
     )
     assert len(loader) > 0  # the step is planned from the planned version's index
-    write_step_file(tmp_path / "steps", 0, other)  # replaced, index first, under the same name
+    write_step_file(tmp_path / "steps", 0, other)  # replaced under the same name
     if num_workers == 0:
         # the trainer's process planned through a descriptor on the planned version: it reads it
         assert [tmb_key(t) for t in loader] == _keys(planned, tmp_path / "payload")
@@ -76,16 +76,19 @@ def test_step_object_replaced_after_planning_is_refused(
 
     root = PayloadRoot(f"{s3_url}/payload", **object_store.options())
     samples = write_batch(root, 6, seed=14)
-    steps = StepStore(f"{s3_url}/steps", **store_options(object_store))
-    steps.write_step_file(0, samples)
+    steps, access = f"{s3_url}/steps", store_options(object_store)
+    write_step_file(steps, 0, samples, store=access)
     ds = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
     options = LoaderOptions(num_workers=num_workers)
     loader = build_dataloader(ds, TOPO, LoaderConfig(plan=CONFIG), root=root, options=options)
     assert len(loader) > 0
-    steps.write_step_file(0, same_sizes_other_tokens(samples))  # another ETag, the same index
-    with pytest.raises(StepReplacedError) as err:
+    write_step_file(steps, 0, same_sizes_other_tokens(samples), store=access)  # another ETag
+    if num_workers == 0:  # the trainer's process reads the object pinned to the planned ETag
+        assert [tmb_key(t) for t in loader] == _keys(samples, root)
+        return
+    with pytest.raises(StepReplacedError) as err:  # a worker opens the object anew
         list(loader)
-    assert err.value.file == f"{s3_url}/steps/step_000000.jsonl" and err.value.step == 0
+    assert err.value.file == f"{s3_url}/steps/step_000000.rfs" and err.value.step == 0
     loader.close()
 
 

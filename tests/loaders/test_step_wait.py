@@ -62,7 +62,7 @@ def test_waiting_pass_logs_at_info_as_it_starts_and_again(tmp_path, caplog, monk
         list(sampler)
     waits = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(waits) >= 3, waits  # as it starts, then every LOG_EVERY_S
-    wanted = "step_000002.jsonl" + ("" if stream else " or a later step file")
+    wanted = "step_000002.rfs" + ("" if stream else " or a later step file")
     for said in waits:
         assert said.startswith(f"waiting for step 2 ({wanted}) in {tmp_path}, for at most ")
         assert "found there: step files up to step 1 (2 files, from step 0;" in said
@@ -70,7 +70,7 @@ def test_waiting_pass_logs_at_info_as_it_starts_and_again(tmp_path, caplog, monk
     assert said.startswith(f"step 2 ({wanted}) did not appear in {tmp_path} within ")
     assert "found there: step files up to step 1 (2 files" in said
     assert "the producer's last step seen: 1." in said
-    assert err.value.step == 2 and err.value.file == str(tmp_path / "step_000002.jsonl")
+    assert err.value.step == 2 and err.value.file == str(tmp_path / "step_000002.rfs")
 
 
 @pytest.mark.parametrize("holds", ["other files", "nothing", "a steps subfolder made later"])
@@ -86,7 +86,7 @@ def test_timeout_says_what_the_directory_holds(tmp_path, holds):
     with pytest.raises(StepTimeoutError) as err:
         list(sampler)
     want = {
-        "other files": "3 entries, none named step_NNNNNN.jsonl (e.g. a.txt, b.json, step_01.json)",
+        "other files": "3 entries, none named step_NNNNNN.rfs (e.g. a.txt, b.json, step_01.json)",
         "nothing": "nothing: the directory is empty",
         "a steps subfolder made later": "no step file, but a steps/ subfolder holding step "
         "files (steps 0..0)",

@@ -66,6 +66,6 @@ def test_stream_follows_producer_with_persistent_workers(tmp_path):
             assert_bitwise(a, b, (step, k))
     t0 = time.monotonic()
     loader.batch_sampler.step_timeout_s = 0.3
-    with pytest.raises(StepTimeoutError, match=r"step_000010\.jsonl"):
+    with pytest.raises(StepTimeoutError, match=r"step_000010\.rfs"):
         next(iter(loader))
     assert time.monotonic() - t0 < 5

@@ -69,9 +69,10 @@ class _Store:
         return PayloadRoot(self.base, timeout_s=TIMEOUT_S, retry_timeout_s=RETRY_TIMEOUT_S)
 
     def step_store(self):
-        from rollfeed.loaders.step_store import StepStore
+        from rollfeed.loaders import RolloutDataset
 
-        return StepStore(self.steps, timeout_s=TIMEOUT_S, retry_timeout_s=RETRY_TIMEOUT_S)
+        bounds = {"timeout_s": TIMEOUT_S, "retry_timeout_s": RETRY_TIMEOUT_S}
+        return RolloutDataset.from_step_dir(self.steps, store=bounds)
 
 
 def _check(got: np.ndarray, want: np.ndarray, what: str) -> str:
@@ -114,9 +115,9 @@ def _operations(store: _Store, held, data, rng: np.random.Generator) -> dict[str
 
     def step_store():
         steps = store.step_store()
-        got, index = steps.list_steps(), steps.read_index(1)
-        ok = got == [1] and index is not None and index.lengths.tolist() == [3, 4]
-        return "data" if ok else f"wrong: steps {got}, index {index}"
+        got, lengths = steps.steps_from(0), steps.lengths(1).tolist()
+        ok = got == [1] and lengths == [3, 4]
+        return "data" if ok else f"wrong: steps {got}, lengths {lengths}"
 
     def nested(op):  # a child's child: what it gets is its parent's due
         return lambda: ("a child's child", *run_forked(op, RETRY_TIMEOUT_S - 1))
@@ -170,7 +171,7 @@ def _setup(name: str, store: _Store, data) -> tuple[Any, bool, Callable[[], obje
     steps = {
         "nothing": (lambda: None, False),
         "a client, no request": (lambda: root.store.client.process(), False),
-        "a step store listing (botocore only)": (lambda: store.step_store().list_steps(), False),
+        "a step store listing (botocore only)": (lambda: store.step_store().steps_from(0), False),
         "a read": (lambda: _read(root, segs, len(rows)), True),
         "a write": (lambda: _written(root, "s", 3), True),
         "a listing": (lambda: root.store.listing(".rfp"), True),
@@ -259,7 +260,8 @@ def family_fork(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
 
 
 def _seed_data(store: _Store):
+    from rollfeed.loaders import write_step_file
     from tests.payload.adversary_stores import _samples
 
-    store.step_store().write_step_file(1, _samples())
+    write_step_file(store.steps, 1, _samples())
     return _written(store.root(), "g", 0)

@@ -45,7 +45,7 @@ SEVERAL = ("step index", "write")  # operations of several requests: the first m
 
 def family_stores(tally: Tally, workdir: Path, rng: np.random.Generator) -> None:
     """Every misbehaviour against every operation (see the module doc)."""
-    from rollfeed.loaders.step_store import StepStore
+    from rollfeed.loaders import RolloutDataset, write_step_file
     from rollfeed.payload import PayloadRoot, PayloadWriter
     from tests.object_store_server import BUCKET
     from tests.payload.store_proxy import StoreProxy
@@ -57,7 +57,7 @@ def family_stores(tally: Tally, workdir: Path, rng: np.random.Generator) -> None
     with PayloadWriter(direct, group="g", name="w") as w:
         segs = write_request(w, request_arrays(rng, 150), regions)
     steps_url = f"{base}/steps"
-    StepStore(steps_url).write_step_file(1, _samples())
+    write_step_file(steps_url, 1, _samples())
     bounds = dict(timeout_s=TIMEOUT_S, request_retries=RETRIES, retry_timeout_s=RETRY_TIMEOUT_S)
     total = segs[0].rows
     with StoreProxy(endpoint) as proxy:
@@ -79,15 +79,19 @@ def family_stores(tally: Tally, workdir: Path, rng: np.random.Generator) -> None
                 read(r, "routed_experts")
             read(r, name)
 
+        def steps():
+            store = {"endpoint": proxy.endpoint, **bounds}
+            return RolloutDataset.from_step_dir(steps_url, store=store)
+
         def listing(_):
-            got = StepStore(steps_url, endpoint=proxy.endpoint, **bounds).list_steps()
+            got = steps().steps_from(0)
             if got != [1]:
-                raise Wrong(f"the step store listed {got}, the store holds [1]")
+                raise Wrong(f"the step prefix listed {got}, the store holds [1]")
 
         def index(_):
-            got = StepStore(steps_url, endpoint=proxy.endpoint, **bounds).read_index(1)
-            if got is None or got.lengths.tolist() != [3, 4]:
-                raise Wrong(f"the step index read back as {got}")
+            got = steps().lengths(1)
+            if got.tolist() != [3, 4]:
+                raise Wrong(f"the step file's index read back as {got}")
 
         def write(name):
             r = root()

@@ -217,9 +217,10 @@ def test_after_the_parent_used_the_store_a_fork_server_child_reads_and_a_forked_
 def test_a_child_forked_after_requests_is_refused_at_once_whatever_it_builds(object_store, s3_url):
     """obstore's runtime, started by the parent's requests, never answers in a forked child (a
     new root there gave no answer in 40 s with timeout_s=2): the parent's root, a new root, a
-    writer on either and a new step store are each refused with a typed error naming the ways
-    out, well within the roots' timeouts; each child runs under a hard wall-clock bound."""
-    from rollfeed.loaders.step_store import StepStore
+    writer on either and a new step directory's dataset are each refused with a typed error
+    naming the ways out, well within the roots' timeouts; each child runs under a hard
+    wall-clock bound."""
+    from rollfeed.loaders import RolloutDataset
 
     bounds = {"timeout_s": 2.0, "retry_timeout_s": 4.0}
     root = s3_root(object_store, s3_url, **bounds)
@@ -239,9 +240,9 @@ def test_a_child_forked_after_requests_is_refused_at_once_whatever_it_builds(obj
         "a new root": lambda: read_fields(segs, {"routed_experts": (0, 6)}, root=fresh()),
         "a writer on the parent's root": lambda: write(root),
         "a writer on a new root": lambda: write(fresh()),
-        "a new step store": lambda: StepStore(
-            f"{s3_url}/steps", **object_store.options(**bounds)
-        ).read_index(1),
+        "a new step store": lambda: RolloutDataset.from_step_dir(
+            f"{s3_url}/steps", store=object_store.options(**bounds)
+        ).lengths(1),
     }
     answers = {}
     for what, child in children.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollfeed.loaders.step_store import StepStore
+from rollfeed.loaders import RolloutDataset, write_step_file
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.errors import PayloadStoreAuthError
 from tests.credential_servers import ROLE_ARN, FakeMetadata, FakeSTS
@@ -38,10 +38,10 @@ def _round_trip(url: str, tmp_path, **access) -> None:
     fresh = PayloadRoot(url, **access)
     got = read_fields(segs, {"routed_experts": (0, 32)}, root=fresh)["routed_experts"]
     assert np.array_equal(got.values.numpy(), ROWS)
-    steps = StepStore(f"{url}/steps", **access)
-    steps.write_step_file(3, write_batch(tmp_path / "local", 2, seed=1))
-    assert steps.list_steps() == [3]  # the botocore-signed listing: the same credentials
-    assert steps.read_index(3) is not None
+    write_step_file(f"{url}/steps", 3, write_batch(tmp_path / "local", 2, seed=1), store=access)
+    steps = RolloutDataset.from_step_dir(f"{url}/steps", store=access)
+    assert steps.steps_from(0) == [3]  # the botocore-signed listing: the same credentials
+    assert len(steps.lengths(3)) == 2
 
 
 def test_a_web_identity_token_is_exchanged_at_sts_for_the_keys(
@@ -116,7 +116,7 @@ def test_a_credential_that_cannot_be_had_is_a_typed_error(
             read_fields(segs, {"routed_experts": (0, 32)}, root=PayloadRoot(s3_url, **access))
         assert err.value.file == segs[0].file and err.value.field == "routed_experts"
         with pytest.raises(PayloadStoreAuthError, match=r"no credential for s3://"):
-            StepStore(f"{s3_url}/steps", **access).list_steps()
+            RolloutDataset.from_step_dir(f"{s3_url}/steps", store=access).steps_from(0)
     for name in ("AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
         monkeypatch.delenv(name)
     with FakeMetadata() as imds:  # a machine without a role

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from rollfeed.loaders.step_store import StepStore
+from rollfeed.loaders import RolloutDataset
 from rollfeed.payload import (
     PayloadError,
     PayloadIOError,
@@ -81,13 +81,12 @@ def test_a_store_dripping_its_answer_is_bounded_by_the_whole_retry_sequence(
     assert took < retry_timeout_s + 4  # the attempts, their backoff, and a loaded machine
 
 
-def test_the_step_store_listing_through_a_dripping_store_is_bounded(object_store, s3_url, proxy):
+def test_the_step_listing_through_a_dripping_store_is_bounded(object_store, s3_url, proxy):
     proxy.mode, proxy.delay_s = "drip", 0.1
     options = {**object_store.options(), "endpoint": proxy.endpoint}
-    steps = StepStore(
-        f"{s3_url}/steps", **options, timeout_s=0.4, request_retries=1, retry_timeout_s=1.2
-    )
-    err, took = bounded(steps.list_steps, 30)
+    bounds = {"timeout_s": 0.4, "request_retries": 1, "retry_timeout_s": 1.2}
+    steps = RolloutDataset.from_step_dir(f"{s3_url}/steps", store={**options, **bounds})
+    err, took = bounded(lambda: steps.steps_from(0), 30)
     assert isinstance(err, PayloadStoreTimeoutError) and "retry_timeout_s=1.2" in str(err), err
     assert took < 1.2 + 4
 
@@ -107,9 +106,9 @@ def test_an_answer_claiming_more_bytes_than_asked_is_refused_unread(object_store
 def test_a_listing_claiming_gigabytes_is_refused_unread(object_store, s3_url, proxy):
     proxy.mode = "inflate"
     options = {**object_store.options(), "endpoint": proxy.endpoint}
-    steps = StepStore(f"{s3_url}/steps", **options, request_retries=0)
+    steps = RolloutDataset.from_step_dir(f"{s3_url}/steps", store={**options, "request_retries": 0})
     with pytest.raises(PayloadIOError, match=r"more than the \d+ an answer may take"):
-        steps.list_steps()
+        steps.steps_from(0)
     time.sleep(0.2)
     assert proxy.sent < 32 << 20
 

@@ -46,9 +46,11 @@ from rollfeed.payload.errors import (
     PayloadTruncatedError,
 )
 from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_header
+from rollfeed.payload.stores.folder_names import local_names
 from rollfeed.payload.stores.safe_open import open_beneath, open_parent_beneath
 from rollfeed.payload.stores.store import Listed, PerProcess, Reads, Retry, StoreLease
 from rollfeed.payload.write.file_sink import FileSink
+from rollfeed.payload.write.whole_file import LocalStaged
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 GAP = 4096  # ranges of a file at most this far apart are read in one call (as the kernel's)
@@ -254,6 +256,12 @@ class LocalStore(PerProcess):
     def open_file(self, rel: str) -> LocalFile:
         return LocalFile(open_beneath(self.path, rel))
 
+    def names(self, folder: str) -> list[Listed]:
+        return local_names(self.path, folder)
+
+    def stage(self, rel: str, *, fsync: bool = False) -> LocalStaged:
+        return LocalStaged(self.path, rel, fsync=fsync)
+
     def put_blob(self, rel: str, data: bytes) -> bool:
         """Store ``data`` as file ``rel`` unless one of that name exists (then leave it as it
         is); True when this call wrote it. The bytes go to a temporary file beside it, then are
@@ -340,10 +348,12 @@ def _os_finding(err: OSError, rel: str, what: str) -> PayloadError:
 
 
 class LocalFile:
-    """One file opened for the scan (its descriptor; ``size`` as of open)."""
+    """One file opened for reading (its descriptor; ``size`` and ``stamp`` as of open)."""
 
     def __init__(self, fd: int) -> None:
-        self.fd, self.size = fd, os.fstat(fd).st_size
+        st = os.fstat(fd)
+        self.fd, self.size = fd, st.st_size
+        self.stamp = f"inode {st.st_ino}, mtime_ns {st.st_mtime_ns}"
 
     def read(self, at: int, n: int) -> bytes:
         return os.pread(self.fd, n, at)

@@ -1,27 +1,27 @@
 """PinnedBlocks: one process's copy of parts of objects, in aligned blocks, for GETs pinned to an
 ETag.
 
-A step's records are read a few hundred KiB at a time, one ranged GET per sample, scattered over
-the step object (the plan packs by length, not by position). Each GET costs a round trip, and on
+A loader worker reads its samples' records of a step one at a time, scattered over the step
+file (the plan packs by length, not by position). One ranged GET each costs a round trip, and on
 a store that compresses what it holds (SeaweedFS gzips compressible objects in chunks of a few
 MiB) the decompression of a whole chunk: over ``python -m rollfeed.bench object_store``'s server a
 sample's GET took 60-90 ms where the same bytes of an incompressible object took 2-5 ms, and a
-loader worker spent 150-590 ms of each micro batch reading its samples. A client given
-``PinnedBlocks`` answers a GET that names an ETag (its bytes cannot change: another object under
-the key fails ``If-Match``) from whole ``block_bytes`` blocks, each fetched once with that ETag
-and kept (the last ``keep``, least recently used out first): the samples of a step then cost a
-GET per block, not per sample. A range longer than a block, or a GET without an ETag, goes to the
-store as it is.
+worker spent 150-590 ms of each micro batch reading its samples. An object read by range
+(:class:`~rollfeed.payload.stores.s3.ObjectFile`, pinned to the ETag of its first GET: its bytes
+cannot change, another object under the key fails ``If-Match``) is read through the process's
+``PinnedBlocks``: whole ``block_bytes`` blocks, each fetched once with that ETag and kept (the
+last ``keep``, least recently used out first), so the samples of a step cost a GET per block,
+not per sample. A range longer than a block goes to the store as it is.
 
 The cost is bandwidth when a process needs few of a block's bytes (a rank of a wide data-parallel
 world reads 1/dp of a step): up to one block per sample it reads, fetched in one GET each. Every
 request goes through the store's own ``fetch`` (its retries, errors and checks), so a failure is
 the typed error the plain GET raises, for the block that holds the range.
 
-Example (blocks of 4 MiB; a sample's line at bytes [5,000,000, 5,300,000) of a step object)::
+Example (blocks of 4 MiB; a sample's record at bytes [5,000,000, 5,300,000) of a step file)::
 
-    blocks.get("run7/steps/step_000003.jsonl", '"9b2c..."', 5_000_000, 5_300_000, fetch)
-    -> fetch(4 MiB, 8 MiB) once; this and every later line of that block: slices of it
+    blocks.get("run7/steps/step_000003.rfs", '"9b2c..."', 5_000_000, 5_300_000, fetch)
+    -> fetch(4 MiB, 8 MiB) once; this and every later record of that block: slices of it
 """
 
 from __future__ import annotations

@@ -78,11 +78,9 @@ class Got:
 class ObstoreClient:
     """This process's obstore client for one bucket (see the module doc)."""
 
-    def __init__(
-        self, access: StoreAccess, url: StoreURL, *, blocks: PinnedBlocks | None = None
-    ) -> None:
+    def __init__(self, access: StoreAccess, url: StoreURL) -> None:
         check_usable(str(url))  # a fork after a request: no client of obstore's would answer
-        self.access, self.url, self.blocks = access, url, blocks
+        self.access, self.url = access, url
         self.pid = os.getpid()
         self.bucket_url = access.bucket_url(url.bucket)
         self._session: Any = None  # botocore's, when credentials come from a profile
@@ -120,16 +118,7 @@ class ObstoreClient:
 
     def get(self, key: str, start: int, end: int, etag: str | None, *, where: str, rel: str) -> Got:
         """Bytes ``[start, end)`` of ``key`` (fewer when the object is shorter), of the object
-        whose ETag is ``etag`` when given (another is :class:`PayloadStaleFileError`); from
-        this client's :class:`PinnedBlocks` when it has them and the GET is pinned to an ETag."""
-        blocks = self.blocks
-        if blocks is not None and etag is not None and blocks.serves(start, end, etag):
-            return blocks.get(
-                key, etag, start, end, lambda a, b: self._get(key, a, b, etag, where, rel)
-            )
-        return self._get(key, start, end, etag, where, rel)
-
-    def _get(self, key: str, start: int, end: int, etag: str | None, where: str, rel: str) -> Got:
+        whose ETag is ``etag`` when given (another is :class:`PayloadStaleFileError`)."""
         import obstore
 
         options: dict[str, Any] = {"range": (start, end)}
@@ -270,8 +259,9 @@ class ObjectEntry:
 
 
 class ObjectProcessState:
-    """This process's obstore client, request threads and cache of opened objects; never
-    pickled. ``store``: the client's obstore store."""
+    """This process's obstore client, request threads, cache of opened objects and blocks of
+    objects read by range (:class:`PinnedBlocks`); never pickled. ``store``: the client's
+    obstore store."""
 
     def __init__(self, access: StoreAccess, url: StoreURL, threads: int) -> None:
         self.pid = os.getpid()
@@ -279,6 +269,7 @@ class ObjectProcessState:
         self.store = self.obstore.store
         self.lock = threading.Lock()
         self.files: OrderedDict[str, ObjectEntry] = OrderedDict()
+        self.blocks = PinnedBlocks()  # whole blocks of objects read by range (ObjectFile)
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
 

@@ -42,6 +42,7 @@ from rollfeed.payload.errors import (
     PayloadTruncatedError,
 )
 from rollfeed.payload.format.layout import FILE_HEADER, VERSION, parse_file_header
+from rollfeed.payload.stores.folder_names import object_names
 from rollfeed.payload.stores.object_client import ObjectClient, ObjectEntry
 from rollfeed.payload.stores.object_lease import ObjectLease
 from rollfeed.payload.stores.object_prune import prune_group
@@ -49,6 +50,7 @@ from rollfeed.payload.stores.object_runtime import check_usable
 from rollfeed.payload.stores.store import Listed, Retry
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 from rollfeed.payload.write.object_writer import ObjectSink
+from rollfeed.payload.write.whole_file import ObjectStaged
 
 _MERGE_GAP = 1 << 20  # ranges of an object at most this far apart are fetched in one GET
 
@@ -223,6 +225,14 @@ class S3Store:
     def open_file(self, rel: str) -> ObjectFile:
         return ObjectFile(self, rel)
 
+    def names(self, folder: str) -> list[Listed]:
+        return object_names(self.client, folder)
+
+    def stage(self, rel: str, *, fsync: bool = False) -> ObjectStaged:
+        """One PUT on ``commit`` (a PUT returns once the object is stored: ``fsync`` adds
+        nothing)."""
+        return ObjectStaged(self.client, rel)
+
     def delete(self, group: str) -> None:
         """Delete every object of ``group`` and abort the incomplete multipart uploads under it;
         a group with neither is :class:`PayloadMissingFileError`."""
@@ -230,14 +240,18 @@ class S3Store:
 
 
 class ObjectFile:
-    """One object opened for the scan: its first ``open_bytes`` bytes, then ranged GETs of at
-    least as many bytes each (a scan reads forward), each with ``If-Match`` on the ETag seen at
-    open, so the bytes all come from one object."""
+    """One object opened for reading: its first ``open_bytes`` bytes, then each read of at most
+    a block from the process's :class:`~rollfeed.payload.stores.object_blocks.PinnedBlocks`
+    (whole blocks, each fetched once: a worker's records of a step, scattered over its file,
+    cost a GET per block, not per record), a longer one in a ranged GET of its own; every GET
+    with ``If-Match`` on the ETag seen at open, so the bytes all come from one object
+    (``stamp``: that ETag)."""
 
     def __init__(self, store: S3Store, rel: str) -> None:
         self.store, self.rel, self.key = store, rel, store.url.key(rel)
         got = self._get(0, store.open_bytes, None)
         self.size, self.etag, self.at, self.data = got.size, got.etag, 0, got.data
+        self.stamp = f"ETag {got.etag}"
 
     def _get(self, start: int, end: int, etag: str | None):
         where = self.store.where(self.rel)
@@ -246,7 +260,13 @@ class ObjectFile:
         )
 
     def read(self, at: int, n: int) -> bytes:
-        if not self.at <= at or at + n > self.at + len(self.data):
+        end = min(self.size, at + n)
+        blocks = self.store.client.process().blocks
+        held = self.at <= at and at + n <= self.at + len(self.data)
+        if not held and blocks.serves(at, end, self.etag):
+            fetch = lambda a, b: self._get(a, b, self.etag)  # noqa: E731
+            return bytes(blocks.get(self.key, self.etag, at, end, fetch).data)  # type: ignore[arg-type]
+        if not held:
             end = min(self.size, at + max(n, self.store.open_bytes))
             self.at, self.data = at, self._get(at, end, self.etag).data if end > at else b""
         return bytes(self.data[at - self.at : at - self.at + n])

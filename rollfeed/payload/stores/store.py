@@ -15,7 +15,11 @@ What a store offers:
 - ``sink(file, fsync=...)``: where a writer puts its bytes (an append-only file, or one object
   per write);
 - ``listing(suffix)`` and ``open_file(rel)``: every payload file with its modification time, and
-  one file's bytes by range, for the offline scan;
+  one file's bytes by range, one version of it (its ``stamp`` changes when the file is replaced),
+  for the offline scan and for step record files;
+- ``names(folder)``: the entries directly in one folder (a step directory's files), and
+  ``stage(rel)``: a whole file written aside and put under its name at once on ``commit`` (a
+  step record file), replacing what was there;
 - ``put_blob(rel, data)`` and ``get_blob(rel, retry, size=...)``: one whole file written once
   under a name nothing rewrites, and read back whole (content-addressed media,
   :mod:`rollfeed.payload.media.store`);
@@ -175,20 +179,35 @@ class Sink(Protocol):
 
 
 class StoreFile(Protocol):
-    """One file opened for the scan; ``read(at, n)`` gives fewer bytes only if it shrank."""
+    """One file opened for reading: its ``size`` and ``stamp`` (which version of the file this
+    is: ``"inode 12, mtime_ns 17..."`` of a local file, ``'ETag "9b2c"'`` of an object); every
+    ``read(at, n)`` reads that version and gives fewer bytes only if it shrank."""
 
     size: int
+    stamp: str
 
     def read(self, at: int, n: int) -> bytes: ...
     def close(self) -> None: ...
 
 
+class Staged(Protocol):
+    """A file being written whole (:meth:`Store.stage`): ``write`` appends, ``commit`` puts it
+    under its name at once (replacing any file there), ``abort`` leaves nothing behind. A failure
+    is :class:`~rollfeed.payload.errors.PayloadIOError` naming the file, after an ``abort``."""
+
+    def write(self, data: bytes | memoryview) -> None: ...
+    def commit(self) -> None: ...
+    def abort(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """One payload file a listing found: its handle and modification time (seconds)."""
+    """One entry a listing found: its handle, modification time (seconds; 0 for a folder of an
+    object store) and whether it is a folder (:meth:`Store.names` only)."""
 
     rel: str
     mtime: float
+    folder: bool = False
 
 
 class Store(Protocol):
@@ -204,6 +223,8 @@ class Store(Protocol):
     def sink(self, file: str, *, fsync: bool) -> Sink: ...
     def listing(self, suffix: str) -> tuple[list[Listed], list[PayloadError]]: ...
     def open_file(self, rel: str) -> StoreFile: ...
+    def names(self, folder: str) -> list[Listed]: ...
+    def stage(self, rel: str, *, fsync: bool = False) -> Staged: ...
     def put_blob(self, rel: str, data: bytes) -> bool: ...
     def get_blob(self, rel: str, retry: Retry, *, size: int) -> bytes: ...
     def delete(self, group: str) -> None: ...

@@ -1,0 +1,128 @@
+"""A :class:`~rollfeed.collate.Sample` as a step record and back: what each of its parts becomes.
+
+A step record (:class:`~rollfeed.payload.StepRecord`) knows token ids, a mask, named columns,
+texts and segment records; this is where a sample's parts get their names:
+
+- ``token_ids`` -> the record's ids (stored at the narrowest unsigned dtype holding the largest,
+  or at the one a writer's ``vocab_size`` calls for), ``loss_mask`` -> its mask (stored as runs;
+  the step's index repeats them for planning);
+- ``advantages``, ``inference_logprobs`` and, when given, ``temperatures`` -> float32 columns of
+  those names (an advantage the same for every token is stored once);
+- an inline field ``name`` -> the column ``field:name`` (fixed width ``[R, *shape]``), or the two
+  columns ``field:name:counts`` and ``field:name:values`` (ragged);
+- ``uid`` -> the text ``uid``; ``payload`` -> the segment records, as they are;
+- ``images`` (:class:`~rollfeed.payload.ImageSpan`) -> the record's marked spans (each image's
+  placeholder run, which the index repeats so that a planner never cuts inside an image) and the
+  text ``images``, the image records as JSON (a handle or inline bytes each).
+
+A record holding a column or text of another name is not a sample's: ``ValueError`` naming
+it (the reader adds the file, step and sample). The record's group id, shared prefix and policy
+version are the step index's, not the sample's (:class:`~rollfeed.loaders.step_files.StepWriter`).
+
+Example::
+
+    sample_record(Sample([5, 6, 7], loss_mask=[0, 1, 1], advantages=[0.5] * 3,
+                         inference_logprobs=[0.0, -0.7, -0.1], uid="a"))
+    -> StepRecord(ids=[5, 6, 7], mask=[F, T, T], columns={"advantages": ..., "inference_logprobs":
+       ...}, texts={"uid": "a"})
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from rollfeed.collate import Sample
+from rollfeed.payload import ImageSpan, StepRecord
+
+_ARRAYS = ("advantages", "inference_logprobs", "temperatures")
+_FIELD = "field:"
+
+
+def sample_record(
+    sample: Sample,
+    *,
+    group: str | None = None,
+    shared_prefix: int = 0,
+    policy_version: int | None = None,
+) -> StepRecord:
+    """``sample`` as a step record (module doc)."""
+    columns: dict[str, np.ndarray] = {
+        name: value for name in _ARRAYS if (value := getattr(sample, name)) is not None
+    }
+    for name, data in sample.fields.items():
+        if isinstance(data, tuple):
+            columns[f"{_FIELD}{name}:counts"], columns[f"{_FIELD}{name}:values"] = data
+        else:
+            columns[f"{_FIELD}{name}"] = data
+    texts = {} if sample.uid is None else {"uid": sample.uid}
+    if sample.images:
+        texts["images"] = json.dumps([im.model_dump(mode="json") for im in sample.images])
+    return StepRecord(
+        ids=sample.token_ids,
+        mask=sample.loss_mask,
+        columns=columns,
+        texts=texts,
+        segments=sample.payload,
+        spans=np.array([(im.start, im.end) for im in sample.images], np.int64).reshape(-1, 2),
+        policy_version=policy_version,
+        group=group,
+        shared_prefix=shared_prefix,
+    )
+
+
+def record_sample(record: StepRecord) -> Sample:
+    """The sample of ``record``; ``ValueError`` for parts no sample has, and the sample's own
+    typed errors (:mod:`rollfeed.collate.errors`) for values it refuses."""
+    columns = dict(record.columns)
+    arrays = {name: columns.pop(name, None) for name in _ARRAYS}
+    fields: dict[str, object] = {}
+    for key in sorted(columns):
+        if not key.startswith(_FIELD):
+            raise ValueError(f"a column {key!r} that no sample has")
+        name = key[len(_FIELD) :]
+        if name.endswith(":values"):
+            continue
+        if name.endswith(":counts"):
+            base = name.removesuffix(":counts")
+            values = columns.get(f"{_FIELD}{base}:values")
+            if values is None:
+                raise ValueError(f"field {base!r} has row counts but no values")
+            fields[base] = (columns[key], values)
+        else:
+            fields[name] = columns[key]
+    lone = [k for k in columns if k.endswith(":values") and k[len(_FIELD) : -7] not in fields]
+    other = sorted(set(record.texts) - {"uid", "images"})
+    if lone or other:
+        raise ValueError(f"columns {lone} or texts {other} that no sample has")
+    for name in ("advantages", "inference_logprobs"):
+        if arrays[name] is None:
+            raise ValueError(f"no {name} column")
+    return Sample(
+        record.ids,
+        loss_mask=record.mask,
+        advantages=arrays["advantages"],
+        inference_logprobs=arrays["inference_logprobs"],
+        temperatures=arrays["temperatures"],
+        fields=fields,  # type: ignore[arg-type]
+        payload=record.segments,
+        images=_images(record),
+        uid=record.texts.get("uid"),
+    )
+
+
+def _images(record: StepRecord) -> list[ImageSpan]:
+    """The record's image records, each one's placeholder run held to its marked span."""
+    text = record.texts.get("images")
+    images = [] if text is None else json.loads(text)
+    if not isinstance(images, list):
+        raise ValueError("the images text is not a list of image records")
+    out = [ImageSpan.parse(im) for im in images]
+    runs = np.array([(im.start, im.end) for im in out], np.int64).reshape(-1, 2)
+    if not np.array_equal(runs, np.asarray(record.spans).reshape(-1, 2)):
+        raise ValueError(
+            f"the image records' placeholder runs {runs.tolist()} are not the record's marked "
+            f"spans {np.asarray(record.spans).tolist()}"
+        )
+    return out
