@@ -33,8 +33,9 @@ import time
 from collections.abc import Iterator
 
 _RESET_PEAK = b"5"  # clear_refs: set VmHWM back to the current resident set
-# a busy loop that ends with the process that started it (killed without its finally: no orphan)
-_SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
+# a busy loop that ends with the process that started it (killed without its finally: no orphan);
+# the parent's pid is given, not read at the loop's start: the parent may die before that
+_SPIN = "import os, sys\nparent = int(sys.argv[1])\nwhile os.getppid() == parent: pass"
 
 
 def run_variant(
@@ -56,7 +57,7 @@ def busy_core() -> Iterator[None]:
     """Another process holds one core busy (a ``while`` loop) for the block: the contention a
     trainer meets when a loader worker or a peer's job takes a core. The loop also ends when
     this process does, however it ends."""
-    proc = subprocess.Popen([sys.executable, "-c", _SPIN])
+    proc = subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())])
     try:
         time.sleep(0.2)  # its interpreter started and spinning
         yield
