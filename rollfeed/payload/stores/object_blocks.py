@@ -29,12 +29,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from rollfeed.payload.errors import PayloadInputError
-
-if TYPE_CHECKING:
-    from rollfeed.payload.stores.object_client import Got
 
 BLOCK_BYTES = 4 << 20
 KEEP = 8  # blocks held per process: 32 MiB at the default block size
@@ -51,7 +47,7 @@ class PinnedBlocks:
             )
         self.block_bytes, self.keep = block_bytes, keep
         self.fetched = 0  # GETs made for blocks (what the benchmark reports)
-        self._blocks: OrderedDict[tuple[str, str, int], Got] = OrderedDict()
+        self._blocks: OrderedDict[tuple[str, str, int], memoryview] = OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # a new process starts with no blocks of its own
@@ -65,36 +61,32 @@ class PinnedBlocks:
         return etag is not None and 0 <= start < end and end - start <= self.block_bytes
 
     def get(
-        self, key: str, etag: str, start: int, end: int, fetch: Callable[[int, int], Got]
-    ) -> Got:
+        self, key: str, etag: str, start: int, end: int, fetch: Callable[[int, int], memoryview]
+    ) -> memoryview:
         """Bytes ``[start, end)`` of ``key`` (fewer past its end), from the blocks that hold them;
-        ``fetch(lo, hi)`` is the store's GET of a missing block ``[lo, hi)``."""
-        from rollfeed.payload.stores.object_client import Got
-
+        ``fetch(lo, hi)`` is the store's GET of a missing block ``[lo, hi)`` (its bytes)."""
         b = self.block_bytes
         first, last = start // b, (end - 1) // b
         parts = []
         for n in range(first, last + 1):
             parts.append(self._block(key, etag, n, fetch))
-            if len(parts[-1].data) < b:  # the object ends in this block
+            if len(parts[-1]) < b:  # the object ends in this block
                 break
         lo = start - first * b
-        if len(parts) == 1:
-            data = parts[0].data[lo : lo + end - start]
-        else:  # a range across a block boundary: its two pieces joined
-            whole = b"".join(p.data for p in parts)
-            data = memoryview(whole)[lo : lo + end - start]
-        return Got(size=parts[-1].size, etag=parts[-1].etag, data=data)
+        whole = parts[0] if len(parts) == 1 else memoryview(b"".join(parts))  # across a boundary
+        return whole[lo : lo + end - start]
 
-    def _block(self, key: str, etag: str, n: int, fetch: Callable[[int, int], Got]) -> Got:
+    def _block(
+        self, key: str, etag: str, n: int, fetch: Callable[[int, int], memoryview]
+    ) -> memoryview:
         with self._lock:
-            got = self._blocks.get((key, etag, n))
-            if got is not None:
+            data = self._blocks.get((key, etag, n))
+            if data is not None:
                 self._blocks.move_to_end((key, etag, n))
-                return got
-            got = fetch(n * self.block_bytes, (n + 1) * self.block_bytes)
+                return data
+            data = fetch(n * self.block_bytes, (n + 1) * self.block_bytes)
             self.fetched += 1
-            self._blocks[(key, etag, n)] = got
+            self._blocks[(key, etag, n)] = data
             while len(self._blocks) > self.keep:
                 self._blocks.popitem(last=False)
-            return got
+            return data

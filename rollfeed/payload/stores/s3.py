@@ -264,8 +264,8 @@ class ObjectFile:
         blocks = self.store.client.process().blocks
         held = self.at <= at and at + n <= self.at + len(self.data)
         if not held and blocks.serves(at, end, self.etag):
-            fetch = lambda a, b: self._get(a, b, self.etag)  # noqa: E731
-            return bytes(blocks.get(self.key, self.etag, at, end, fetch).data)  # type: ignore[arg-type]
+            fetch = lambda a, b: self._get(a, b, self.etag).data  # noqa: E731
+            return bytes(blocks.get(self.key, self.etag, at, end, fetch))  # type: ignore[arg-type]
         if not held:
             end = min(self.size, at + max(n, self.store.open_bytes))
             self.at, self.data = at, self._get(at, end, self.etag).data if end > at else b""
