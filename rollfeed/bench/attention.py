@@ -42,7 +42,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rollfeed.bench._process import peak_bytes, resident_bytes, run_variant
+from rollfeed.bench._process import peak_bytes, reset_peak, resident_bytes, run_variant
 from rollfeed.models.packing_attention import (
     packed_attention_forward,
     packed_layout,
@@ -146,6 +146,7 @@ def _child(args: argparse.Namespace) -> None:
         base = torch.cuda.memory_allocated(device)
     else:
         base = resident_bytes()
+        reset_peak()
     layout_s, best = 0.0, float("inf")
     if step is None:
         start = time.perf_counter()

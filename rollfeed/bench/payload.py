@@ -17,6 +17,11 @@ Prints:
   masks alone (goal >= 0.8), and masks alone at the heavy-tailed distribution (goal >= 0.8);
 - the heavy-tailed micro batch's mask field in bytes, against ``4·nnz + 8·(n + 1)`` (its ids,
   each row's label counted, and its offsets; goal <= 1.2x) and the padded ``[n, W]`` int32;
+- contention: the masks' window (mean 1.7) read ragged and padded to a static ``width=``, with
+  every core free and with one core held busy by another process (``while 1: pass``), rounds
+  interleaved: each busy/free ratio (the padded form is made on one thread,
+  :mod:`rollfeed.payload.ragged_pad`: torch's fan-out to a thread on the busy core made it 15x
+  slower);
 - the same read checking every block's CRC-32C (``PayloadRoot(verify_checksums=True)``), against
   the plain read (the two interleaved in a round of their own), and the share of the checksum
   tables in the time to write those requests.
@@ -36,6 +41,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from rollfeed.bench._process import busy_core
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.format.checksum import (
     fixed_block_rows,
@@ -147,6 +153,39 @@ def raw_ranges(segs) -> list[tuple[str, int, int]]:
             body += DTYPE_SIZES[s.dtype] * lay.values
         out.append((s.file, s.offset - head, head + body))
     return out
+
+
+def _contention(segs, window, root, tokens, reps: int) -> None:
+    """The masks' window read ragged and padded (``width=``), with every core free and with one
+    held busy by another process, rounds interleaved; prints each busy/free ratio."""
+    masks = [s for s in segs if s.field == "sampling_mask"]
+    labels = {"sampling_mask": tokens}
+    rows = read_fields(masks, {"sampling_mask": window}, root=root, labels=labels)
+    width = -(-rows["sampling_mask"].values.width() // 64) * 64  # a static width that holds it
+
+    def read(width: int | None) -> None:
+        read_fields(masks, {"sampling_mask": window}, root=root, labels=labels, width=width)
+
+    fns = {"ragged": lambda: read(None), "padded": lambda: read(width)}
+    times: dict[str, list[float]] = defaultdict(list)
+    for _ in range(max(1, reps // 3)):
+        free, _ = _medians(fns, 3)
+        with busy_core():
+            busy, _ = _medians(fns, 3)
+        for k in fns:
+            times[f"{k} free"].append(free[k])
+            times[f"{k} busy"].append(busy[k])
+    t = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"  contention: the masks' window with one of {os.cpu_count()} cores held busy by another"
+        " process vs all free (goal: no worse than the share of the cores lost)"
+    )
+    for k, what in (("ragged", "ragged"), ("padded", f"padded width={width}")):
+        free, busy = t[f"{k} free"], t[f"{k} busy"]
+        print(
+            f"    {what:<18} {free * 1e3:6.2f} ms free, {busy * 1e3:6.2f} ms busy "
+            f"-> busy/free = {busy / free:.2f}"
+        )
 
 
 def _medians(fns: dict, reps: int) -> tuple[dict, dict]:
@@ -287,6 +326,7 @@ def main(argv: list[str]) -> None:
             f" {rows.nbytes / 2**20:.3f} MiB = {rows.nbytes / ideal:.2f} x (4·nnz + 8·(n + 1))"
             f" (goal <= 1.2); padded [n, W] int32 {4 * n * widest / 2**20:.1f} MiB"
         )
+        _contention(segs, window, plain, labels["mean 1.7"], args.reps)
         o, c = checks["plain"], checks["checked"]
         print(f"  checking every block's CRC-32C: {c * 1e3:.2f} ms -> checked/plain = {c / o:.2f}")
         print(

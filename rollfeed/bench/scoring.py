@@ -23,7 +23,8 @@ Three kept-set distributions, 16,384 rows (the label first in each row, distinct
   1,024 ids.
 
 Each variant runs in its own subprocess, so one variant's allocations cannot hide in another's peak.
-Peak memory is ``ru_maxrss`` (the process's resident-set high-water mark) at the end, minus the
+Peak memory is the process's own resident-set high-water mark (``VmHWM``, reset once the inputs
+exist: :mod:`rollfeed.bench._process`) at the end, minus the
 resident set right after the inputs are allocated and a tiny warm-up run of the same variant
 (``/proc/self/statm``), minus the two gradient buffers every variant must produce (the weight's
 ``V·H·4`` and the hidden states' ``N·H·4`` bytes): what remains is the scorer's own temporaries.
@@ -36,19 +37,27 @@ evaluation over 256 rows (the widest among them), computed after the measurement
 cuda`` each run is timed between two ``torch.cuda.synchronize()`` calls and the peak is
 ``torch.cuda.max_memory_allocated`` above what was allocated after the inputs and the warm-up, less
 the same two gradients.
+
+Contention: the heavy-tailed distribution's ragged and padded runs (and ragged against the full
+vocabulary at ``--full-rows``) timed with every core free and with one core held busy by another
+process (``while 1: pass``), rounds interleaved in one process; the line prints each busy/free
+ratio. Losing one of 2 cores should cost at most 2x: the fused scorer's short chunk ops run on one
+thread (:mod:`rollfeed.models.threads`), since an intra-op thread on the busy core stretched each
+of hundreds of sub-millisecond parallel regions to a time slice.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-from rollfeed.bench._process import peak_bytes, resident_bytes, run_variant
+from rollfeed.bench._process import busy_core, peak_bytes, reset_peak, resident_bytes, run_variant
 from rollfeed.collate import RaggedRows
 from rollfeed.models import fused_support_logprobs
 
@@ -157,15 +166,34 @@ def _timed(
     return (time.perf_counter() - start, time.process_time() - cpu), logp
 
 
+def _contention(x: dict, variants: list[str], up: torch.Tensor, device, repeats: int) -> dict:
+    """Median wall seconds of each variant with every core free and with one held busy by
+    another process (:func:`~rollfeed.bench._process.busy_core`), the two rounds interleaved
+    ``repeats`` times."""
+    for v in variants:
+        _timed(x, v, up, device)
+    times: dict[str, list[float]] = {f"{v} {c}": [] for v in variants for c in ("idle", "busy")}
+    for _ in range(repeats):
+        for v in variants:
+            times[f"{v} idle"].append(_timed(x, v, up, device)[0][0])
+        with busy_core():
+            for v in variants:
+                times[f"{v} busy"].append(_timed(x, v, up, device)[0][0])
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
 def _child(args: argparse.Namespace) -> None:
     """``--child time``: the variants' runs interleaved on shared inputs (the machine's load
     swings alike for all), medians; ``--child VARIANT``: one run's extra peak memory and error."""
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.manual_seed(0)
-    variants = args.variants if args.child == "time" else [args.child]
+    variants = args.variants if args.child in ("time", "contention") else [args.child]
     x = _on(device, _inputs(args.dist, args.rows, args.vocab, args.hidden), variants)
     up = torch.randn(args.rows).to(device)
+    if args.child == "contention":
+        print(json.dumps(_contention(x, variants, up, device, args.repeats)))
+        return
     if args.child == "time":
         times: dict[str, list[tuple]] = {v: [] for v in variants}
         for v in variants:
@@ -191,6 +219,7 @@ def _child(args: argparse.Namespace) -> None:
         base = torch.cuda.memory_allocated(device)
     else:
         base = resident_bytes()
+        reset_peak()
     _, logp = _timed(x, args.child, up, device)
     peak = torch.cuda.max_memory_allocated(device) if cuda else peak_bytes()
     extra = peak - base - (x["weight"].numel() + x["hidden"].numel()) * 4
@@ -219,7 +248,7 @@ def _measure(child: str, dist: str, rows: int, args: argparse.Namespace, *varian
     # the threshold is pinned for the memory children only: pinned, every temporary of 64 KiB
     # or more is a fresh mapping, faulted in page by page, which is not what a trainer's
     # allocator does (it took the heavy-tailed ragged run from 0.3 s to 0.77 s)
-    env = None if child == "time" else _FIXED_MMAP
+    env = None if child in ("time", "contention") else _FIXED_MMAP
     return run_variant("rollfeed.bench.scoring", [*argv, "--variants", *variants], env=env)
 
 
@@ -258,7 +287,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--full-rows", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--child", choices=("time", *VARIANTS), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("time", "contention", *VARIANTS), help=argparse.SUPPRESS)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -287,6 +316,19 @@ def main(argv: list[str]) -> None:
     print(f"{dist:>10} N={args.full_rows}: {_stats(dist, args.full_rows)}")
     print(f"  {_line('ragged', ragged)} | {_line('full vocabulary', full)}")
     print(f"  ragged/full {_ratios(ragged, full)}")
+    print(
+        f"contention ({dist}): the same runs with one of {os.cpu_count()} cores held busy by "
+        "another process, interleaved with free ones; goal: busy/free no worse than the share "
+        "of the cores lost"
+    )
+    for rows, pair in ((args.rows, ("ragged", "padded")), (args.full_rows, ("ragged", "full"))):
+        got = _measure("contention", dist, rows, args, *pair)
+        print(f"  N={rows}: " + " | ".join(_contended(v, got) for v in pair))
+
+
+def _contended(variant: str, got: dict[str, float]) -> str:
+    free, busy = got[f"{variant} idle"], got[f"{variant} busy"]
+    return f"{variant} {free * 1e3:.1f} ms free, {busy * 1e3:.1f} ms busy ({busy / free:.2f}x)"
 
 
 if __name__ == "__main__":

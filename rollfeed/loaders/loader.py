@@ -19,7 +19,11 @@ It holds one ``torch.utils.data.DataLoader`` (public API only) that draws
 - **Workers** start as :meth:`LoaderOptions.start_method` says: forked over local files (they
   inherit the next step's plan and index), from a fork server when the payload root or the step
   directory is ``s3://`` (each then reads the step's index itself, once per step, and holds it
-  for the step's micro batches; the plan travels in each task).
+  for the step's micro batches; the plan travels in each task). Each task carries its worker's
+  read-ahead hints (:mod:`~rollfeed.loaders.hints`, :mod:`~rollfeed.loaders.read_ahead`): the
+  worker makes them on threads while the trainer computes; the next step is planned as a pass
+  starts (:mod:`~rollfeed.loaders.next_step`), so its first micro batches are made before the
+  next ``iter``.
 - **Workers** are watched while the trainer waits (:mod:`~rollfeed.loaders.watch`): a stopped,
   dead or too slow worker is a typed :class:`~rollfeed.loaders.errors.WorkerError` naming it and
   the step, within the bounds of :class:`LoaderOptions`.
@@ -55,34 +59,16 @@ from rollfeed.loaders.metrics import StepMetrics
 from rollfeed.loaders.options import LoaderOptions, memfd_available
 from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
+from rollfeed.loaders.tasks import Tasks
 from rollfeed.loaders.transfer import move_micro_batch
 from rollfeed.loaders.watch import TICK_S, WorkerWatch
-from rollfeed.loaders.worker import Delivered, MicroBatchWork, Task, WorkerFailure, as_is
+from rollfeed.loaders.worker import Delivered, MicroBatchWork, WorkerFailure, as_is
 from rollfeed.payload import is_store_url
 
 logger = logging.getLogger(__name__)
 RETIRE_THREAD = "rollfeed-retire"  # drops the DataLoader of a worker error
 # what a fork server imports once, so that each worker it forks starts without importing them
 FORKSERVER_PRELOAD = ("torch", "rollfeed.loaders.worker", "rollfeed.loaders.dataset")
-
-
-class _Tasks:
-    """The DataLoader's batch sampler: the sampler's index lists as :class:`Task`s."""
-
-    def __init__(self, sampler: MicroBatchSampler) -> None:
-        self.sampler, self.yielded = sampler, 0  # yielded: tasks drawn in the current pass
-        self.step: int | None = None  # the step of the tasks drawn in the current pass
-
-    def __iter__(self) -> Iterator[Task]:
-        plan = None
-        for indices in self.sampler:
-            state = self.sampler.state_dict()
-            self.yielded += 1
-            # right after micro batch k of step s: (s, k + 1), or (s + 1, 0) after its last
-            step = state["step"] - (state["micro_batches"] == 0)
-            if plan is None:
-                self.step, plan = step, self.sampler.plan_metrics(step)
-            yield Task(indices, step, state, plan)
 
 
 class RolloutIterator(Iterator[TensorMicroBatch]):
@@ -92,7 +78,7 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
     def __init__(self, loader: RolloutLoader, source: Iterator[Any], receiver: Receiver | None):
         self._loader = loader  # the loader lives as long as its pass
         self._receiver, self._source = receiver, None if receiver else source
-        self.taken = 0
+        self.taken, self._handed = 0, 0.0
         self.step: int | None = None
         self._metrics: StepMetrics | None = None
         if receiver is not None:
@@ -121,6 +107,8 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
         if isinstance(item, WorkerFailure):
             loader._end(self)
             item.reraise()
+        if self.taken:  # the trainer's time since the last one, and the maker's
+            loader._tasks.pace.add(item.facts.make_s, asked - self._handed)
         self.taken += 1
         loader._consumed, self.step = item.task.state, item.task.step
         batch = item.batch
@@ -129,7 +117,8 @@ class RolloutIterator(Iterator[TensorMicroBatch]):
             batch = move_micro_batch(batch, lambda t: t.to(device, non_blocking=True))
         if self._metrics is None:
             self._metrics = StepMetrics(item.task.step, item.task.plan)
-        self._metrics.add(item.facts, asked=asked, handed=time.monotonic())
+        self._handed = time.monotonic()
+        self._metrics.add(item.facts, asked=asked, handed=self._handed)
         return batch
 
     def close(self, *, wait: bool = True) -> None:
@@ -156,7 +145,7 @@ class RolloutLoader:
     ) -> None:
         self.dataset, self.batch_sampler, self.collator = dataset, sampler, collator
         self.options = options
-        self._tasks = _Tasks(sampler)
+        self._tasks = Tasks(sampler, options.num_workers, options.read_ahead)
         self._pin = torch.cuda.is_available() if options.pin_memory is None else options.pin_memory
         self._device = None if options.device is None else torch.device(options.device)
         self._loader: DataLoader | None = None

@@ -22,9 +22,12 @@ logs as they are:
 - this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
   ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
-  collating them), and the kept-set (support) width distribution over this rank's rows that hold
-  one (``sampling_mask``): ``support_rows``, ``support_width_mean``, ``support_width_p50`` /
-  ``_p90`` / ``_p99``, ``support_width_max`` (0 when there is none); the staleness distribution
+  collating them), of which ``samples_s`` reading their samples (the step records; from an
+  object store a GET per block of the step file), ``read_ahead`` (of them, made before the
+  loader asked: a worker's :mod:`~rollfeed.loaders.read_ahead`), and the kept-set (support)
+  width distribution over this rank's rows that hold one (``sampling_mask``): ``support_rows``,
+  ``support_width_mean``, ``support_width_p50`` / ``_p90`` / ``_p99``, ``support_width_max`` (0
+  when there is none); the staleness distribution
   of their loss tokens (whole rows, label coordinates, before a mask): ``tokens_lag0``,
   ``tokens_lag1``, ... up to the largest lag seen (the step minus the token's policy version),
   ``tokens_lag_ahead`` (a version newer than the step), ``tokens_unversioned`` (none), and
@@ -95,6 +98,8 @@ class MicroBatchFacts:
     ``kept_widths [W + 1]`` int64: how many of this rank's rows hold a kept set of ``w`` ids
     (``w = 0``: no kept set). ``lags``: its loss tokens by lag. ``made_at``:
     ``time.monotonic()`` when it was made (one clock for every process of a host).
+    ``samples_s``: of ``make_s``, reading the samples; ``ahead``: made by a worker's read-ahead
+    before the loader asked for it.
     """
 
     samples: int
@@ -104,11 +109,16 @@ class MicroBatchFacts:
     lags: LagCounts
     make_s: float
     made_at: float
+    samples_s: float = 0.0
+    ahead: bool = False
 
 
-def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float) -> MicroBatchFacts:
-    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``);
-    the lags from the step and the staleness bound ``samples`` were planned with."""
+def measure(
+    tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float, samples_s: float = 0.0
+) -> MicroBatchFacts:
+    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``), which
+    took ``samples_s`` to read; the lags from the step and the staleness bound ``samples`` were
+    planned with."""
     by_handle = {seg.field for s in samples for seg in s.payload}
     kept = [name for name in tmb.fields if _kept_set(name)]  # the sampling mask's ids
     support = tmb.fields[kept[0]] if kept else None
@@ -132,6 +142,7 @@ def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float)
         lags=lags,
         make_s=now - started,
         made_at=now,
+        samples_s=samples_s,
     )
 
 
@@ -147,10 +158,11 @@ class StepMetrics:
     def __init__(self, step: int, plan: Mapping[str, float]) -> None:
         self.step, self.plan = step, {k: plan[k] for k in PLAN_KEYS}
         self.counts = dict.fromkeys(
-            ("micro_batches", "rank_samples", "rank_tokens", "payload_bytes"), 0
+            ("micro_batches", "rank_samples", "rank_tokens", "payload_bytes", "read_ahead"), 0
         )
         self.seconds = dict.fromkeys(
-            ("make_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s"), 0.0
+            ("make_s", "samples_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s"),
+            0.0,
         )
         self.widths = np.zeros(1, np.int64)
         self.lags = LagCounts.none()
@@ -163,9 +175,11 @@ class StepMetrics:
         c["rank_samples"] += facts.samples
         c["rank_tokens"] += facts.tokens
         c["payload_bytes"] += facts.payload_bytes
+        c["read_ahead"] += facts.ahead
         wait = handed - asked
         making = min(max(facts.made_at - asked, 0.0), wait)
         s["make_s"] += facts.make_s
+        s["samples_s"] += facts.samples_s
         s["wait_s"] += wait
         s["wait_max_s"] = max(s["wait_max_s"], wait)
         s["wait_making_s"] += making

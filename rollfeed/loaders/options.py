@@ -29,7 +29,8 @@ class LoaderOptions:
     """How the loader runs, never what it yields; checked on construction.
 
     Workers are persistent (they, their open payload files and parsed step files survive from
-    step to step) and use one torch thread each (the trainer owns the cores).
+    step to step), use one torch thread each (the trainer owns the cores) and make micro batches
+    ahead (``read_ahead``) so that a far store's requests overlap.
 
     Args:
         num_workers: worker processes that read the payload (``0``: the trainer's process).
@@ -53,6 +54,13 @@ class LoaderOptions:
             the payload root or the step directory is ``s3://`` (the object-store client's
             runtime does not survive ``fork``: a worker forked after the trainer's process made
             a request would hang on its first), torch's default elsewhere.
+        read_ahead: micro batches each worker makes ahead of being asked, on threads of its
+            own, while it makes and hands over the one asked for
+            (:mod:`~rollfeed.loaders.read_ahead`): the next ones of its step and, near the
+            step's end, the first of the next step when its file is there (planned as its
+            pass starts). ``None``: sized from the measured time to make a micro batch against the
+            trainer's time between two (1 to 4; 4 before anything is measured); ``0``: none.
+            Each worker holds that many micro batches more.
         stopped_s: how long a worker may stay stopped (``SIGSTOP``, a debugger; its state in
             ``/proc``) while the trainer waits, before
             :class:`~rollfeed.loaders.errors.WorkerStoppedError` (default 5 s). Workers are
@@ -67,9 +75,11 @@ class LoaderOptions:
     stopped_s: float = 5.0
     handover: Handover | None = None
     multiprocessing_context: StartMethod | None = None
+    read_ahead: int | None = None
 
     def __post_init__(self) -> None:
         counts = {"num_workers": self.num_workers, "receive_depth": self.receive_depth}
+        counts["read_ahead"] = self.read_ahead
         for name, value in counts.items():
             if (value is not None or name == "num_workers") and not _count(value):
                 raise LoaderConfigError(f"LoaderOptions.{name} must be an int >= 0, got {value!r}")

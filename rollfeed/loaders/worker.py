@@ -17,7 +17,9 @@ micro batch (a resume reads it again). Other errors are left to torch (type and 
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
+import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -29,6 +31,7 @@ from torch.utils.data import Dataset, get_worker_info
 from rollfeed.collate import TensorMicroBatch
 from rollfeed.loaders.handover import Described, Handover
 from rollfeed.loaders.metrics import MicroBatchFacts, measure
+from rollfeed.loaders.read_ahead import ReadAhead, task_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,8 @@ class Task:
     step: int
     state: dict[str, Any]  # SamplerState.to_dict()
     plan: dict[str, float]  # the step's plan metrics
+    # (step, indices) of the tasks the same worker is likely given next (read_ahead's hints)
+    ahead: tuple[tuple[int, Sequence[int]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,24 +78,55 @@ class MicroBatchWork(Dataset):
     def __init__(self, dataset: Any, collator: Any, handover: Handover | None = None) -> None:
         self.dataset, self.collator, self.handover = dataset, collator, handover
         self._sent = 0  # micro batches this process handed over
+        self._ahead: ReadAhead | None = None  # a worker's, made in it
+        self._reads = threading.Lock()  # the dataset's reads, one at a time
+
+    def __getstate__(self) -> dict:
+        return {k: getattr(self, k) for k in ("dataset", "collator", "handover")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     def __getitems__(self, task: Task) -> Delivered | WorkerFailure:
         info = get_worker_info()
         try:
-            started = time.monotonic()
-            indices, getitems = task.indices, getattr(self.dataset, "__getitems__", None)
-            samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
             if self.handover is None or info is None:
-                batch = self.collator(samples)
-                return Delivered(batch, task, measure(batch, samples, started=started))
-            made = self.collator.make(samples)
+                batch, facts = self._made(task, info is not None)
+                return Delivered(batch, task, facts)
+            made, facts = self._made(task, True)
             self._sent += 1
             described = self.handover.send(made, worker=info.id, token=self._sent)
-            return Delivered(described, task, measure(made, samples, started=started))
+            return Delivered(described, task, facts)
         except Exception as err:
             if info is None or not _round_trips(err):
                 raise
             return WorkerFailure(err, info.id)
+
+    def _made(self, task: Task, worker: bool) -> tuple[TensorMicroBatch, MicroBatchFacts]:
+        """The task's micro batch and its facts: made ahead when it was, else here; in a
+        worker, the task's hints start their making first (:mod:`.read_ahead`)."""
+        if not worker or not (task.ahead or self._ahead):
+            return self._make(task.indices)
+        if self._ahead is None:
+            self._ahead = ReadAhead(self._make)
+        made = self._ahead.take(task_key(task.step, task.indices))
+        self._ahead.hint([(task_key(step, ix), ix) for step, ix in task.ahead])
+        if made is None or made.exception() is not None:  # a failure is met afresh, here
+            return self._make(task.indices)
+        batch, facts = made.result()
+        return batch, dataclasses.replace(facts, ahead=True)
+
+    def _make(self, indices: Sequence[int]) -> tuple[TensorMicroBatch, MicroBatchFacts]:
+        started = time.monotonic()
+        getitems = getattr(self.dataset, "__getitems__", None)
+        with self._reads:
+            samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
+        read = time.monotonic() - started
+        if self.handover is None or get_worker_info() is None:  # one storage in a worker
+            batch = self.collator(samples)
+        else:  # made where it is: the handover writes it into its own buffer
+            batch = self.collator.make(samples)
+        return batch, measure(batch, samples, started=started, samples_s=read)
 
 
 def _round_trips(err: Exception) -> bool:

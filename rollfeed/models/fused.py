@@ -26,6 +26,7 @@ from rollfeed.models.errors import SupportInputError
 from rollfeed.models.segments import add_rows
 from rollfeed.models.support import RENAMED_KEYWORDS, SupportScores
 from rollfeed.models.support_checks import support_rows
+from rollfeed.models.threads import serial_below
 from rollfeed.models.tp import ProcessGroup, full_vocab_size, sum_grad_over_tp
 
 DEFAULT_CHUNK_SIZE = 2048
@@ -55,11 +56,12 @@ class _FusedHeadProjection(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         acc = compute_dtype(hidden.dtype, weight.dtype)
         dots = torch.empty(pair_rows.shape[0], dtype=acc, device=hidden.device)
-        for s in range(0, pair_rows.shape[0], chunk_size):
-            rows, ids = pair_rows[s : s + chunk_size], pair_ids[s : s + chunk_size]
-            dots[s : s + chunk_size] = _rowwise_dot(
-                weight.index_select(0, ids).to(acc), hidden.index_select(0, rows).to(acc)
-            )
+        with serial_below(chunk_size * hidden.shape[1], hidden.device):
+            for s in range(0, pair_rows.shape[0], chunk_size):
+                rows, ids = pair_rows[s : s + chunk_size], pair_ids[s : s + chunk_size]
+                dots[s : s + chunk_size] = _rowwise_dot(
+                    weight.index_select(0, ids).to(acc), hidden.index_select(0, rows).to(acc)
+                )
         lse = torch.empty(fb_rows.shape[0], dtype=acc, device=hidden.device)
         mean = torch.zeros_like(lse)
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk_size, acc):
@@ -80,14 +82,15 @@ class _FusedHeadProjection(torch.autograd.Function):
         grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         chunk = ctx.chunk_size
-        for s in range(0, pair_rows.shape[0], chunk):
-            rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
-            g = g_dots[s : s + chunk, None].to(acc)
-            # each gather is a fresh temporary: scaled in place
-            if grad_h is not None:
-                add_rows(grad_h, rows, weight.index_select(0, ids).to(acc).mul_(g))
-            if grad_w is not None:
-                add_rows(grad_w, ids, hidden.index_select(0, rows).to(acc).mul_(g))
+        with serial_below(chunk * hidden.shape[1], hidden.device):
+            for s in range(0, pair_rows.shape[0], chunk):
+                rows, ids = pair_rows[s : s + chunk], pair_ids[s : s + chunk]
+                g = g_dots[s : s + chunk, None].to(acc)
+                # each gather is a fresh temporary: scaled in place
+                if grad_h is not None:
+                    add_rows(grad_h, rows, weight.index_select(0, ids).to(acc).mul_(g))
+                if grad_w is not None:
+                    add_rows(grad_w, ids, hidden.index_select(0, rows).to(acc).mul_(g))
         for sl, logits in _fallback_chunks(hidden, weight, fb_rows, fb_temp, chunk, acc):
             p = (logits - lse[sl, None]).exp()
             # d lse / d l = p;  d mean / d l = p · (1 + l − mean)

@@ -45,6 +45,7 @@ from rollfeed.payload.ragged_args import (
     row_number,
     tensor,
 )
+from rollfeed.payload.ragged_pad import NUMPY_DTYPES, pad_serially
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,15 +194,26 @@ class RaggedRows:
                 f": a row of {longest} values does not fit width {width}"
             )
         size = self.n_rows * width * self.values.element_size()
+        serial = self.device.type == "cpu" and not self.values.requires_grad
+        serial = serial and self.dtype in NUMPY_DTYPES
         try:
             if size >= 1 << 63:
                 raise RuntimeError("its size overflows int64")
-            out = torch.full((self.n_rows, width), fill, dtype=self.dtype, device=self.device)
+            shape = (self.n_rows, width)
+            out = (
+                torch.empty(shape, dtype=self.dtype)
+                if serial
+                else torch.full(shape, fill, dtype=self.dtype, device=self.device)
+            )
         except RuntimeError as err:  # the allocation (or its size) failed
             raise RaggedRowsError(
                 f"padded: [{self.n_rows}, {width}] {self.dtype} ({size} bytes) cannot be made: "
                 f"{str(err).splitlines()[0][:120]}"
             ) from None
+        if serial and out.numel():
+            pad_serially(out.numpy(), self.offsets.numpy(), self.values.numpy(), fill)
+        if serial:
+            return out
         rows = self.row_index()
         cols = torch.arange(self.nnz, device=self.device) - self.offsets[rows]
         out[rows, cols] = self.values

@@ -15,7 +15,8 @@ from tests.loaders.common import SEQ_LEN, reference, write_batch
 
 TOPO = Topology(dp_rank=1, dp_size=2, cp_rank=1, cp_size=2)
 CONFIG = PlanConfig(seq_len=SEQ_LEN, cp_size=2, cp_layout="zigzag")
-WAITS = ("make_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s")
+WAITS = ("make_s", "samples_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s")
+COUNTS = ("read_ahead",)  # of the micro batches, those a worker made before it was asked
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,8 @@ def test_metrics_count_the_micro_batches_handed_out_and_the_plan(run, num_worker
     got = loader.metrics  # the pass ended: its metrics stay until the next pass starts
     want = _expected(ref, plan, 2 + len(rest))
     assert {k: got[k] for k in want} == pytest.approx(want)
-    assert sorted(got) == sorted([*want, *WAITS])
+    assert sorted(got) == sorted([*want, *WAITS, *COUNTS])
+    assert 0 < got["samples_s"] < got["make_s"]
     assert got["make_s"] > 0 and got["wait_max_s"] <= got["wait_s"]
     assert got["wait_s"] == pytest.approx(got["wait_making_s"] + got["wait_handover_s"])
     # The keys' names before the kept set's public name became "support": read, with a warning.

@@ -50,6 +50,7 @@ from rollfeed.payload.errors import (
     PayloadMissingFileError,
     PayloadPathError,
 )
+from rollfeed.payload.stores.object_blocks import PinnedBlocks
 from rollfeed.payload.stores.object_botocore import (
     SignedRequests,
     botocore_session,
@@ -258,8 +259,9 @@ class ObjectEntry:
 
 
 class ObjectProcessState:
-    """This process's obstore client, request threads and cache of opened objects; never
-    pickled. ``store``: the client's obstore store."""
+    """This process's obstore client, request threads, cache of opened objects and blocks of
+    objects read by range (:class:`PinnedBlocks`); never pickled. ``store``: the client's
+    obstore store."""
 
     def __init__(self, access: StoreAccess, url: StoreURL, threads: int) -> None:
         self.pid = os.getpid()
@@ -267,6 +269,7 @@ class ObjectProcessState:
         self.store = self.obstore.store
         self.lock = threading.Lock()
         self.files: OrderedDict[str, ObjectEntry] = OrderedDict()
+        self.blocks = PinnedBlocks()  # whole blocks of objects read by range (ObjectFile)
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
 

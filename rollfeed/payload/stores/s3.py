@@ -240,9 +240,12 @@ class S3Store:
 
 
 class ObjectFile:
-    """One object opened for reading: its first ``open_bytes`` bytes, then ranged GETs of at
-    least as many bytes each (a scan reads forward), each with ``If-Match`` on the ETag seen at
-    open, so the bytes all come from one object (``stamp``: that ETag)."""
+    """One object opened for reading: its first ``open_bytes`` bytes, then each read of at most
+    a block from the process's :class:`~rollfeed.payload.stores.object_blocks.PinnedBlocks`
+    (whole blocks, each fetched once: a worker's records of a step, scattered over its file,
+    cost a GET per block, not per record), a longer one in a ranged GET of its own; every GET
+    with ``If-Match`` on the ETag seen at open, so the bytes all come from one object
+    (``stamp``: that ETag)."""
 
     def __init__(self, store: S3Store, rel: str) -> None:
         self.store, self.rel, self.key = store, rel, store.url.key(rel)
@@ -257,7 +260,13 @@ class ObjectFile:
         )
 
     def read(self, at: int, n: int) -> bytes:
-        if not self.at <= at or at + n > self.at + len(self.data):
+        end = min(self.size, at + n)
+        blocks = self.store.client.process().blocks
+        held = self.at <= at and at + n <= self.at + len(self.data)
+        if not held and blocks.serves(at, end, self.etag):
+            fetch = lambda a, b: self._get(a, b, self.etag).data  # noqa: E731
+            return bytes(blocks.get(self.key, self.etag, at, end, fetch))  # type: ignore[arg-type]
+        if not held:
             end = min(self.size, at + max(n, self.store.open_bytes))
             self.at, self.data = at, self._get(at, end, self.etag).data if end > at else b""
         return bytes(self.data[at - self.at : at - self.at + n])
