@@ -25,7 +25,8 @@ PUBLIC = {
         BatchConfigError DuplicateFieldError SupportSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
         SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError
-        token_versions oldest_version""",
+        SharedPrefixes SharedPrefixError PrefixTree TreeSpan TreeBatch token_versions
+        oldest_version""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name StepWriter LoaderError LoaderConfigError LoaderStateError

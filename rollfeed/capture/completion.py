@@ -16,6 +16,11 @@ relative to that start, which is what :class:`~rollfeed.capture.Turn` expects:
 Example: prompt ``[1, 2, 3]``, completion ``[7, 8]``, ``prompt_start=0`` -> token_ids
 ``[1, 2, 3, 7, 8]``, loss_mask ``[0, 0, 0, 1, 1]``, ``sampling_mask`` rows at positions 3 and 4,
 ``routed_experts`` rows at positions 0..3.
+
+Routes written once for several completions (a group's shared prompt,
+:mod:`rollfeed.capture.prefix_routes`) are passed as ``routes_written=(k, segments)``: the
+completion's first ``k`` routed rows are those records, only the rest is written, and its
+segments name both, so every completion of the group points at the same prompt bytes.
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ def capture_completion(
     routed_experts: np.ndarray | None = None,
     native_mask: Sequence[Sequence[int]] | None = None,
     prompt_start: int = 0,
+    routes_written: tuple[int, Sequence[PayloadSegment]] | None = None,
     version_spans: np.ndarray | None = None,
 ) -> CapturedCompletion:
     """Write one completion's side channels with ``writer``; return arrays and segments.
@@ -82,6 +88,8 @@ def capture_completion(
         routed_experts: ``[P + C - 1 - prompt_start, layers, top_k]`` or None (not captured).
         native_mask: the engine's kept sets (``C`` lists), preferred over the logprob rows.
         prompt_start: first prompt position of this turn (``routed_experts_prompt_start``).
+        routes_written: ``(k, segments)``: the first ``k`` rows of ``routed_experts`` are already
+            written as ``segments`` (turn-relative), shared with other completions.
         version_spans: ``[K, 3]`` ``(start, end, version)`` over the completion's tokens
             (0 = the first sampled one;
             :func:`~rollfeed.capture.vllm_adapter.engine_version_spans`), or None: no version.
@@ -124,9 +132,15 @@ def capture_completion(
                 f"{config.num_experts} experts need routed_experts stored as {want} in every "
                 "request; create the writer with dtypes=config.writer_dtypes"
             )
-        arrays["routed_experts"], pos["routed_experts"] = rows, 0
+        shared, done = (0, ()) if routes_written is None else routes_written
+        if not 0 <= shared <= len(rows):
+            raise CaptureError(f"{shared} routed rows written for a turn of {len(rows)}")
+        if shared < len(rows):
+            arrays["routed_experts"], pos["routed_experts"] = rows[shared:], shared
         metrics["routed_rows"] = len(rows)
-    segments = writer.write(arrays, pos, sampled=completion)
+    else:
+        done = ()
+    segments = [*done, *writer.write(arrays, pos, sampled=completion)]
     loss_mask = np.concatenate([np.zeros(new_prompt, dtype=bool), support.trainable])
     logps = np.concatenate([np.zeros(new_prompt, np.float32), support.sampled_logprobs])
     spans = np.zeros((0, 3), np.int64) if version_spans is None else np.asarray(version_spans)

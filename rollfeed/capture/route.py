@@ -15,6 +15,9 @@ for one engine (anything with vLLM's ``EngineClient.generate``: an async generat
 
 One :class:`~rollfeed.payload.PayloadWriter` per group and server process, shared by every
 request of that group: its writes are serialised by its own lock, each returns its own records.
+A group's prompt routes are written once (:mod:`rollfeed.capture.prefix_routes`): the ``n``
+completions of a request name one copy, and a later request of the group with the same prompt
+routed alike names the copy already written.
 Writers of groups no request uses any more are closed once more than ``max_open_groups`` are
 open (the oldest first), so a long-running server holds a bounded number of files open.
 
@@ -37,6 +40,7 @@ from typing import Any, Literal
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError, CaptureRequestError, SamplingSettingsError
 from rollfeed.capture.images import ImageCapture, capture_images, decoded
+from rollfeed.capture.prefix_routes import PromptRoutes
 from rollfeed.capture.protocol import CompletionRecord, GenerateRequest, GenerateResponse
 from rollfeed.capture.routing import routed_dtype
 from rollfeed.capture.settings import check_requested, check_unchanged
@@ -112,7 +116,8 @@ class CaptureRoute:
         self._dtypes = (
             {} if num_experts is None else {"routed_experts": routed_dtype(num_experts).name}
         )
-        self._writers: dict[str, list[Any]] = {}  # group -> [writer, requests using it]
+        # group -> [writer, requests using it, its prompt routes already written]
+        self._writers: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
 
     def config(self, request: GenerateRequest) -> CaptureConfig:
@@ -229,7 +234,13 @@ class CaptureRoute:
             raise CaptureRequestError(f"{len(images)} images, and the served model takes none")
         writer = self.acquire(group)
         try:
-            captured = capture_request_output(writer, output, config, prompt_start=prompt_start)
+            captured = capture_request_output(
+                writer,
+                output,
+                config,
+                prompt_start=prompt_start,
+                prompt_routes=self._writers[group][2],
+            )
         finally:
             self.release(group)
         completions = []
@@ -269,7 +280,7 @@ class CaptureRoute:
                     fsync=self.fsync,
                     dtypes=self._dtypes,
                 )
-                entry = [writer, 0]
+                entry = [writer, 0, PromptRoutes()]
             entry[1] += 1
             self._writers[group] = entry  # most recently used last
             return entry[0]
@@ -278,7 +289,7 @@ class CaptureRoute:
         """One request less holds ``group``'s writer; idle writers beyond the bound close."""
         with self._lock:
             self._writers[group][1] -= 1
-            idle = [g for g, (_, users) in self._writers.items() if users == 0]
+            idle = [g for g, (_, users, _) in self._writers.items() if users == 0]
             for name in idle[: max(len(self._writers) - self.max_open_groups, 0)]:
                 self._writers.pop(name)[0].close()
                 logger.debug("closed the writer of group %s (%d open)", name, len(self._writers))
@@ -286,6 +297,6 @@ class CaptureRoute:
     def close(self) -> None:
         """Close every writer (the server's shutdown)."""
         with self._lock:
-            for writer, _ in self._writers.values():
+            for writer, *_ in self._writers.values():
                 writer.close()
             self._writers.clear()

@@ -33,6 +33,8 @@ from rollfeed.capture.completion import CapturedCompletion, capture_completion
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import CaptureError, CaptureModeError, SamplingSettingsError
 from rollfeed.capture.kept_set import LogprobRows
+from rollfeed.capture.prefix_routes import PromptRoutes, shared_rows
+from rollfeed.capture.routing import align_routed_experts
 from rollfeed.capture.settings import EngineFloors, check_requested, check_unchanged
 from rollfeed.payload import PayloadWriter
 
@@ -209,7 +211,12 @@ def engine_version_spans(weight_versions: Any, tokens: int) -> np.ndarray:
 
 
 def capture_request_output(
-    writer: PayloadWriter, output: Any, config: CaptureConfig, *, prompt_start: int = 0
+    writer: PayloadWriter,
+    output: Any,
+    config: CaptureConfig,
+    *,
+    prompt_start: int = 0,
+    prompt_routes: PromptRoutes | None = None,
 ) -> list[CapturedCompletion]:
     """Capture every completion of one finished ``RequestOutput`` (``n`` samples -> ``n`` items).
 
@@ -219,6 +226,12 @@ def capture_request_output(
     ``weight_versions`` (:func:`engine_version_spans`). ``prompt_start``: the request's
     ``routed_experts_prompt_start`` (the turn's first position, multi-turn). A
     :class:`CaptureError` names the request id and the completion's index.
+
+    The prompt's routes are written once (:mod:`rollfeed.capture.prefix_routes`): the rows every
+    completion agrees on, by bytes (all of the turn's prompt rows when ``n > 1``); with
+    ``prompt_routes``, the group's records of the same prompt routed alike by an earlier request
+    are named instead of writing them again. Each completion's ``routed_experts`` segments then
+    name those records and its own rows.
     """
     request = getattr(output, "request_id", None)
     if not getattr(output, "finished", True):
@@ -226,6 +239,7 @@ def capture_request_output(
             "capture needs finished request outputs (routing arrives at the end)", request=request
         )
     prompt = list(output.prompt_token_ids or ())
+    written = _prompt_routes(writer, output, config, prompt, prompt_start, prompt_routes)
     captured = []
     for k, completion in enumerate(output.outputs):
         native = getattr(completion, "sampling_mask", None)
@@ -241,6 +255,7 @@ def capture_request_output(
                     routed_experts=getattr(completion, "routed_experts", None),
                     native_mask=None if native is None else native.token_ids,
                     prompt_start=prompt_start,
+                    routes_written=written,
                     version_spans=engine_version_spans(
                         getattr(completion, "weight_versions", None), len(completion.token_ids)
                     ),
@@ -249,3 +264,50 @@ def capture_request_output(
         except CaptureError as err:
             raise err.with_place(request=request, completion=index) from err
     return captured
+
+
+def _prompt_routes(
+    writer: PayloadWriter,
+    output: Any,
+    config: CaptureConfig,
+    prompt: list[int],
+    prompt_start: int,
+    cache: PromptRoutes | None,
+) -> tuple[int, tuple] | None:
+    """``(rows, records)`` of the prompt routes every completion shares, written once (or found
+    in ``cache``); None when there is nothing to share."""
+    routed = [getattr(c, "routed_experts", None) for c in output.outputs]
+    if any(r is None for r in routed) or not routed or config.num_experts is None:
+        return None
+    new_prompt = len(prompt) - prompt_start
+    if len(routed) == 1 and cache is None:
+        return None
+    try:
+        rows = [
+            align_routed_experts(
+                r,
+                prompt_len=len(prompt),
+                completion_len=len(c.token_ids),
+                num_experts=config.num_experts,
+                prompt_start=prompt_start,
+            )
+            for r, c in zip(routed, output.outputs, strict=True)
+        ]
+    except CaptureError:
+        return None  # each completion's own capture names the problem
+    n = new_prompt if len(rows) == 1 else shared_rows(rows, new_prompt)
+    n = min(n, len(rows[0]))
+    want = rows[0].dtype.name
+    if n < 1 or (want != "uint8" and writer.dtypes.get("routed_experts") != want):
+        return None  # nothing shared, or a writer each completion's capture refuses
+    head = rows[0][:n]
+    key = None
+    if cache is not None:
+        key = cache.key(np.asarray(prompt[prompt_start:], np.int64), prompt_start, head)
+        found = cache.get(key)
+        if found is not None:
+            return n, found
+    segments = tuple(writer.write({"routed_experts": head}, 0))
+    if cache is not None and key is not None:
+        cache.put(key, segments)
+    return n, segments

@@ -1,6 +1,7 @@
 """Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch;
-the rank's place in the parallel grid (:class:`Topology`); the policy versions of a sample's
-tokens (:func:`token_versions`, :func:`oldest_version`: :mod:`rollfeed.collate.versions`).
+the rank's place in the parallel grid (:class:`Topology`); samples sharing a prefix packed as
+trees (:class:`SharedPrefixes`, :mod:`rollfeed.collate.prefix_trees`); the policy versions of a
+sample's tokens (:func:`token_versions`, :func:`oldest_version`: :mod:`rollfeed.collate.versions`).
 
 Renamed (the old name works until the next release, with a ``DeprecationWarning``):
 ``KeptSetError`` is :class:`SupportSetError`.
@@ -18,18 +19,22 @@ from rollfeed.collate.errors import (
     SampleLengthError,
     SampleValueError,
     SegmentRangeError,
+    SharedPrefixError,
     SupportSetError,
 )
 from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
 from rollfeed.collate.media_batch import MediaBatch
 from rollfeed.collate.micro_batch import MicroBatch, place_micro_batch
+from rollfeed.collate.prefix_trees import PrefixTree, TreeSpan
 from rollfeed.collate.prepare import BatchPlan, plan_lengths, prepare_batch
 from rollfeed.collate.sample import Sample
+from rollfeed.collate.shared_prefix import SharedPrefixes
 from rollfeed.collate.step_counts import StepCounts, StepLoss
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
 from rollfeed.collate.topology import Topology
+from rollfeed.collate.tree_batch import TreeBatch
 from rollfeed.collate.versions import oldest_version, token_versions
 from rollfeed.deprecation import renamed_names as _renamed_names
 from rollfeed.payload import RaggedRows, RaggedRowsError
@@ -50,6 +55,7 @@ __all__ = [
     "MicroBatch",
     "OverlongError",
     "PlanConfig",
+    "PrefixTree",
     "RaggedRows",
     "RaggedRowsError",
     "Sample",
@@ -57,11 +63,15 @@ __all__ = [
     "SampleLengthError",
     "SampleValueError",
     "SegmentRangeError",
+    "SharedPrefixError",
+    "SharedPrefixes",
     "StepCounts",
     "StepLoss",
     "SupportSetError",
     "TensorMicroBatch",
     "Topology",
+    "TreeBatch",
+    "TreeSpan",
     "oldest_version",
     "place_micro_batch",
     "plan_lengths",

@@ -51,6 +51,11 @@ class PlanConfig:
             attention against per-token work); ``0`` balances tokens only.
         fields: the payload field registry samples are checked against and fields are read
             with (fill, window, ragged-ness); default the shared ``PAYLOAD_FIELDS``.
+        trees: pack samples that claim a shared prefix (planned with
+            :class:`~rollfeed.collate.SharedPrefixes`) as trees, the prefix computed once
+            (:mod:`rollfeed.collate.prefix_trees`); ``False`` plans every sample flat.
+        tree_min_saving: a tree is used only where it saves at least this fraction of its
+            samples' tokens (in ``[0, 1]``).
     """
 
     seq_len: int
@@ -60,6 +65,8 @@ class PlanConfig:
     overlong: Overlong = "truncate"
     quadratic_cost: float = DEFAULT_QUADRATIC
     fields: Mapping[str, PayloadField] = field(default_factory=lambda: PAYLOAD_FIELDS, hash=False)
+    trees: bool = True
+    tree_min_saving: float = 0.2
 
     def __post_init__(self) -> None:
         _int("seq_len", self.seq_len)
@@ -70,6 +77,14 @@ class PlanConfig:
             why = f"overlong must be one of {OVERLONG}, got {self.overlong!r}"
         elif not (number and 0 <= cost < math.inf):
             why = f"quadratic_cost must be a finite number >= 0, got {cost!r}"
+        elif not isinstance(self.trees, bool):
+            why = f"trees must be a bool, got {self.trees!r}"
+        elif not (
+            isinstance(self.tree_min_saving, int | float)
+            and not isinstance(self.tree_min_saving, bool)
+            and 0 <= self.tree_min_saving <= 1
+        ):
+            why = f"tree_min_saving must be a number in [0, 1], got {self.tree_min_saving!r}"
         elif pad is not None and _int("pad_to_multiple_of", pad) % unit:
             why = f"pad_to_multiple_of must be a multiple of {unit} ({self.cp_layout}), got {pad}"
         elif self.seq_len % self.pad:

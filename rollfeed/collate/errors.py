@@ -61,3 +61,12 @@ class ImageInputError(CollateError):
     """An image cannot be made into the model's input as recorded: no image processor given for
     a micro batch with images, processor settings other than the ones its rollout recorded, or a
     processed patch grid other than the recorded one (the placeholder run would not match)."""
+
+
+class SharedPrefixError(CollateError):
+    """Samples planned to share a prefix do not: claimed prefix keys that contradict each other,
+    tokens or recorded routes that differ over the claimed prefix, or a sample with images among
+    them (samples with images are not packed as trees). A loader reading a step file names the
+    file and step, and the sample by its number in the step."""
+
+    PLACE = ("file", "step", "sample", "field", "pos")

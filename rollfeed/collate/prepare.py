@@ -16,6 +16,13 @@ deterministic (same inputs -> same plan on every rank):
 4. Pad each micro batch to a multiple of the pad multiple (``PlanConfig.pad``) and give short
    ranks dummy micro batches of that minimum length, so every rank runs the same number of micro
    steps.
+With :class:`~rollfeed.collate.SharedPrefixes` (and ``PlanConfig.trees``), step 2 first makes
+the samples' prefix trees (:mod:`rollfeed.collate.prefix_trees`): a tree is one unit to balance
+(by the tokens it computes, each shared prefix once, and its attention pairs) and to pack (by its
+token count), and its samples stay consecutive in the micro batch, in the tree's order.
+``plan.trees[r][k]`` holds each micro batch's trees as ``(first sample, tree)``. Samples with
+images claim no shared prefix, and in a step with trees they are packed apart from the text.
+
 5. Given the samples' loss runs (:class:`~rollfeed.collate.loss_runs.LossRuns`), count the step's
    loss tokens after truncation (:mod:`rollfeed.collate.step_counts`): ``plan.loss``, which every
    micro batch carries as its ``step_counts``, and the metrics ``loss_tokens``,
@@ -43,26 +50,37 @@ from rollfeed.collate.image_runs import ImageRuns
 from rollfeed.collate.loss_runs import LossRuns
 from rollfeed.collate.micro_batch import place_micro_batch
 from rollfeed.collate.pack import pack_ffd
+from rollfeed.collate.prefix_trees import PrefixTree, Unit, micro_batch_trees, plan_units
 from rollfeed.collate.sample import Sample
+from rollfeed.collate.shared_prefix import SharedPrefixes, check_prefixes
 from rollfeed.collate.step_counts import StepLoss
 
 logger = logging.getLogger(__name__)
 
 
+Trees = tuple[tuple[int, PrefixTree], ...]
+
+
 class BatchPlan(list):
-    """``plan[dp_rank][micro_step]`` plus ``plan.metrics`` (counters, ratios) and ``plan.loss``
+    """``plan[dp_rank][micro_step]`` plus ``plan.metrics`` (counters, ratios), ``plan.loss``
     (the step's loss tokens, :class:`~rollfeed.collate.step_counts.StepLoss`; ``None`` when
-    planned without loss runs).
+    planned without loss runs) and ``plan.trees`` (``[dp_rank][micro_step]``: the micro batch's
+    prefix trees as ``(first sample, tree)``, ``()`` for none).
 
     Entries are :class:`~rollfeed.collate.MicroBatch` from :func:`prepare_batch`, and tuples of
     sample positions in packing order (``()`` for a dummy) from :func:`plan_lengths`.
     """
 
     def __init__(
-        self, ranks: list[list], metrics: dict[str, float], loss: StepLoss | None = None
+        self,
+        ranks: list[list],
+        metrics: dict[str, float],
+        loss: StepLoss | None = None,
+        trees: list[list[Trees]] | None = None,
     ) -> None:
         super().__init__(ranks)
         self.metrics, self.loss = metrics, loss
+        self.trees = [[() for _ in r] for r in ranks] if trees is None else trees
 
 
 def plan_lengths(
@@ -72,6 +90,7 @@ def plan_lengths(
     dp_size: int,
     loss_runs: LossRuns | None = None,
     image_runs: ImageRuns | None = None,
+    prefixes: SharedPrefixes | None = None,
 ) -> BatchPlan:
     """Plan ``[dp_rank][micro_step]`` micro batches from token counts alone; see the module doc.
 
@@ -84,6 +103,10 @@ def plan_lengths(
         image_runs: each sample's image placeholder runs (aligned with ``lengths``): a cut at
             ``seq_len`` that would split an image cuts before it, or drops the sample when
             nothing precedes the image (:mod:`rollfeed.collate.image_runs`).
+        prefixes: each sample's claimed shared prefixes (aligned with ``lengths``): samples
+            sharing one are packed as prefix trees where that saves at least
+            ``config.tree_min_saving`` of their tokens (unless ``config.trees`` is False). A
+            sample with images that claims one is a :class:`SharedPrefixError`.
 
     Returns:
         ``plan[r][k]``: positions into ``lengths`` of rank ``r``'s micro step ``k``, in packing
@@ -91,8 +114,10 @@ def plan_lengths(
         ``plan.metrics``: samples, truncated, truncated_tokens, dropped (every sample left out),
         truncated_before_image, dropped_at_image, tokens, padding_tokens,
         padding_fraction, micro_steps, dummy_micro_batches, rank_cost_max, rank_cost_mean,
-        rank_cost_max_over_mean (with ``loss_runs``: loss_tokens, samples_with_loss,
-        samples_without_loss, micro_batches_without_loss, dummies included).
+        rank_cost_max_over_mean, trees, tree_samples, shared_tokens_saved (``tokens`` counts
+        the tokens the rows compute: each shared prefix once) (with ``loss_runs``:
+        loss_tokens, samples_with_loss, samples_without_loss, micro_batches_without_loss,
+        dummies included).
     """
     if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
         raise BatchConfigError(f"dp_size must be an int >= 1, got {dp_size!r}")
@@ -127,28 +152,47 @@ def plan_lengths(
     dropped = int((~keep).sum())
     truncated = int((over & keep).sum())
     truncated_tokens = int((lengths[over & keep] - cuts[over & keep]).sum())
-    index = np.flatnonzero(keep)
-    positions = index.tolist()
-    kept = cuts[index]
-    slots = slot_lengths(kept, config.cp_size, config.cp_layout)
+    if prefixes is not None and config.trees:
+        check_prefixes(prefixes, lengths, image_runs)
+        units = plan_units(
+            cuts, prefixes.chains, seq_len=seq_len, min_saving=config.tree_min_saving
+        )
+    else:
+        units = [Unit(members=(i,), tree=None, tokens=int(cuts[i])) for i in np.flatnonzero(keep)]
+    sizes = np.array([u.tokens for u in units], np.int64)
+    slots = slot_lengths(sizes, config.cp_size, config.cp_layout)
     costs = sequence_cost(slots, config.quadratic_cost)
+    for j, u in enumerate(units):
+        if u.tree is not None:
+            costs[j] = u.tree.cost(config.quadratic_cost) + float(slots[j] - sizes[j])
     pad = config.pad
     ranks: list[list[tuple[int, ...]]] = []
+    trees: list[list[Trees]] = []
     rank_cost, total = [], 0
+    # A tree row holds no images (the images' positions are flat-row ones): with both in the
+    # step, samples with images are packed in micro batches of their own.
+    imaged = np.zeros(len(units), bool)
+    if image_runs is not None and any(u.tree is not None for u in units):
+        imaged = np.array([u.tree is None and image_runs.counts[u.members[0]] > 0 for u in units])
     for part in partition_costs(costs, dp_size):
-        bins = [[part[j] for j in b] for b in pack_ffd(slots[part], seq_len)] if part else []
+        bins = []
+        for group in ([j for j in part if not imaged[j]], [j for j in part if imaged[j]]):
+            bins += [[group[j] for j in b] for b in pack_ffd(slots[group], seq_len)]
         cost = [float(costs[b].sum()) for b in bins]
         order = sorted(range(len(bins)), key=lambda k: -cost[k])  # stable: ties keep packing order
-        ranks.append([tuple(positions[j] for j in bins[k]) for k in order])
+        ranks.append([tuple(i for j in bins[k] for i in units[j].members) for k in order])
+        trees.append([micro_batch_trees(units, bins[k]) for k in order])
         rank_cost.append(sum(cost[k] for k in order))
         total += sum(-(-int(slots[b].sum()) // pad) * pad for b in bins)
     steps = max(len(r) for r in ranks)
     dummies = sum(steps - len(r) for r in ranks)
-    for r in ranks:
+    for r, t in zip(ranks, trees, strict=True):
+        t += [()] * (steps - len(r))
         r += [()] * (steps - len(r))
     total += dummies * pad
-    tokens = int(kept.sum())
+    tokens = int(sizes.sum())
     top, mean = max(rank_cost), float(np.mean(rank_cost))
+    shared = [u for u in units if u.tree is not None]
     metrics = {
         "samples": len(lengths),
         "truncated": truncated,
@@ -164,6 +208,9 @@ def plan_lengths(
         "rank_cost_max": top,
         "rank_cost_mean": mean,
         "rank_cost_max_over_mean": top / mean if mean else 1.0,
+        "trees": len(shared),
+        "tree_samples": sum(len(u.members) for u in shared),
+        "shared_tokens_saved": int(cuts[keep].sum()) - tokens,
     }
     loss = None
     if loss_runs is not None:
@@ -176,7 +223,7 @@ def plan_lengths(
         metrics["micro_batches_without_loss"] = empty
     if truncated or dropped:
         logger.debug("plan truncated %d and dropped %d samples", truncated, dropped)
-    return BatchPlan(ranks, metrics, loss)
+    return BatchPlan(ranks, metrics, loss, trees)
 
 
 def _check_image_runs(runs: ImageRuns, lengths: np.ndarray) -> None:
@@ -207,13 +254,22 @@ def _check_runs(runs: LossRuns, lengths: np.ndarray) -> None:
         )
 
 
-def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int) -> BatchPlan:
+def prepare_batch(
+    samples: Sequence[Sample],
+    config: PlanConfig,
+    *,
+    dp_size: int,
+    prefixes: SharedPrefixes | None = None,
+) -> BatchPlan:
     """Plan ``[dp_rank][micro_step]`` micro batches of ``samples``; see the module doc. No I/O.
 
     Args:
         samples: the batch; ``MicroBatch.indices`` are positions in this sequence.
         config: the planner's options.
         dp_size: data-parallel ranks to balance over.
+        prefixes: the samples' claimed shared prefixes (e.g. ``SharedPrefixes.of_tokens`` of
+            their tokens and groups), packed as trees as in :func:`plan_lengths`; the tokens are
+            confirmed as each micro batch is placed.
 
     Returns:
         :func:`plan_lengths` of the samples' lengths and loss runs, each micro batch placed
@@ -230,6 +286,7 @@ def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int
         dp_size=dp_size,
         loss_runs=LossRuns.of_samples(samples),
         image_runs=images,
+        prefixes=prefixes,
     )
     assert plan.loss is not None
     ranks = [
@@ -240,9 +297,10 @@ def prepare_batch(samples: Sequence[Sample], config: PlanConfig, *, dp_size: int
                 indices=mb,
                 check_fields=False,
                 step_counts=plan.loss.counts(mb),
+                trees=trees,
             )
-            for mb in rank
+            for mb, trees in zip(rank, rank_trees, strict=True)
         ]
-        for rank in plan
+        for rank, rank_trees in zip(plan, plan.trees, strict=True)
     ]
-    return BatchPlan(ranks, plan.metrics, plan.loss)
+    return BatchPlan(ranks, plan.metrics, plan.loss, plan.trees)

@@ -70,6 +70,13 @@ list of samples).
 (:class:`~rollfeed.collate.MediaBatch`: mRoPE positions, placeholder mask, the row's images and
 the pixels of those this rank encodes); ``None`` for a text-only micro batch.
 
+``tree`` holds, for a micro batch with prefix trees, this rank's share of the row the forward
+computes (:class:`~rollfeed.collate.tree_batch.TreeBatch`): the per-token tensors above stay on the
+micro batch's flat row (its samples back to back, as if packed one by one; ``positions`` and
+``seq_len`` refer to it, and ranks hold different numbers of its rows), while the forward's
+tokens, the ``inputs``-window fields (routes, read once per shared prefix) and their coverage are
+over the rank's tree tokens. ``None`` for a micro batch without trees.
+
 ``checks`` holds what the collator found on the CPU while building it (largest and smallest token
 id, the first invalid temperature of a scored row: :mod:`rollfeed.collate.token_checks`), as plain
 Python values that every copy below keeps, so a scorer checks them without a device sync. ``None``
@@ -88,6 +95,7 @@ import torch
 from rollfeed.collate.media_batch import MediaBatch
 from rollfeed.collate.step_counts import StepCounts
 from rollfeed.collate.token_checks import TokenChecks
+from rollfeed.collate.tree_batch import TreeBatch
 from rollfeed.payload import RaggedRows
 
 IGNORE_INDEX = -100
@@ -108,6 +116,7 @@ class TensorMicroBatch:
     step_counts: the step's loss-token counts (see module doc), or None.
     checks: plain-Python facts recorded on the CPU (see module doc), or None.
     media: the micro batch's images (:class:`~rollfeed.collate.MediaBatch`), or None.
+    tree: the forward's tree-row tokens (:class:`~rollfeed.collate.tree_batch.TreeBatch`), or None.
     """
 
     input_ids: torch.Tensor
@@ -131,6 +140,7 @@ class TensorMicroBatch:
     step_counts: StepCounts | None = None
     checks: TokenChecks | None = None
     media: MediaBatch | None = None
+    tree: TreeBatch | None = None
 
     @property
     def num_samples(self) -> int:
@@ -153,12 +163,14 @@ class TensorMicroBatch:
         ]
         counts = [] if self.step_counts is None else [self.step_counts.sample_loss_tokens]
         media = [] if self.media is None else self.media.tensors()
+        tree = [] if self.tree is None else self.tree.tensors()
         return [
             *(t for t in top if isinstance(t, torch.Tensor)),
             *fields,
             *self.coverage.values(),
             *counts,
             *media,
+            *tree,
         ]
 
     def apply(self, fn: Callable[[torch.Tensor], Any]) -> TensorMicroBatch:
@@ -175,6 +187,7 @@ class TensorMicroBatch:
             coverage={k: fn(v) for k, v in self.coverage.items()},
             step_counts=None if self.step_counts is None else self.step_counts.apply(fn),
             media=None if self.media is None else self.media.apply(fn),
+            tree=None if self.tree is None else self.tree.apply(fn),
         )
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TensorMicroBatch:

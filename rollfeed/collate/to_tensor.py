@@ -19,7 +19,10 @@ and cut from inline arrays with the same rules, so the two give bitwise equal te
 Fixed-width ``inputs``-window fields also get their coverage (``TensorMicroBatch.coverage``:
 which rows came from records or inline rows, which are fill), the same by handle and inline.
 
-Shapes and a worked example: :mod:`rollfeed.collate.tensor_batch`.
+Shapes and a worked example: :mod:`rollfeed.collate.tensor_batch`. A micro batch with prefix
+trees keeps the per-token tensors and the ``labels``/``sequence`` fields on its flat row and puts
+its forward's tokens, the ``inputs``-window fields and their coverage on this rank's share of the
+tree row (:mod:`rollfeed.collate.tree_batch`, :mod:`rollfeed.collate.to_tensor_tree`).
 """
 
 from __future__ import annotations
@@ -29,16 +32,32 @@ import os
 import numpy as np
 import torch
 
-from rollfeed.collate.cp import field_ranges, ranges_index, rank_ranges
+from rollfeed.collate.cp import Ranges, field_ranges, ranges_index, rank_ranges
 from rollfeed.collate.errors import BatchConfigError, SampleDtypeError
 from rollfeed.collate.kept_rows import canonical_inline
 from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor_media import media_batch
+from rollfeed.collate.to_tensor_tree import (
+    Coords,
+    check_shared_inputs,
+    place_rank,
+    tree_batch,
+    tree_coords,
+)
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
 from rollfeed.collate.versions import NO_VERSION, token_versions
 from rollfeed.payload import FieldRead, ImageProcessorSpec, PayloadRoot, RaggedRows, read_fields
 from rollfeed.payload.errors import PayloadWidthError
+
+
+def _flat(mb: MicroBatch, ranges: Ranges) -> Coords:
+    return Coords(
+        length=mb.length,
+        ranges=ranges,
+        segments=mb.segments,
+        rows=lambda name, labels: _rows(mb, name, labels),
+    )
 
 
 def _rows(mb: MicroBatch, name: str, labels: bool):
@@ -58,7 +77,7 @@ def _rows(mb: MicroBatch, name: str, labels: bool):
         yield i, start + int(labels), data
 
 
-def _inline_fixed(mb, name, spec, rows, idx) -> torch.Tensor:
+def _inline_fixed(mb, name, spec, rows, idx, length) -> torch.Tensor:
     dtype, shape = rows[0][2].dtype, rows[0][2].shape[1:]
     for i, _, arr in rows:
         if arr.dtype != dtype or arr.shape[1:] != shape:
@@ -68,16 +87,16 @@ def _inline_fixed(mb, name, spec, rows, idx) -> torch.Tensor:
                 sample=mb.indices[i],
                 field=name,
             )
-    full = np.full((mb.length + 1, *shape), spec.fill, dtype=dtype)
+    full = np.full((length + 1, *shape), spec.fill, dtype=dtype)
     for _, at, arr in rows:
         full[at : at + len(arr)] = arr
     return torch.from_numpy(full[idx])
 
 
-def _inline_ragged(mb, spec, rows, idx) -> tuple[RaggedRows, int, int | None]:
+def _inline_ragged(spec, rows, idx, length) -> tuple[RaggedRows, int, int | None]:
     """The inline rows over the window (``idx``), with the widest inline row of the micro batch
     (window or not) and its row position."""
-    lengths = np.zeros(mb.length + 1, np.int64)
+    lengths = np.zeros(length + 1, np.int64)
     widest, where = 0, None
     for _, at, (counts, _) in rows:
         lengths[at : at + len(counts)] = counts
@@ -105,9 +124,10 @@ def _merge_rows(handle: RaggedRows, inline: RaggedRows, owned: np.ndarray) -> Ra
     return both.take(torch.from_numpy(np.where(owned, np.arange(n) + n, np.arange(n))))
 
 
-def _read_handles(mb, segments, ranges, *, whole, root, fields) -> dict[str, FieldRead]:
-    """Every by-handle field of the micro batch over its own window, in one read; each kept
-    set's label slot holds the token sampled there."""
+def _read_handles(mb, coords, *, whole, root, fields) -> dict[str, FieldRead]:
+    """Every by-handle field of the micro batch over its own window (``coords[name]``: the row
+    it is read over), in one read; each kept set's label slot holds the token sampled there."""
+    segments = {n: segs for n, c in coords.items() for segs in [c.segments.get(n)] if segs}
     if not segments:
         return {}
     if root is None:
@@ -115,7 +135,10 @@ def _read_handles(mb, segments, ranges, *, whole, root, fields) -> dict[str, Fie
             "micro batch holds payload segments; pass root= (the payload root)",
             field=min(segments),
         )
-    windows = {n: field_ranges(ranges, fields[n].window, mb.length, whole=whole) for n in segments}
+    windows = {
+        n: field_ranges(coords[n].ranges, fields[n].window, coords[n].length, whole=whole)
+        for n in segments
+    }
     tokens = np.zeros(mb.length + 1, np.int64)  # row position S: past the row, never covered
     for sample, start in zip(mb.samples, mb.starts, strict=True):
         tokens[start : start + len(sample)] = sample.token_ids
@@ -126,23 +149,23 @@ def _read_handles(mb, segments, ranges, *, whole, root, fields) -> dict[str, Fie
     return read_fields(every, windows, root=root, fields=fields, labels=labels)
 
 
-def _field(mb, reads, name, spec, ranges, *, whole, root, width):
-    window = field_ranges(ranges, spec.window, mb.length, whole=whole)
+def _field(mb, reads, name, spec, coords, *, whole, root, width):
+    window = field_ranges(coords.ranges, spec.window, coords.length, whole=whole)
     idx = ranges_index(window)
     labels = spec.window == "labels"
-    rows = list(_rows(mb, name, labels))
-    owned = np.zeros(mb.length + 1, bool)
+    rows = list(coords.rows(name, labels))
+    owned = np.zeros(coords.length + 1, bool)
     for _, at, data in rows:
         owned[at : at + len(data[0] if isinstance(data, tuple) else data)] = True
     handle = reads[name].values if name in reads else None
     if not spec.ragged:
-        inline = _inline_fixed(mb, name, spec, rows, idx) if rows else None
+        inline = _inline_fixed(mb, name, spec, rows, idx, coords.length) if rows else None
         if inline is None or handle is None:
             return handle if inline is None else inline
         return _merge(handle, inline, owned[idx])
     widest, where = (reads[name].widest, None) if name in reads else (0, None)
     if rows:
-        inline, inline_widest, inline_where = _inline_ragged(mb, spec, rows, idx)
+        inline, inline_widest, inline_where = _inline_ragged(spec, rows, idx, coords.length)
         handle = inline if handle is None else _merge_rows(handle, inline, owned[idx])
         if inline_widest > widest:
             widest, where = inline_widest, inline_where
@@ -165,12 +188,12 @@ def _width_error(mb, name, width, widest, where, *, root):
     )
 
 
-def _coverage(mb, reads, name, spec, ranges, *, whole) -> torch.Tensor:
+def _coverage(reads, name, spec, coords, *, whole) -> torch.Tensor:
     """``[n]`` bool over the field's window: a by-handle record's row or an inline row is there
     (the read's :class:`~rollfeed.payload.FieldRead` coverage, or'ed with the inline rows)."""
-    idx = ranges_index(field_ranges(ranges, spec.window, mb.length, whole=whole))
-    owned = np.zeros(mb.length + 1, bool)
-    for _, at, data in _rows(mb, name, spec.window == "labels"):
+    idx = ranges_index(field_ranges(coords.ranges, spec.window, coords.length, whole=whole))
+    owned = np.zeros(coords.length + 1, bool)
+    for _, at, data in coords.rows(name, spec.window == "labels"):
         owned[at : at + len(data)] = True
     covered = torch.from_numpy(owned[idx])
     if name in reads:
@@ -209,8 +232,12 @@ def to_tensor_micro_batch(
     """
     mb, S, config = micro_batch, micro_batch.length, micro_batch.config
     fields = config.fields
-    ranges = rank_ranges(mb.cu_seqlens, cp_rank, config.cp_size, config.cp_layout)
-    idx = ranges_index(ranges)
+    place = None if mb.tree is None else place_rank(mb, cp_rank)
+    if place is None:
+        ranges = rank_ranges(mb.cu_seqlens, cp_rank, config.cp_size, config.cp_layout)
+        idx = ranges_index(ranges)
+    else:
+        ranges, idx = place.flat_ranges, place.fidx
     ids = np.zeros(S, np.int64)
     labels = np.full(S, IGNORE_INDEX, np.int64)
     mask = np.zeros(S, bool)
@@ -232,17 +259,27 @@ def to_tensor_micro_batch(
             versions[a : a + T - 1] = token_versions(s.version_spans, T)[1:]
     cu = np.asarray(mb.cu_seqlens, np.int64)
     pos = np.arange(S) - np.repeat(cu[:-1], np.diff(cu))
-    segments = mb.segments
-    names = sorted({*segments, *(k for s in mb.samples for k in s.fields)})
-    reads = _read_handles(mb, segments, ranges, whole=whole_fields, root=root, fields=fields)
+    flat = _flat(mb, ranges)
+    names = sorted(
+        {
+            *(s.field for x in mb.samples for s in x.payload),
+            *(k for x in mb.samples for k in x.fields),
+        }
+    )
+    coords = {n: flat for n in names}
+    if place is not None:
+        tree = tree_coords(mb, place.tree_ranges)
+        coords.update({n: tree for n in names if fields[n].window == "inputs"})
+        check_shared_inputs(mb, [n for n in names if fields[n].window == "inputs"], root)
+    reads = _read_handles(mb, coords, whole=whole_fields, root=root, fields=fields)
     out, coverage = {}, {}
     for name in names:
-        spec = fields[name]
-        t = _field(mb, reads, name, spec, ranges, whole=whole_fields, root=root, width=width)
+        spec, c = fields[name], coords[name]
+        t = _field(mb, reads, name, spec, c, whole=whole_fields, root=root, width=width)
         if t is not None:
             out[name] = t
         if t is not None and not spec.ragged and spec.window == "inputs":
-            coverage[name] = _coverage(mb, reads, name, spec, ranges, whole=whole_fields)
+            coverage[name] = _coverage(reads, name, spec, c, whole=whole_fields)
     checks = token_checks(
         mb,
         idx,
@@ -261,6 +298,12 @@ def to_tensor_micro_batch(
     media = media_batch(
         mb, idx, cp_rank=cp_rank, position_ids=pos, root=root, processor=image_processor
     )
+    if place is not None and media is not None:
+        raise BatchConfigError(
+            "a micro batch with prefix trees holds images; plan samples with images apart from "
+            "trees (plan_lengths does)",
+            field="images",
+        )
     return TensorMicroBatch(
         input_ids=torch.from_numpy(ids[idx]),
         position_ids=torch.from_numpy(pos[idx]),
@@ -283,4 +326,5 @@ def to_tensor_micro_batch(
         step_counts=mb.step_counts,
         checks=checks,
         media=media,
+        tree=None if place is None else tree_batch(mb, place),
     )

@@ -36,6 +36,7 @@ from torch.utils.data import get_worker_info
 
 from rollfeed.collate import (
     Sample,
+    SharedPrefixError,
     TensorMicroBatch,
     Topology,
     place_micro_batch,
@@ -99,16 +100,30 @@ class MicroBatchCollator:
                 + ("" if step is None else f"; it was planned under {samples.staleness}")
                 + "): build the sampler and the collator from one LoaderConfig"
             )
-        counts = samples.counts if isinstance(samples, Planned) else None
-        mb = place_micro_batch(samples, self.config.plan, step_counts=counts)
-        tmb = to_tensor_micro_batch(
-            mb,
-            cp_rank=self.topology.cp_rank,
-            root=self.root,
-            width=self.config.width,
-            whole_fields=self.config.whole_fields,
-            image_processor=self.config.image_processor,
-        )
+        planned = isinstance(samples, Planned)
+        counts = samples.counts if planned else None
+        trees = samples.trees if planned else ()
+        origin = samples.origin if planned else None
+        try:
+            mb = place_micro_batch(
+                samples,
+                self.config.plan,
+                indices=None if origin is None else origin.samples,
+                step_counts=counts,
+                trees=trees,
+            )
+            tmb = to_tensor_micro_batch(
+                mb,
+                cp_rank=self.topology.cp_rank,
+                root=self.root,
+                width=self.config.width,
+                whole_fields=self.config.whole_fields,
+                image_processor=self.config.image_processor,
+            )
+        except SharedPrefixError as err:  # the step's index claimed what its samples do not hold
+            if origin is None:
+                raise
+            raise err.with_place(file=origin.file, step=origin.step) from None
         if policy is not None and policy.on_stale == "mask":
             assert step is not None
             tmb = mask_stale(tmb, step=step, bound=policy.max_staleness)

@@ -34,9 +34,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from rollfeed.collate import ImageRuns, LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample, SharedPrefixes
 from rollfeed.loaders.errors import StepReplacedError
-from rollfeed.loaders.plan import Planned
+from rollfeed.loaders.plan import Origin, Planned
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_source import STEP_STRIDE, SampleSteps, StepSource, StoredSteps
 from rollfeed.loaders.step_version import StepVersion
@@ -107,13 +107,14 @@ class RolloutDataset(Dataset[Sample]):
         """The samples of one batch of indices. A :class:`~rollfeed.loaders.plan.Planned` batch
         is read from the step file version it was planned from, each sample held to its planned
         length (see the module doc), and keeps its planner config, which the collator checks
-        against its own."""
+        against its own, and where its samples were read (:class:`~rollfeed.loaders.plan.Origin`),
+        which the collator's errors name."""
         version = getattr(indices, "version", None)
-        samples = [self.source.sample(*self.source.locate(i), version) for i in indices]
+        places = [self.source.locate(i) for i in indices]  # (step, sample in the step)
+        samples = [self.source.sample(step, k, version) for step, k in places]
         lengths = getattr(indices, "lengths", None)
-        for i, sample, planned in zip(indices, samples, lengths or (), strict=True):
+        for (step, k), sample, planned in zip(places, samples, lengths or (), strict=True):
             if len(sample) != planned:
-                step, k = self.source.locate(i)
                 raise StepReplacedError(
                     f"sample {k} of step {step} has {len(sample)} tokens, the plan has "
                     f"{planned}: the samples changed after the step was planned; a written step "
@@ -121,7 +122,11 @@ class RolloutDataset(Dataset[Sample]):
                     file=self.source.where(step),
                     step=step,
                 )
-        return Planned.like(indices, samples)
+        step = places[0][0] if places else 0  # a micro batch holds the samples of one step
+        origin = Origin(
+            file=self.source.where(step), step=step, samples=tuple(k for _, k in places)
+        )
+        return Planned.like(indices, samples, origin)
 
     def steps_from(self, step: int) -> list[int]:
         """Steps from ``step`` on: in-memory ``[step]``; directory: the step files >= step."""
@@ -154,6 +159,12 @@ class RolloutDataset(Dataset[Sample]):
         ``None`` when no sample of the step holds an image: from the index, or from the samples
         of an in-memory list."""
         return self.source.loaded(step).images
+
+    def shared_prefixes(self, step: int = 0) -> SharedPrefixes | None:
+        """Each sample's claimed shared prefix in ``step`` (aligned with ``step_indices``): its
+        group and shared-prefix length from the index, or ``None`` when no sample claims one
+        (and for an in-memory list, whose samples carry no group)."""
+        return self.source.loaded(step).prefixes
 
     def policy_versions(self, step: int = 0) -> np.ndarray:
         """``[n]`` int64 oldest policy version of each sample of ``step`` (-1: none), aligned

@@ -184,6 +184,7 @@ class Handover:
             coverage={k: view(v) for k, v in tmb.coverage.items()},
             step_counts=None if tmb.step_counts is None else tmb.step_counts.apply(view),
             media=None if tmb.media is None else tmb.media.apply(view),
+            tree=None if tmb.tree is None else tmb.tree.apply(view),
         )
 
 

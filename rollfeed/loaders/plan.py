@@ -8,34 +8,49 @@ are equal (:class:`~rollfeed.loaders.errors.PlanMismatchError`): a sampler and a
 with different options inside one DataLoader never give a micro batch silently different from
 the plan. An index list also carries what it was planned from: the step file's version
 (:class:`~rollfeed.loaders.step_version.StepVersion`) and each sample's planned token count, which
-the dataset holds the samples it reads to, and the step's loss-token counts
-(:class:`~rollfeed.collate.StepCounts`), the trained ``step`` and the loader's staleness bound
-(:class:`~rollfeed.loaders.staleness.Staleness`), which go on with the samples to the micro batch
-(the collator masks stale tokens with them, the metrics count tokens by lag).
+the dataset holds the samples it reads to, the step's loss-token counts
+(:class:`~rollfeed.collate.StepCounts`), the micro batch's prefix trees
+(:class:`~rollfeed.collate.PrefixTree`, as ``(first sample, tree)``), the trained ``step`` and the
+loader's staleness bound (:class:`~rollfeed.loaders.staleness.Staleness`), which go on with the
+samples to the micro batch (the collator masks stale tokens with them, the metrics count tokens by
+lag). A sample list carries its :class:`Origin` (step file, step, each sample's number in it),
+which the collator's errors name.
 Example::
 
     Planned([7, 3], config, version=v, lengths=[12, 5], counts=c, step=4)  # -> __getitems__
-    -> Planned([s7, s3], config, counts=c, step=4)      # read from version v, len 12 and 5
+    -> Planned([s7, s3], config, counts=c, step=4, origin=Origin(file=f, step=4, samples=(7, 3)))
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rollfeed.collate import PlanConfig, StepCounts
+from rollfeed.collate import PlanConfig, PrefixTree, StepCounts
 from rollfeed.loaders.staleness import Staleness
 from rollfeed.loaders.step_version import StepVersion
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Origin:
+    """Where one micro batch's samples were read: the step ``file`` (``None``: an in-memory
+    list), the ``step`` and each sample's number in it (``samples``, in the micro batch's
+    order)."""
+
+    file: str | None
+    step: int
+    samples: tuple[int, ...]
+
+
 class Planned(list):
     """A list (indices or samples of one micro batch) and the ``config`` it was planned with,
-    the step's loss-token ``counts`` for its items, the ``step`` it trains and the
-    ``staleness`` bound it was planned under (``None``: none); for indices, the step file's
-    ``version`` (``None``: an in-memory list) and the planned ``lengths`` (one per index, or
-    ``None``)."""
+    the step's loss-token ``counts`` for its items, its prefix ``trees``, the ``step`` it trains
+    and the ``staleness`` bound it was planned under (``None``: none); for indices, the step
+    file's ``version`` (``None``: an in-memory list) and the planned ``lengths`` (one per index,
+    or ``None``); for samples, the ``origin`` they were read from, which errors name."""
 
     def __init__(
         self,
@@ -45,12 +60,15 @@ class Planned(list):
         version: StepVersion | None = None,
         lengths: Sequence[int] | None = None,
         counts: StepCounts | None = None,
+        trees: tuple[tuple[int, PrefixTree], ...] = (),
         step: int | None = None,
         staleness: Staleness | None = None,
+        origin: Origin | None = None,
     ) -> None:
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
-        self.counts, self.step, self.staleness = counts, step, staleness
+        self.counts, self.trees, self.step, self.staleness = counts, trees, step, staleness
+        self.origin = origin
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (to a DataLoader worker) with its counts as plain numbers: a tensor would go
@@ -75,15 +93,17 @@ class Planned(list):
         self.__dict__.update(state)
 
     @staticmethod
-    def like(source: Any, items: list[Any]) -> list[Any]:
-        """``items`` as a ``Planned`` with ``source``'s config, counts, step and staleness bound
-        when ``source`` is planned."""
+    def like(source: Any, items: list[Any], origin: Origin | None = None) -> list[Any]:
+        """``items`` as a ``Planned`` with ``source``'s config, counts, trees, step and staleness
+        bound when ``source`` is planned (read from ``origin``)."""
         if not isinstance(source, Planned):
             return items
         return Planned(
             items,
             source.config,
             counts=source.counts,
+            trees=source.trees,
             step=source.step,
             staleness=source.staleness,
+            origin=origin,
         )

@@ -9,13 +9,15 @@ shape a step's plan besides the world shape (which the state holds as ``dp_size`
 
     plan_fingerprint(LoaderConfig(plan=PlanConfig(seq_len=64)))
     -> {"seq_len": 64, "cp_layout": "contiguous", "pad_to_multiple_of": None,
-        "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "shuffle": False,
-        "drop_staleness": -1}
+        "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "trees": True,
+        "tree_min_saving": 0.2, "shuffle": False, "drop_staleness": -1}
     fingerprint_differences(saved, mine) -> ["seq_len: 64 -> 128"]
 
 ``drop_staleness`` is ``max_staleness`` under ``on_stale="drop"`` (which samples a step plans
-depends on it) and -1 otherwise; a state saved before it existed planned with no bound
-(:data:`ADDED`).
+depends on it) and -1 otherwise. A state saved before a key existed is read with the value such a
+state planned under (:data:`ADDED`): no staleness bound, and the default ``trees`` and
+``tree_min_saving``, as a plan of step files that claimed no shared prefix (a step index only
+holds groups since step records) is the same either way.
 
 The field registry is not in it: it changes what is read of a micro batch, not which samples a
 micro batch holds. The fingerprint is about configuration; which step file a plan was made from
@@ -30,10 +32,18 @@ from typing import Any
 
 from rollfeed.loaders.config import LoaderConfig
 
-PLAN_OPTIONS = ("seq_len", "cp_layout", "pad_to_multiple_of", "overlong", "quadratic_cost")
+PLAN_OPTIONS = (
+    "seq_len",
+    "cp_layout",
+    "pad_to_multiple_of",
+    "overlong",
+    "quadratic_cost",
+    "trees",
+    "tree_min_saving",
+)
 FINGERPRINT_KEYS = (*PLAN_OPTIONS, "shuffle", "drop_staleness")
 # Keys added after states were saved without them, with the value such a state planned under.
-ADDED = {"drop_staleness": -1}
+ADDED = {"trees": True, "tree_min_saving": 0.2, "drop_staleness": -1}
 
 
 def plan_fingerprint(config: LoaderConfig) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """MicroBatchSampler: the ``batch_sampler`` yielding, per micro step, one micro batch's indices.
 
-For each training step it plans the step from ``dataset.lengths(step)`` alone
+For each training step it plans the step from ``dataset.lengths(step)`` alone, with the loss
+runs, image runs and claimed shared prefixes the step's index holds
 (:func:`rollfeed.collate.plan_lengths`; the same plan on every rank) and yields this DP rank's
 micro batches as lists of dataset indices **in packing order** — empty for a dummy micro batch of
 a rank that came up short — each a :class:`~rollfeed.loaders.plan.Planned` carrying the config.
@@ -54,7 +55,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from rollfeed.collate import BatchPlan, Topology, plan_lengths
+from rollfeed.collate import BatchPlan, SharedPrefixes, Topology, plan_lengths
 from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
@@ -127,6 +128,7 @@ class MicroBatchSampler(Sampler[list[int]]):
             lengths = self.dataset.lengths(step)
             runs = self.dataset.loss_runs(step)
             images = self.dataset.image_runs(step)
+            prefixes = self.dataset.shared_prefixes(step)
             version = self.dataset.step_version(step)
             identity = self.dataset.step_identity(step)
             versions = self.dataset.policy_versions(step)
@@ -134,15 +136,24 @@ class MicroBatchSampler(Sampler[list[int]]):
                 perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
                 order, lengths, runs = order[perm], lengths[perm], runs.take(perm)
                 images = None if images is None else images.take(perm)
+                if prefixes is not None:
+                    prefixes = SharedPrefixes(chains=tuple(prefixes.chains[p] for p in perm))
                 versions = versions[perm]
             stale = self._stale(step, order, versions)
             if stale["stale_dropped"]:
                 keep = np.flatnonzero(~stale_samples(versions, step, self.config.max_staleness))
                 order, lengths, runs = order[keep], lengths[keep], runs.take(keep)
                 images = None if images is None else images.take(keep)
+                if prefixes is not None:
+                    prefixes = SharedPrefixes(chains=tuple(prefixes.chains[k] for k in keep))
             dp_size = self.topology.dp_size
             plan = plan_lengths(
-                lengths, self.config.plan, dp_size=dp_size, loss_runs=runs, image_runs=images
+                lengths,
+                self.config.plan,
+                dp_size=dp_size,
+                loss_runs=runs,
+                image_runs=images,
+                prefixes=prefixes,
             )
             got = self._plan = _StepPlan(
                 step=step,
@@ -197,7 +208,8 @@ class MicroBatchSampler(Sampler[list[int]]):
         got = self._step_plan(step)
         loss, out = got.plan.loss, []
         assert loss is not None  # planned with the dataset's loss runs
-        for mb in got.plan[self.topology.dp_rank]:
+        rank = self.topology.dp_rank
+        for mb, trees in zip(got.plan[rank], got.plan.trees[rank], strict=True):
             at = list(mb)
             lengths, plan, counts = got.lengths[at].tolist(), self.config.plan, loss.counts(at)
             indices = got.order[at].tolist()
@@ -208,6 +220,7 @@ class MicroBatchSampler(Sampler[list[int]]):
                     version=got.version,
                     lengths=lengths,
                     counts=counts,
+                    trees=trees,
                     step=step,
                     staleness=self.config.staleness,
                 )

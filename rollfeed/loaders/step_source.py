@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rollfeed.collate import ImageRuns, LossRuns, Sample, oldest_version
+from rollfeed.collate import ImageRuns, LossRuns, Sample, SharedPrefixes, oldest_version
 from rollfeed.loaders.errors import (
     LoaderConfigError,
     StepFileError,
@@ -48,8 +48,9 @@ from rollfeed.payload import PayloadMissingFileError, StepRecordFile, StepRecord
 class LoadedStep:
     """One step as a process holds it: the ``version`` of its file (``None`` in memory), its
     samples' ``lengths [n]``, loss ``runs``, image placeholder runs (``images``; ``None`` when no
-    sample holds an image), oldest policy versions (``policy_versions [n]`` int64, -1: none) and
-    ``identity``, and its file's ``index``."""
+    sample holds an image), oldest policy versions (``policy_versions [n]`` int64, -1: none),
+    claimed shared ``prefixes`` (each sample's group and shared-prefix length from the index;
+    ``None`` when no sample claims one) and ``identity``, and its file's ``index``."""
 
     version: StepVersion | None
     lengths: np.ndarray
@@ -58,6 +59,7 @@ class LoadedStep:
     policy_versions: np.ndarray
     identity: StepIdentity
     index: StepRecordIndex | None = None
+    prefixes: SharedPrefixes | None = None
 
 
 def _oldest(sample: Sample) -> int:
@@ -296,6 +298,7 @@ class StoredSteps:
             policy_versions=index.policy_version,
             identity=StepIdentity.of(index.tokens, index.crc32c),
             index=index,
+            prefixes=_prefixes(index),
         )
 
     def _missing(self, step: int) -> StepMissingError:
@@ -324,3 +327,15 @@ class StoredSteps:
             return record_sample(self._files[step].read(got.index, i))
         except ValueError as err:
             raise step_error(err, file=self.where(step), step=step, sample=i) from None
+
+
+def _prefixes(index: StepRecordIndex) -> SharedPrefixes | None:
+    """The shared prefixes the index's records claim (group hash 0: none), or None. The
+    index holds each 64-bit hash as int64 bits; read unsigned, since a negative id claims
+    nothing (:meth:`SharedPrefixes.of_groups`) and half the hashes have their top bit set."""
+    claims = (index.group != 0) & (index.shared > 0)
+    if not claims.any():
+        return None
+    hashes = index.group.view(np.uint64).tolist()
+    groups = [int(g) if c else None for g, c in zip(hashes, claims, strict=True)]
+    return SharedPrefixes.of_groups(groups, index.shared)

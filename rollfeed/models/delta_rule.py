@@ -25,6 +25,14 @@ resets the state at each sample's first chunk. On CUDA (float32 or less) the ker
 Example, segments (0, 3, 5), ``K = 4``: token 3 (the second sample's first) convolves only
 itself; with chunk 2 the delta rule's chunks hold tokens (0, 1), (2, pad), (3, 4), and the state
 is reset before chunks 0 and 2.
+
+A row holding prefix trees forks both at every branch point: its segments are the tree's spans,
+the conv reads each token's ``K - 1`` predecessors along its path (``history``: a branch's first
+tokens read the last inputs of the prefix above it), and a span's delta-rule state starts from
+its parent span's final state (``parents``) instead of zero. Trees run the torch reference on
+every device. Example, a prompt (0, 4) with branches (4, 6) and (6, 9), ``K = 4``: token 6 (the
+second branch's first) convolves tokens 1, 2, 3 and itself; both branches start from the state
+after token 3.
 """
 
 from __future__ import annotations
@@ -67,12 +75,29 @@ def _segment_ids(segments: Segments, n: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def causal_conv1d_packed(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, segments: Segments
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    segments: Segments,
+    *,
+    history: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Depthwise causal conv1d and SiLU of ``x [S, C]`` with ``weight [C, K]`` (``bias [C]``),
     zero left context at each segment's first token -> ``[S, C]`` in ``x``'s dtype (computed in
-    the weight's, as ``nn.Conv1d`` does)."""
+    the weight's, as ``nn.Conv1d`` does). ``history [S, >= K - 1]``: for a tree row, the row of
+    each token's ``s + 1``-th predecessor along its path (``-1``: none) in column ``s``."""
     rows, width = x.shape
+    if history is not None:
+        xw = x.to(weight.dtype)
+        taps = weight.shape[1]
+        out = xw * weight[:, taps - 1]
+        for shift in range(1, taps):
+            back = history[:, shift - 1]
+            earlier = torch.where((back >= 0)[:, None], xw[back.clamp(min=0)], 0)
+            out = out + earlier * weight[:, taps - 1 - shift]
+        if bias is not None:
+            out = out + bias
+        return F.silu(out).to(x.dtype)
     if _fast(x, "causal_conv1d"):
         from causal_conv1d import causal_conv1d_fn
 
@@ -110,14 +135,16 @@ def gated_delta_rule_packed(
     segments: Segments,
     *,
     chunk_size: int = CHUNK,
+    parents: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """The gated delta rule over a packed row (see the module doc), state reset per segment.
 
     ``q, k [S, H, dk]`` (one per value head), ``v [S, H, dv]``, ``g [S, H]`` log decays
     (``<= 0``), ``beta [S, H]`` -> ``[S, H, dv]`` in ``q``'s dtype. ``q`` and ``k`` are
-    L2-normalised here.
+    L2-normalised here. ``parents``: per segment, the earlier segment whose final state it
+    starts from (``-1``: zero), for a tree row.
     """
-    if _fast(q, "fla"):
+    if parents is None and _fast(q, "fla"):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
         out, _ = chunk_gated_delta_rule(
@@ -131,7 +158,7 @@ def gated_delta_rule_packed(
             use_qk_l2norm_in_kernel=True,
         )
         return out[0]
-    return _chunked(q, k, v, g, beta, segments, chunk_size).to(q.dtype)
+    return _chunked(q, k, v, g, beta, segments, chunk_size, parents).to(q.dtype)
 
 
 def _chunked(
@@ -142,6 +169,7 @@ def _chunked(
     beta: torch.Tensor,
     segments: Segments,
     size: int,
+    parents: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     rows, heads, dk = q.shape
     dt = torch.promote_types(q.dtype, torch.float32)
@@ -150,7 +178,10 @@ def _chunked(
     # Host: chunks per segment and the chunks that open one (the state resets there).
     per = [math.ceil((b - a) / size) for a, b in itertools.pairwise(segments.bounds)]
     total = sum(per)
-    opens = {0, *itertools.accumulate(per[:-1])}
+    firsts = [0, *itertools.accumulate(per[:-1])]
+    opens = dict(zip(firsts, range(len(per)), strict=True))  # chunk -> the segment it opens
+    lasts = {f + n - 1: s for s, (f, n) in enumerate(zip(firsts, per, strict=True))}
+    finals: dict[int, torch.Tensor] = {}
     # Device: each chunk slot's token (padding slots masked), without a host sync.
     cu = segments.cu_seqlens.long()
     lengths = cu.diff()
@@ -188,10 +219,13 @@ def _chunked(
     per_chunk = (x.unbind(1) for x in (u_free, w, q_read, inner, k_write, carry))
     for n, (u_n, w_n, q_n, inner_n, k_n, carry_n) in enumerate(zip(*per_chunk, strict=True)):
         if n in opens:
-            state = q.new_zeros(heads, dk, v.shape[-1])
+            parent = -1 if parents is None else parents[opens[n]]
+            state = q.new_zeros(heads, dk, v.shape[-1]) if parent < 0 else finals[parent]
         u = u_n - w_n @ state
         outs.append(q_n @ state + inner_n @ u)
         state = state * carry_n + k_n.transpose(-1, -2) @ u
+        if parents is not None and n in lasts:
+            finals[lasts[n]] = state
     out = torch.stack(outs, 1).movedim(0, 2).reshape(total * size, heads, -1)  # [N·C, H, dv]
     segment, offset = _segment_ids(segments, rows)
     return out[first[segment] * size + offset]

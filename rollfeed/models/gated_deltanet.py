@@ -11,6 +11,9 @@ their value heads, for the whole row: its q, k, v (the matching conv channels of
 its b, a (beta and the decay); the row is put in sample order before the conv and the recurrence
 (zigzag included) and back after, and a second all-to-all returns the core output to row shards.
 The gate ``z`` enters only the per-token, per-head norm after that return, so it stays local.
+On a row holding prefix trees both kernels fork at each branch point: a branch starts from its
+prefix's final recurrent state and convolves its prefix's last ``conv_kernel - 1`` inputs
+(:mod:`rollfeed.models.delta_rule`).
 ``cp`` must divide the key heads (:func:`~rollfeed.models.packing_support.check_packable`).
 
 Shapes, ``s = S / cp`` local tokens, ``nk`` key heads of ``dk``, ``nv = r · nk`` value heads of
@@ -122,7 +125,10 @@ def gated_deltanet_forward(
     q, k, v, b, a = features.split([dk, dk, r * dv, r, r], dim=-1)
     mixed = torch.cat([q.reshape(rows, -1), k.reshape(rows, -1), v.reshape(rows, -1)], dim=-1)
     heads = slice(cp.rank * local, (cp.rank + 1) * local)
-    mixed = causal_conv1d_packed(mixed, *_conv_params(module, heads, cp.enabled), packing.samples)
+    tree = packing.tree
+    conv = _conv_params(module, heads, cp.enabled)
+    history = None if tree is None else tree.history(conv[0].shape[1])
+    mixed = causal_conv1d_packed(mixed, *conv, packing.samples, history=history)
     q, k, v = mixed.split([local * dk, local * dk, local * r * dv], dim=-1)
     values = slice(heads.start * r, heads.stop * r)
     beta = b.reshape(rows, -1).sigmoid()
@@ -132,7 +138,15 @@ def gated_deltanet_forward(
     decay = -module.A_log[values].to(exact).exp()
     g = decay * F.softplus(a.reshape(rows, -1).to(exact) + module.dt_bias[values])
     q, k = (x.reshape(rows, local, dk).repeat_interleave(r, dim=1) for x in (q, k))
-    core = gated_delta_rule_packed(q, k, v.reshape(rows, -1, dv), g, beta, packing.samples)
+    core = gated_delta_rule_packed(
+        q,
+        k,
+        v.reshape(rows, -1, dv),
+        g,
+        beta,
+        packing.samples,
+        parents=None if tree is None else tree.parents,
+    )
     if packing.inverse is not None:
         core = core.index_select(0, packing.order)
     core = heads_to_seq(core[None], cp, seq_dim=1, head_dim=2)  # [1, s, nv, dv]

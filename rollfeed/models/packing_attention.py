@@ -20,6 +20,10 @@ Example, row = sample A (3 tokens) + sample B (2 tokens), canonical order::
     out[0:3] = sdpa(q[0:3], k[0:3], v[0:3], is_causal=True)
     out[3:5] = sdpa(q[3:5], k[3:5], v[3:5], is_causal=True)   # token 3 attends only to itself
 
+A row holding prefix trees (``packed_layout(..., tree=...)``) is attended by
+:func:`~rollfeed.models.tree_attention.attend_tree`: each span sees its ancestors and itself
+causally, windows and chunks counted along each path.
+
 The attention function plugs into transformers' registry under :data:`PACKED_ATTENTION`; the model
 forward receives the layout as the keyword argument ``packing=PackedLayout`` and hands it down to
 every attention call (transformers forwards extra keyword arguments to the attention function).
@@ -36,6 +40,7 @@ from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import PackingError
 from rollfeed.models.row_segments import Segments, make_segments
 from rollfeed.models.segment_attention import attend_segments
+from rollfeed.models.tree_attention import TreeSpans, attend_tree, tree_allowed, tree_spans
 from rollfeed.models.ulysses import gather_rank_order, heads_to_seq, seq_to_heads
 
 logger = logging.getLogger(__name__)
@@ -60,8 +65,10 @@ class PackedLayout:
     arrive in canonical order). ``samples``: the row's samples (:class:`Segments`);
     ``chunks``: the samples cut into chunks of ``chunk_size`` tokens for chunked-attention
     layers, or None. ``position_ids [S/cp]``: this rank's position ids, as given. ``cp``: the
-    ``cp`` group the row is split over (size 1 when the whole row is local). Build it once per
-    forward with :func:`packed_layout`; attention then needs no host sync.
+    ``cp`` group the row is split over (size 1 when the whole row is local). ``tree``: the spans
+    of a row holding prefix trees (:class:`~rollfeed.models.tree_attention.TreeSpans`; then
+    ``samples`` are those spans), or None. Build it once per forward with :func:`packed_layout`;
+    attention then needs no host sync.
     """
 
     order: torch.Tensor
@@ -71,6 +78,7 @@ class PackedLayout:
     chunk_size: int | None
     position_ids: torch.Tensor
     cp: CPGroup
+    tree: TreeSpans | None = None
 
     @property
     def bounds(self) -> tuple[int, ...]:
@@ -89,6 +97,8 @@ class PackedLayout:
         """Dense ``[S, S]`` bool view, arrival order: query i may attend key j. For inspection and
         reference checks only; attention never builds it (``S²`` bytes)."""
         order = self.order
+        if self.tree is not None:
+            return tree_allowed(self.tree)[order][:, order]
         lengths = torch.tensor(self.bounds, device=order.device).diff()
         samples = torch.arange(lengths.numel(), device=order.device)
         segment = torch.repeat_interleave(samples, lengths)[order]
@@ -142,6 +152,7 @@ def packed_layout(
     canonical_index: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    tree: tuple[tuple[int, ...], ...] | None = None,
 ) -> PackedLayout:
     """The attention layout of this rank's tokens ``position_ids [S/cp]``.
 
@@ -151,6 +162,8 @@ def packed_layout(
     without it, samples are read off the position ids (a reset to 0 opens a sample), which needs the
     tokens of each sample in canonical order, so give ``cu_seqlens`` for zigzag layouts.
     ``chunk_size``: the chunk of the model's chunked-attention layers, if it has any.
+    ``tree``: for a row holding prefix trees, its spans as ``(starts, depths, lengths, parents)``
+    (:class:`~rollfeed.collate.TreeBatch`); ``cu_seqlens`` is then not needed.
 
     Example: positions [0, 1, 2, 0, 1, 0, 1], cp 1 -> bounds (0, 3, 5, 7),
     groups ((2, (3, 5)), (3, (0,))), inverse None; with chunk_size 2 the chunks' bounds are
@@ -176,10 +189,27 @@ def packed_layout(
             tensor="canonical_index",
         )
     in_canonical_order = torch.equal(order, ranks)
-    lengths = _sample_lengths(local, order, None if in_canonical_order else inverse, cp, cu_seqlens)
     if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size < 1):
         raise PackingError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     device = order.device
+    if tree is not None:
+        spans = tree_spans(*tree, device)
+        if spans.length != order.numel():
+            raise PackingError(
+                f"the tree's spans cover {spans.length} tokens, the row holds {order.numel()}",
+                tensor="tree",
+            )
+        return PackedLayout(
+            order=order,
+            inverse=None if in_canonical_order else inverse,
+            samples=spans.segments,
+            chunks=None,
+            chunk_size=chunk_size,
+            position_ids=local,
+            cp=cp,
+            tree=spans,
+        )
+    lengths = _sample_lengths(local, order, None if in_canonical_order else inverse, cp, cu_seqlens)
     return PackedLayout(
         order=order,
         inverse=None if in_canonical_order else inverse,
@@ -235,36 +265,46 @@ def packed_attention_forward(
         )
     if packing.inverse is not None:
         query, key, value = (x.index_select(2, packing.inverse) for x in (query, key, value))
-    out = attend_segments(
-        query,
-        key,
-        value,
-        _segments(module, packing),
-        scale=scaling,
-        dropout=dropout if module.training else 0.0,
-        window=window if isinstance(window, int) else None,
-        sinks=sinks if isinstance(sinks, torch.Tensor) else None,
-    )
+    options = {
+        "scale": scaling,
+        "dropout": dropout if module.training else 0.0,
+        "window": window if isinstance(window, int) else None,
+        "sinks": sinks if isinstance(sinks, torch.Tensor) else None,
+    }
+    if packing.tree is None:
+        out = attend_segments(query, key, value, _segments(module, packing), **options)
+    else:
+        chunk = _chunk(module, packing)
+        out = attend_tree(query, key, value, packing.tree, chunk=chunk, **options)
     if packing.inverse is not None:
         out = out.index_select(2, packing.order)
     out = heads_to_seq(out, cp, seq_dim=2, head_dim=1)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _segments(module: torch.nn.Module, packing: PackedLayout) -> Segments:
-    """The pieces ``module`` attends within: the samples, or their chunks on a chunked layer."""
+def _chunk(module: torch.nn.Module, packing: PackedLayout) -> int | None:
+    """The chunk size ``module`` attends in (a chunked layer, checked against the layout's), or
+    None."""
     config, layer = getattr(module, "config", None), getattr(module, "layer_idx", None)
     types = getattr(config, "layer_types", None)
     if types is None or layer is None or types[layer] != "chunked_attention":
-        return packing.samples
+        return None
     chunk = config.attention_chunk_size
-    if packing.chunks is None or packing.chunk_size != chunk:
+    if packing.chunk_size != chunk:
         raise PackingError(
             f"layer {layer} attends in chunks of {chunk} tokens, the packing layout was built "
             f"with chunk_size={packing.chunk_size}; build it with packed_layout(..., "
             f"chunk_size={chunk})",
             layer=layer,
         )
+    return chunk
+
+
+def _segments(module: torch.nn.Module, packing: PackedLayout) -> Segments:
+    """The pieces ``module`` attends within: the samples, or their chunks on a chunked layer."""
+    if _chunk(module, packing) is None:
+        return packing.samples
+    assert packing.chunks is not None  # a layout built with a chunk_size has its chunks
     return packing.chunks
 
 

@@ -16,6 +16,13 @@ Coordinates, for ``S = 6``, ``cp = 2``, contiguous shards (``rollfeed.collate.Te
 Every rank of the ``cp`` group gets the same ``[S]`` result; compute the same loss from it on each
 rank and sum parameter gradients over the ``cp`` group (as a data-parallel all-reduce would).
 
+A micro batch holding prefix trees (``TensorMicroBatch.tree``) runs the forward on its tree row
+(each shared prefix once; :mod:`rollfeed.models.tree_attention`, routes replayed once per
+prefix) and scores its flat rows, each from the hidden state of its tree token (the last token of
+a shared prefix once per branch, against that branch's label and support): every result is in
+flat canonical coordinates, as if the samples had been packed one by one, and ``[S]`` is the flat
+row's length. Ranks then hold different numbers of flat rows.
+
 ``support_logprobs`` (``return_support_logprobs=True``) is *not* gathered: it holds this rank's own
 ``N`` rows, aligned slot for slot with the support the rank gave (``fields["sampling_mask"]``,
 this rank's window). A loss term over it is this rank's part of the row's loss: each rank computes
@@ -55,11 +62,11 @@ from rollfeed.models.support import RENAMED_KEYWORDS, SupportScores, support_log
 from rollfeed.models.support_checks import support_rows
 from rollfeed.models.support_head import HeadCall, check_head, support_head
 from rollfeed.models.tp import ProcessGroup
-from rollfeed.models.ulysses import gather_rank_order, gather_sequence
+from rollfeed.models.ulysses import gather_rank_order, gather_sequence, gather_uneven
 from rollfeed.models.vision import check_placeholders, find_vision, image_features, tower_sharded
 
 if TYPE_CHECKING:
-    from rollfeed.collate import MediaBatch, TensorMicroBatch
+    from rollfeed.collate import MediaBatch, TensorMicroBatch, TreeBatch
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +168,7 @@ class PolicyScorer:
         fallback_mask: torch.Tensor | None = None,
         return_support_logprobs: bool = False,
         media: MediaBatch | None = None,
+        tree: TreeBatch | None = None,
     ) -> SupportScores:
         """Score this rank's ``N`` tokens and gather the row (``[S]``, ``S = N * cp.size``).
 
@@ -176,14 +184,19 @@ class PolicyScorer:
         vision-language model: embedded in the model's forward, the vision tower's work spread
         over ``cp`` (:mod:`rollfeed.models.vision`); ``position_ids`` stays the one-axis
         position and the model takes ``media.mrope_position_ids``.
+        ``tree``: the micro batch's tree row (:class:`~rollfeed.collate.TreeBatch`): then
+        ``input_ids``, ``position_ids`` and ``routing`` are its tokens', every other per-row input
+        and ``canonical_index`` are the flat rows' (see the module doc).
         """
         support = support_rows(support, labels.shape[0])
+        spans = None if tree is None else (tree.starts, tree.depths, tree.lengths, tree.parents)
         layout = packed_layout(
             position_ids,
             cp=self.cp,
-            canonical_index=canonical_index,
-            cu_seqlens=cu_seqlens,
+            canonical_index=canonical_index if tree is None else tree.positions,
+            cu_seqlens=cu_seqlens if tree is None else None,
             chunk_size=self.attention_chunk,
+            tree=spans,
         )
         zero = torch.zeros((), dtype=torch.int64, device=input_ids.device)
         metrics = {"rows_replayed": zero, "rows_fallen_back": zero, "slots_replaced": zero}
@@ -210,6 +223,7 @@ class PolicyScorer:
             tp_group=self.tp_group,
             vocab_start=self.vocab_start,
             vocab_size=self.vocab_size,
+            rows=None if tree is None else tree.rows,
         )
         site = self.vision
         if media is not None and site is None:
@@ -242,7 +256,9 @@ class PolicyScorer:
             counts = {} if seen is None else seen.counts
             for name in ("images_encoded", "vision_patches"):
                 metrics[name] = torch.tensor(counts.get(name, 0), device=input_ids.device)
-        return self._gather(scores, canonical_index, metrics)
+        return self._gather(
+            scores, canonical_index, metrics, counts=None if tree is None else tree.flat_counts
+        )
 
     @renamed_keywords("PolicyScorer.score", **RENAMED_KEYWORDS)
     def score(
@@ -295,7 +311,7 @@ class PolicyScorer:
             routing = Routing(experts=mb.fields["routed_experts"], covered=covered, weights=weights)
         elif mb.is_dummy and self.replay is not None:
             # No recorded rows: every row keeps the model's routing and is counted as such.
-            shape = (mb.input_ids.numel(), self.replay.layers, self.replay.top_k)
+            shape = (mb.input_ids.numel(), self.replay.layers, self.replay.top_k)  # flat: no tree
             device = mb.input_ids.device
             routing = Routing(
                 experts=torch.zeros(shape, dtype=torch.uint8, device=device),
@@ -307,9 +323,10 @@ class PolicyScorer:
             fallback = mb.loss_mask & ~_has_ids(support)
         if mb.media is not None and self.vision is not None:
             check_placeholders(self.vision, mb)
+        tree = mb.tree
         return self.score_tokens(
-            mb.input_ids,
-            mb.position_ids,
+            mb.input_ids if tree is None else tree.input_ids,
+            mb.position_ids if tree is None else tree.position_ids,
             mb.labels,
             support,
             temperature=mb.temperatures,
@@ -319,6 +336,7 @@ class PolicyScorer:
             fallback_mask=fallback,
             return_support_logprobs=return_support_logprobs,
             media=mb.media,
+            tree=tree,
         )
 
     def _check_cp(self, mb: TensorMicroBatch) -> None:
@@ -381,8 +399,21 @@ class PolicyScorer:
         scores: SupportScores,
         canonical_index: torch.Tensor | None,
         metrics: dict[str, torch.Tensor],
+        *,
+        counts: tuple[int, ...] | None = None,
     ) -> SupportScores:
         cp = self.cp
+        if counts is not None:  # a tree row: ranks hold different numbers of flat rows
+            assert canonical_index is not None
+            gather = lambda x: gather_uneven(x, cp, counts, canonical_index=canonical_index)  # noqa: E731
+            entropy = scores.entropy
+            return SupportScores(
+                logprobs=gather(scores.logprobs),
+                entropy=None if entropy is None else gather(entropy),
+                valid_mask=gather(scores.valid_mask.to(torch.uint8)).bool(),
+                support_logprobs=scores.support_logprobs,
+                metrics=metrics,
+            )
         if canonical_index is None and cp.enabled:
             n = scores.logprobs.shape[0]
             canonical_index = cp.rank * n + torch.arange(n, device=scores.logprobs.device)

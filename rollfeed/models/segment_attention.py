@@ -39,22 +39,24 @@ _VARLEN_DTYPES = (torch.float16, torch.bfloat16)
 
 def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     """The varlen attention function of this installation, as ``f(q, k, v, cu, max_len, *,
-    scale, left, gqa) -> out`` over ``[T, H, d]`` tensors, or None when there is none."""
+    scale, left, gqa, cu_k=None, max_k=None) -> out`` over ``[T, H, d]`` tensors (keys bounded by
+    ``cu_k`` when given, else by ``cu``; a causal mask over more keys than queries is aligned to
+    the lower right), or None when there is none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         varlen_attn = None
     if varlen_attn is not None and "window_size" in inspect.signature(varlen_attn).parameters:
 
-        def torch_varlen(q, k, v, cu, max_len, *, scale, left, gqa):
+        def torch_varlen(q, k, v, cu, max_len, *, scale, left, gqa, cu_k=None, max_k=None):
             return varlen_attn(
                 q,
                 k,
                 v,
                 cu,
-                cu,
+                cu if cu_k is None else cu_k,
                 max_len,
-                max_len,
+                max_len if max_k is None else max_k,
                 scale=scale,
                 window_size=(left, 0),
                 enable_gqa=gqa,
@@ -66,16 +68,16 @@ def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     except ImportError:
         return None
 
-    def flash_varlen(q, k, v, cu, max_len, *, scale, left, gqa):
+    def flash_varlen(q, k, v, cu, max_len, *, scale, left, gqa, cu_k=None, max_k=None):
         del gqa  # flash-attn takes fewer key/value heads as they come
         return flash.flash_attn_varlen_func(
             q,
             k,
             v,
             cu,
-            cu,
+            cu if cu_k is None else cu_k,
             max_len,
-            max_len,
+            max_len if max_k is None else max_k,
             dropout_p=0.0,
             softmax_scale=scale,
             causal=True,

@@ -63,7 +63,10 @@ class HeadCall:
     """One scoring call: ``labels [N]``, ``support`` ragged rows (``N`` of them),
     ``temperature`` scalar or ``[N]``,
     ``fallback_mask [N]`` or None, and the options of :func:`fused_support_logprobs`
-    (``tp_group`` / ``vocab_start`` for a plain-tensor shard; a DTensor head says its own)."""
+    (``tp_group`` / ``vocab_start`` for a plain-tensor shard; a DTensor head says its own).
+    ``rows [N]``: the hidden state each row is scored from, an index into the head's input
+    tokens (a row holding prefix trees scores a shared prefix's last token once per branch);
+    None: row ``i`` from token ``i``."""
 
     labels: torch.Tensor
     support: RaggedRows
@@ -77,6 +80,7 @@ class HeadCall:
     tp_group: ProcessGroup | None
     vocab_start: int
     vocab_size: int
+    rows: torch.Tensor | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -141,6 +145,8 @@ def _scoring_forward(
     weight = head.weight
     shard = head_shard(hidden, weight, tp_group=call.tp_group, vocab_start=call.vocab_start)
     local = shard.hidden.reshape(-1, shard.hidden.shape[-1])
+    if call.rows is not None:
+        local = local.index_select(0, call.rows)
     scores = fused_support_logprobs(
         local,
         shard.weight,

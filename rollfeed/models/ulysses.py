@@ -137,3 +137,49 @@ def gather_sequence(
             tensor="canonical_index",
         )
     return out[inverse]
+
+
+def gather_uneven(
+    x: torch.Tensor,
+    cp: CPGroup,
+    counts: tuple[int, ...],
+    *,
+    canonical_index: torch.Tensor,
+) -> torch.Tensor:
+    """Differentiable gather of per-row outputs when rank ``r`` holds ``counts[r]`` rows (a row
+    holding prefix trees: ranks hold different numbers of flat rows): ``[counts[rank], ...]`` ->
+    ``[sum(counts), ...]`` in canonical order (``canonical_index [counts[rank]]`` each local
+    row's position). Each rank's rows are padded to the largest count for the all-gather.
+
+    Example, cp 2, counts (3, 1): rank 0 holds rows for positions [0, 1, 3], rank 1 [2]; the
+    gather returns rows ordered 0, 1, 2, 3.
+    """
+    if len(counts) != cp.size or x.shape[0] != counts[cp.rank]:
+        raise PackingError(
+            f"this rank holds {x.shape[0]} rows, the micro batch says {counts} over cp "
+            f"{cp.size}; score the micro batch split for this rank",
+            tensor="positions",
+        )
+    top = max(counts)
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return (
+            torch.cat([t, t.new_zeros(top - t.shape[0], *t.shape[1:])]) if top > t.shape[0] else t
+        )
+
+    index = canonical_index.to(torch.long)
+    if cp.enabled:
+        every = _GatherSequence.apply(padded(x), cp)
+        take = torch.cat(
+            [torch.arange(r * top, r * top + n, device=x.device) for r, n in enumerate(counts)]
+        )
+        x = every.index_select(0, take)
+        index = gather_rank_order(padded(index), cp).index_select(0, take)
+    inverse = torch.argsort(index)
+    if not torch.equal(index[inverse], torch.arange(index.numel(), device=index.device)):
+        raise PackingError(
+            f"canonical_index must be a permutation of 0..{index.numel() - 1} across the cp "
+            "group; got duplicates or gaps",
+            tensor="canonical_index",
+        )
+    return x[inverse]

@@ -137,3 +137,76 @@ def test_replay_with_recorded_weights_runs_on_the_models_device(device: str) -> 
     assert dev_grads.keys() == cpu_grads.keys()
     for name, grad in cpu_grads.items():
         torch.testing.assert_close(dev_grads[name], grad, atol=1e-10, rtol=0, msg=name)
+
+
+def test_tree_scoring_creates_nothing_off_the_inputs_device() -> None:
+    """A micro batch of prefix trees scored by a Qwen3-Next (tree attention, MoE routes
+    replayed once per prefix, Gated DeltaNet forked at each branch point) and backpropagated
+    under a meta default: the batch path builds host tensors, scoring stays on the inputs'."""
+    import numpy as np
+
+    from tests.collate.tree_cases import make_tree_samples
+    from tests.models.tree_policy_cases import CASES
+
+    model = hybrid_model("qwen3_next", 2)
+    # distinct experts drawn per row (replay needs recorded routes, not the model's own)
+    rng = np.random.default_rng(2)
+    samples, prefixes = make_tree_samples(
+        rng,
+        CASES,
+        vocab=model.config.vocab_size,
+        routes=lambda ids: rng.random((len(ids), 2, 8)).argsort(-1)[..., :2],
+    )
+    (mb,) = prepare_batch(samples, PlanConfig(seq_len=160), dp_size=1, prefixes=prefixes)[0]
+    assert mb.tree is not None and mb.tree.length < mb.length
+    scorer = PolicyScorer(model, compute_entropy=True, entropy_requires_grad=True)
+    with torch.device("meta"):
+        tmb = to_tensor_micro_batch(mb, cp_rank=0)
+        scores = scorer.score(tmb)
+        (scores.logprobs.sum() + scores.entropy.sum()).backward()
+    _check_on("cpu", scores, model)
+    assert int(scores.metrics["rows_replayed"]) > 0
+    assert tmb.tree is not None and all(t.device.type == "cpu" for t in tmb.tree.tensors())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tree_scoring_in_bf16_on_each_device_matches_float64_on_the_cpu(
+    device: str, monkeypatch
+) -> None:
+    """The tree micro batch scored in bf16 on ``device`` (CUDA: the tree's attention in one
+    varlen call over each span's gathered keys, counted) against float64 on the CPU: logprobs,
+    entropies and gradients."""
+    from rollfeed.models import tree_attention
+    from tests.models.tree_policy_cases import tree_micro_batch
+
+    calls = []
+    kernel = tree_attention.varlen_kernel
+
+    def counted():
+        f = kernel()
+        return None if f is None else lambda *a, **k: calls.append(1) or f(*a, **k)
+
+    monkeypatch.setattr(tree_attention, "varlen_kernel", counted)
+    tmb = to_tensor_micro_batch(tree_micro_batch(), cp_rank=0)
+    w = loss_weights(tmb.input_ids.numel())
+    runs = []
+    for where, dtype in (("cpu", torch.float64), (device, torch.bfloat16)):
+        model = tiny_qwen3(seed=3, dtype=dtype).to(where)
+        scorer = PolicyScorer(model, compute_entropy=True, entropy_requires_grad=True)
+        scores = scorer.score(tmb.to(where))
+        logprobs, entropy = scores.logprobs.double().cpu(), scores.entropy.double().cpu()
+        ((logprobs * w[0]).sum() + (entropy * w[1]).sum()).backward()
+        _check_on(where, scores, model)
+        grads = {
+            n: p.grad.double().cpu() for n, p in model.named_parameters() if p.grad is not None
+        }
+        runs.append((scores.valid_mask.cpu(), logprobs, entropy, grads))
+    (valid, lp, ent, grads), (dev_valid, dev_lp, dev_ent, dev_grads) = runs
+    assert torch.equal(dev_valid, valid) and int(valid.sum()) > 40
+    torch.testing.assert_close(dev_lp[valid], lp[valid], atol=0.1, rtol=0.05)
+    torch.testing.assert_close(dev_ent[valid], ent[valid], atol=0.1, rtol=0.05)
+    assert dev_grads.keys() == grads.keys()
+    for name, grad in grads.items():  # bf16: each gradient within a few percent of its norm
+        assert (dev_grads[name] - grad).norm() <= 0.05 * grad.norm() + 1e-6, name
+    if device == "cuda" and kernel() is not None:
+        assert calls, "the tree's attention did not run the varlen kernel"

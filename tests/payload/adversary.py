@@ -25,10 +25,12 @@ import numpy as np
 
 from tests.capture.adversary_capture import family_capture_settings
 from tests.cli.adversary_cli import family_cli_steps
+from tests.collate.tree_attacks import family_trees
 from tests.loaders.guard_attacks import family_step_guards
 from tests.loaders.run_attacks import family_loss_runs
 from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
+from tests.loaders.tree_index_attacks import family_tree_index
 from tests.objectives.adversary_objectives import family_objectives
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
@@ -123,6 +125,8 @@ FAMILIES = {
     "fork": family_fork,
     "ragged_rows": family_ragged_rows,
     "media": family_media,
+    "trees": family_trees,
+    "tree_index": family_tree_index,
 }
 
 
