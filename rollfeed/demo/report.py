@@ -149,7 +149,7 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
     lines = [
         f"rollouts   {rollouts['samples']} completions, {rollouts['completion_tokens']} completion "
         f"tokens (top_k {s['top_k']}, top_p {s['top_p']}, temperature {s['temperature']}); "
-        f"engine start {sec['engine_start']:.1f} s, generate {sec['generate']:.1f} s",
+        f"engine start {sec['engine_start']:.1f} s, producer {sec['produce']:.1f} s",
         f"capture    {m['support_ids']} kept ids, {m['rows_bound']} bound rows, "
         f"{m['rows_not_member']} sampled-outside rows, {m['rows_repaired']} repaired; routed "
         f"experts {rollouts['routed_experts']}",
@@ -184,7 +184,7 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
 def format_steps(report: DemoReport) -> list[str]:
     """The training table: per step the loss and, before its update, Δ and the entropy."""
     lines = [
-        f"training   {len(report.steps)} AdamW steps on the captured step (lr {report.lr:g}, "
+        f"training   {len(report.steps)} AdamW steps, one per step of rollouts (lr {report.lr:g}, "
         f"clip ε {report.clip_eps:g}), FSDP2 over {report.ranks} ranks; loss {report.loss}",
         f"  {'step':>4} {'loss':>10} {'mean |Δ|':>10} {'max |Δ|':>10} {'KL (k3)':>10} "
         f"{'entropy':>8} {'clipped':>8}",

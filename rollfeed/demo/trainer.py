@@ -179,7 +179,8 @@ def train(args: argparse.Namespace) -> None:
     )
     result = {"world": world, "cp": args.cp, "steps": args.steps, "start": start}
     result |= {"clip_eps": args.clip_eps, "correction": args.correction}
-    result |= {"centering": args.centering, "lr": args.lr, "ranks": [], "train": []}
+    result |= {"centering": args.centering, "lr": args.lr, "seq_len": args.seq_len}
+    result |= {"dtype": args.dtype, "ranks": [], "train": []}
     if checkpoint is not None:
         resume = args.start is None
         load_checkpoint(checkpoint, model, optimizer, loader if resume else None)

@@ -79,7 +79,9 @@ class ProducerConfig:
     (the capture route's sampling settings; a ``seed`` there is the run's: each rollout's turn
     gets its own seed derived from it and from its name), at most ``max_ahead`` steps ahead of
     the trainer, ``steps`` steps (default: as many whole steps as the prompts fill),
-    ``concurrency`` requests at once, ``policy`` for rows the trainer cannot replay,
+    ``concurrency`` requests at once, ``policy`` for rows the trainer cannot replay, the payload
+    group of step ``k`` named ``f"{group_prefix}step_{k:06d}"`` (a prefix such as ``"run7/"``
+    keeps runs that share a server and a payload root apart),
     ``server_wait_s`` for a server that does not answer, the progress file read every
     ``poll_s``; ``vocab_size`` and ``fsync`` as the step writer takes them (``fsync`` also for
     the cursor)."""
@@ -91,6 +93,7 @@ class ProducerConfig:
     steps: int | None = None
     concurrency: int = 8
     policy: Literal["error", "repair"] = "repair"
+    group_prefix: str = ""
     server_wait_s: float = 600.0
     poll_s: float = 0.1
     vocab_size: int | None = None
@@ -267,7 +270,7 @@ class Producer:
         future = self._pool.submit(
             self.client.generate,
             [*rollout.token_ids, *new],
-            group=f"step_{step:06d}",
+            group=f"{self.config.group_prefix}step_{step:06d}",
             sampling=sampling,
             prompt_start=len(rollout.token_ids),
             policy=self.config.policy,

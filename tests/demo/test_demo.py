@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from rollfeed.demo.report import Mismatch, format_report, kept_histogram, summarize, write_plot
+from rollfeed.demo.run import STEPS
+from rollfeed.orchestrator.progress import read_progress
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +55,7 @@ ROLLOUTS = {
         "rows_not_member": 0,
         "rows_repaired": 0,
     },
-    "seconds": {"engine_start": 1.0, "generate": 1.0},
+    "seconds": {"engine_start": 1.0, "produce": 1.0},
     "routed_experts": "not returned",
 }
 
@@ -121,7 +123,7 @@ def test_steps_separate_numerics_from_drift():
     assert second.mismatch.kl_k3 == pytest.approx(np.mean(np.exp(d) - 1 - d))
     assert second.entropy == pytest.approx(0.3) and second.clipped == 0.25
     lines = format_report(ROLLOUTS, r).splitlines()
-    assert "2 AdamW steps on the captured step (lr 0.001, clip ε 0.2)" in "\n".join(lines)
+    assert "2 AdamW steps, one per step of rollouts (lr 0.001, clip ε 0.2)" in "\n".join(lines)
     row0 = next(line for line in lines if line.split()[:2] == ["0", "-0.2500"])
     row1 = next(line for line in lines if line.split()[:2] == ["1", "-0.5000"])
     assert row0.endswith("numerics: the sampler's weights") and "25.0%" in row1
@@ -213,7 +215,7 @@ def test_demo_end_to_end(capture_server):
     assert "support replay" in proc.stdout and (work / "demo.png").exists()
     rollouts = json.loads((work / "rollouts.json").read_text())
     trainer = json.loads((work / "trainer.json").read_text())
-    assert rollouts["completion_tokens"] == 4 * 2 * 16
+    assert rollouts["completion_tokens"] == 4 * 2 * 16 * STEPS
     assert trainer["world"] == 4 and trainer["cp"] == 2
     assert {(r["dp_rank"], r["cp_rank"]) for r in trainer["ranks"]} == {
         (0, 0),
@@ -222,15 +224,19 @@ def test_demo_end_to_end(capture_server):
         (1, 1),
     }
     r = summarize(rollouts, trainer)
-    # Every completion token is scored exactly once over the 4 ranks, with its recorded kept set.
-    assert r.replay.tokens == 128 and r.kept.sum() == rollouts["capture_metrics"]["support_ids"]
+    # Every completion token of step 0 is scored exactly once over the 4 ranks, with its
+    # recorded kept set, at the sampler's weights.
+    step0 = rollouts["capture_per_step"][0]
+    assert r.replay.tokens == 128 and r.kept.sum() == step0["support_ids"]
     assert r.replay.mean_abs < 1e-4 and r.replay.max_abs < 1e-3
     assert r.full.mean_abs > 100 * r.replay.mean_abs
     assert np.all(r.delta_full <= 1e-4)  # full vocab only ever adds mass outside the kept set
-    # Training: every loss token scored before each of the 3 updates; step 0 is the replay
-    # comparison above (the sampler's weights), the updates then move the policy away from it.
-    assert [s.step for s in r.steps] == [0, 1, 2] and trainer["steps"] == 3
+    # The loop: one step of rollouts per update, each step's 8 samples trained once; step 0 is
+    # the replay comparison above, later steps were sampled by an older policy than they are
+    # trained with.
+    assert [s.step for s in r.steps] == list(range(STEPS)) and trainer["steps"] == STEPS
     assert all(s.tokens == 128 and s.mismatch.tokens == 128 for s in r.steps)
+    assert [len(s["samples"]) for s in trainer["train"]] == [8] * STEPS
     assert r.steps[0].mismatch == r.replay
     assert r.steps[1].mismatch.mean_abs > 10 * r.steps[0].mismatch.mean_abs
     assert all(np.isfinite(s.loss) and s.entropy >= 0 for s in r.steps)
@@ -238,7 +244,8 @@ def test_demo_end_to_end(capture_server):
     for s in r.steps:
         assert s.objective["not_computed"] == [], s.objective
         assert min(s.objective[k] for k in ("kl", "chi2", "seq_chi2", "k3")) >= 0, s.objective
-    assert (work / "checkpoints" / "step_000003" / ".metadata").exists()
+    assert (work / "checkpoints" / f"step_{STEPS:06d}" / ".metadata").exists()
+    assert read_progress(work / "steps").step == STEPS
     verify = subprocess.run(
         [sys.executable, "-m", "rollfeed", "verify", str(work / "payload")],
         capture_output=True,
@@ -246,5 +253,7 @@ def test_demo_end_to_end(capture_server):
         cwd=REPO,
     )
     assert verify.returncode == 0 and "payload files are sound" in verify.stdout
-    files = list((work / "payload" / "step_000001").iterdir())
-    assert len(files) == 1  # the server keeps one writer per group
+    (run,) = [p for p in (work / "payload").iterdir() if p.name.startswith("run-")]
+    groups = sorted(p.name for p in run.iterdir())
+    assert groups == [f"step_{k:06d}" for k in range(STEPS)]
+    assert all(len(list((run / g).iterdir())) == 1 for g in groups)  # one writer per group
