@@ -172,7 +172,7 @@ class Producer:
             self.metrics["resent"] = cursor.metrics["in_flight"]
             self.metrics["torn_bytes"] = cursor.metrics["torn_bytes"]
             progress = read_progress(self.directory, store=self.store)
-            self.sync(progress)
+            self._sync(progress)
             for k, step in sorted(cursor.state.steps.items()):
                 for (p, s), r in step.rollouts.items():
                     if step.written is None and not r.finished:
@@ -182,7 +182,8 @@ class Producer:
                 seen = read_progress(self.directory, store=self.store)
                 if seen != progress:
                     progress = seen
-                    self.sync(progress)
+                    if self._down_since is None:
+                        self._sync(progress)
                 self._begin_steps(progress)
                 self._write_finished()
                 if self._done():
@@ -199,7 +200,7 @@ class Producer:
         begun = len(self._cursor.state.steps)
         while begun < self.total and begun <= consumed + self.config.max_ahead:
             if self._down_since is None:
-                self.sync(progress)
+                self._sync(progress)
             prompts = step_prompts(self.prompts, begun, self.config.prompts_per_step)
             self._cursor.record(
                 StepBegun(
@@ -294,12 +295,7 @@ class Producer:
             try:
                 response = future.result()
             except CaptureServerError as err:
-                if err.status is not None and err.status < 500:
-                    raise
-                if self._down_since is None:
-                    logger.warning("capture server lost (%s); holding its turns", err.message)
-                    self._down_since = time.monotonic()
-                    self.metrics["outages"] += 1
+                self._lost(err)
                 self._held.append((key, new))
                 continue
             self._answered(key, new, response)
@@ -316,10 +312,33 @@ class Producer:
         )
         self._advance(key)
 
+    def _lost(self, err: CaptureServerError) -> None:
+        """The server gave no answer (or a 5xx): hold every turn until it answers again; any
+        other refusal stops the producer."""
+        if err.status is not None and err.status < 500:
+            raise err
+        if self._down_since is None:
+            logger.warning("capture server lost (%s); holding its turns", err.message)
+            self._down_since = time.monotonic()
+            self.metrics["outages"] += 1
+
+    def _sync(self, progress: TrainerProgress | None) -> bool:
+        """Run ``sync``; False when the server went away meanwhile (an outage begins)."""
+        try:
+            self.sync(progress)
+        except CaptureServerError as err:
+            self._lost(err)
+            return False
+        return True
+
     def _probe(self, progress: TrainerProgress | None) -> None:
+        """Is the server back? Then ``sync`` it and send the held turns again."""
         try:
             self.client.info()
+            self.sync(progress)
         except CaptureServerError as err:
+            if err.status is not None and err.status < 500:
+                raise
             assert self._down_since is not None
             if time.monotonic() - self._down_since > self.config.server_wait_s:
                 raise CaptureServerError(
@@ -330,9 +349,8 @@ class Producer:
                 ) from None
             time.sleep(self.config.poll_s)
             return
-        logger.info("capture server back; sending %d held turns again", len(self._held))
         self._down_since = None
-        self.sync(progress)
+        logger.info("capture server back; sending %d held turns again", len(self._held))
         held, self._held = self._held, []
         self.metrics["retried"] += len(held)
         for key, new in held:
