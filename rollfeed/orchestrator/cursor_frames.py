@@ -12,14 +12,16 @@ all little-endian. A log is records back to back (a local file) or one record pe
 object store; :mod:`rollfeed.orchestrator.cursor_log`).
 
 **Torn tail or damage.** An append interrupted by a crash leaves a prefix of its record at the
-end of the file (a machine crash may leave zeros after it). :func:`scan` reads records from the
-start; at the first one that does not check out (short header, bad header checksum, payload past
-the end, bad payload checksum, a number other than the next) it looks for a whole record numbered
-as the next after it: if there is one, the log was damaged in the middle
-(:class:`~rollfeed.orchestrator.errors.CursorCorruptError` naming the offset and the record's
+end of the file (a machine crash may leave zeros after it): never a whole record. :func:`scan`
+reads records from the start; at the first spot that is not the next whole record (short header,
+bad header checksum, payload past the end, bad payload checksum, a number other than the next) it
+looks for any whole record from there on: if there is one, the log was damaged in the middle (a
+record changed, removed, repeated or inserted:
+:class:`~rollfeed.orchestrator.errors.CursorCorruptError` naming the offset and the record's
 number); if there is none, the bytes from there on are the torn tail of the last append, which is
-ignored (``Scan.torn``: their count). A record is only ever lost this way if it was never
-completely written, which is the record whose append the crash interrupted.
+ignored (``Scan.torn``: their count). A record is only ever lost
+this way if it was never completely written, which is the record whose append the crash
+interrupted.
 
 Example: records 0 and 1 whole, then 10 bytes of record 2::
 
@@ -62,18 +64,24 @@ class Scan:
     torn: int
 
 
-def _record_at(data: bytes | memoryview, at: int, seq: int) -> bytes | None:
-    """The payload of a whole record numbered ``seq`` at offset ``at``, or ``None``."""
+def _whole_at(data: bytes | memoryview, at: int) -> tuple[int, bytes] | None:
+    """``(number, payload)`` of a whole record at offset ``at``, or ``None``."""
     if len(data) - at < HEADER.size:
         return None
-    magic, size, got, crc, hcrc = HEADER.unpack_from(data, at)
+    magic, size, seq, crc, hcrc = HEADER.unpack_from(data, at)
     head = bytes(data[at : at + HEADER.size - 4])
-    if magic != MAGIC or hcrc != crc32c.crc32c(head) or got != seq or size > MAX_RECORD:
+    if magic != MAGIC or hcrc != crc32c.crc32c(head) or size > MAX_RECORD:
         return None
     body = bytes(data[at + HEADER.size : at + HEADER.size + size])
     if len(body) != size or crc32c.crc32c(body) != crc:
         return None
-    return body
+    return seq, body
+
+
+def _record_at(data: bytes | memoryview, at: int, seq: int) -> bytes | None:
+    """The payload of a whole record numbered ``seq`` at offset ``at``, or ``None``."""
+    found = _whole_at(data, at)
+    return found[1] if found is not None and found[0] == seq else None
 
 
 def scan(data: bytes | memoryview, *, name: str = "", first: int = 0) -> Scan:
@@ -89,18 +97,22 @@ def scan(data: bytes | memoryview, *, name: str = "", first: int = 0) -> Scan:
         at += HEADER.size + len(body)
     if at < len(data):
         seq = first + len(payloads)
-        nxt = bytes(data).find(MAGIC, at + 1)
+        raw = bytes(data)
+        nxt = at if raw.startswith(MAGIC, at) else raw.find(MAGIC, at + 1)
         while nxt >= 0:
-            if _record_at(data, nxt, seq + 1) is not None:
+            found = _whole_at(raw, nxt)
+            if found is not None:
                 raise CursorCorruptError(
-                    f"cursor record {seq} does not check out (header, size, number or "
-                    f"checksum) and record {seq + 1} follows it whole at offset {nxt}: the log "
-                    "was damaged, not cut short by a crash; restore it from a copy",
+                    f"cursor record {seq} is missing or does not check out (header, size, "
+                    f"number or checksum), and a whole record numbered {found[0]} lies at "
+                    f"offset {nxt}: the log was damaged, not cut short by a crash (an "
+                    "interrupted append leaves part of one record at the end); restore it from "
+                    "a copy",
                     file=name,
                     offset=at,
                     record=seq,
                 )
-            nxt = bytes(data).find(MAGIC, nxt + 1)
+            nxt = raw.find(MAGIC, nxt + 1)
     return Scan(payloads=payloads, end=at, torn=len(data) - at)
 
 

@@ -48,6 +48,19 @@ def test_damage_before_a_whole_record_is_refused_naming_it(where):
     assert err.value.record == 1 and err.value.offset == at and err.value.file == "log.rfc"
 
 
+def test_a_record_removed_from_the_middle_is_refused():
+    # The record after the gap is whole but numbered one too high: a crash never leaves that.
+    data = frame(0, b"{}") + frame(2, b"{}") + frame(3, b"{}")
+    with pytest.raises(CursorCorruptError) as err:
+        scan(data)
+    assert err.value.record == 1 and err.value.offset == len(frame(0, b"{}"))
+
+
+def test_a_whole_record_is_never_a_torn_tail():
+    with pytest.raises(CursorCorruptError):
+        scan(log_bytes() + frame(7, b"{}"))
+
+
 def test_a_record_out_of_order_is_refused():
     data = frame(0, b"{}") + frame(2, b"{}") + frame(2, b"{}")
     with pytest.raises(CursorCorruptError) as err:

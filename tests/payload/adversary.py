@@ -30,6 +30,7 @@ from tests.loaders.run_attacks import family_loss_runs
 from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
 from tests.objectives.adversary_objectives import family_objectives
+from tests.orchestrator.cursor_attacks import family_cursor
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_fork import family_fork
@@ -123,6 +124,7 @@ FAMILIES = {
     "fork": family_fork,
     "ragged_rows": family_ragged_rows,
     "media": family_media,
+    "cursor": family_cursor,
 }
 
 
