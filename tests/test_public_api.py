@@ -44,7 +44,10 @@ PUBLIC = {
         TurnRangeError CaptureServerError CaptureRoute GenerateRequest GenerateResponse
         CompletionRecord ServerInfo TurnCapture TurnPrefixError CaptureRequestError
         ModelPathError""",
-    "rollfeed.orchestrator": "CaptureClient Rollout OpenAIRollouts",
+    "rollfeed.orchestrator": """CaptureClient Rollout OpenAIRollouts Producer ProducerConfig Prompt
+        RolloutCursor TrainerProgress read_progress write_progress group_advantages
+        OrchestratorError CursorCorruptError CursorInUseError CursorMismatchError
+        CursorWriteError ProgressFileError""",
     "rollfeed.objectives": """SupportDistribution support_distribution micro_batch_rows policy_loss
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError

@@ -40,18 +40,13 @@ from typing import Protocol
 
 from rollfeed.loaders.step_files import step_root
 from rollfeed.orchestrator.cursor_frames import frame, one_record, scan
-from rollfeed.orchestrator.errors import CursorCorruptError, CursorInUseError, OrchestratorError
+from rollfeed.orchestrator.errors import CursorCorruptError, CursorInUseError, CursorWriteError
 from rollfeed.payload import PayloadError, is_store_url
 
 logger = logging.getLogger(__name__)
 FOLDER = "cursor"
 LOG_NAME = "log.rfc"
 _OBJECT = re.compile(r"^(\d{12})\.rfc$")
-
-
-class CursorWriteError(OrchestratorError):
-    """An append that could not be made durable (disk full, an I/O error, a store that refused);
-    nothing of it is left in the log."""
 
 
 class CursorLog(Protocol):

@@ -37,5 +37,10 @@ class CursorMismatchError(OrchestratorError):
     prompts for a step, a step file holding other samples than its recorded rollouts)."""
 
 
+class CursorWriteError(OrchestratorError):
+    """An append that could not be made durable (disk full, an I/O error, a store that refused);
+    nothing of it is left in the log."""
+
+
 class ProgressFileError(OrchestratorError):
     """The trainer's progress file is not a progress record."""
