@@ -15,7 +15,7 @@ texts and segment records; this is where a sample's parts get their names:
   placeholder run, which the index repeats so that a planner never cuts inside an image) and the
   text ``images``, the image records as JSON (a handle or inline bytes each).
 
-A record holding a column or text of another name is not a sample's: :class:`ValueError` naming
+A record holding a column or text of another name is not a sample's: ``ValueError`` naming
 it (the reader adds the file, step and sample). The record's group id, shared prefix and policy
 version are the step index's, not the sample's (:class:`~rollfeed.loaders.step_files.StepWriter`).
 
@@ -73,7 +73,7 @@ def sample_record(
 
 
 def record_sample(record: StepRecord) -> Sample:
-    """The sample of ``record``; :class:`ValueError` for parts no sample has, and the sample's own
+    """The sample of ``record``; ``ValueError`` for parts no sample has, and the sample's own
     typed errors (:mod:`rollfeed.collate.errors`) for values it refuses."""
     columns = dict(record.columns)
     arrays = {name: columns.pop(name, None) for name in _ARRAYS}
