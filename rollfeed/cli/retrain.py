@@ -98,7 +98,11 @@ def run_retrain(args: argparse.Namespace) -> int:
     recorded = _recorded(args.checkpoints, args.start)
     steps = list(range(args.start, args.end + 1))
     report = verify_records(
-        args.root, args.steps, steps, checksums=args.checksums, progress=Progress("retrain")
+        args.root,
+        args.steps,
+        steps,
+        checksums=args.checksums,
+        progress=Progress("retrain", show=None),
     )
     print("verify: ", end="")
     print_report(report)
