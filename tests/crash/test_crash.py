@@ -1,7 +1,7 @@
 """SIGKILL the trainer, the producer, both, or the capture server at seeded points, start them
-again, and hold the run to its log: nothing lost, nothing duplicated, versions never fork, and every step
-trained after a restart trained bitwise as a fresh process trains it from the same checkpoint
-(:mod:`tests.crash.harness`, :mod:`tests.crash.audit`).
+again, and hold the run to its log: nothing lost, nothing duplicated, versions never fork, and
+every step trained after a restart trained bitwise as a fresh process trains it from the same
+checkpoint (:mod:`tests.crash.harness`, :mod:`tests.crash.audit`).
 
 ``test_crash_points`` (marked ``crash``): 20 kills, 2 of them of the capture server (the test owns
 one; a start costs 20-45 s), over a run of 24 steps. ``test_three_crash_points``: the
