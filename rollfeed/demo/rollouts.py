@@ -36,10 +36,9 @@ import numpy as np
 from rollfeed.capture.errors import CaptureServerError
 from rollfeed.capture.process import server_process
 from rollfeed.loaders import step_file_name
-from rollfeed.orchestrator import CaptureClient, Rollout
+from rollfeed.orchestrator import CaptureClient, Producer, ProducerConfig, Rollout
 from rollfeed.orchestrator.cursor import RolloutCursor
 from rollfeed.orchestrator.groups import Prompt
-from rollfeed.orchestrator.producer import Producer, ProducerConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,7 +31,8 @@ from rollfeed.orchestrator.errors import (
 )
 from rollfeed.orchestrator.groups import Prompt, group_advantages
 from rollfeed.orchestrator.openai_rollouts import OpenAIRollouts
-from rollfeed.orchestrator.producer import Producer, ProducerConfig
+from rollfeed.orchestrator.producer import Producer
+from rollfeed.orchestrator.producer_config import ProducerConfig
 from rollfeed.orchestrator.progress import TrainerProgress, read_progress, write_progress
 
 __all__ = [

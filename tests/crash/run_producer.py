@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from rollfeed.loaders import StepWriter
-from rollfeed.orchestrator import CaptureClient
+from rollfeed.orchestrator import CaptureClient, Producer, ProducerConfig
 from rollfeed.orchestrator import producer as producer_module
 from rollfeed.orchestrator.cursor_frames import frame
 from rollfeed.orchestrator.cursor_log import LocalLog
 from rollfeed.orchestrator.groups import Prompt
-from rollfeed.orchestrator.producer import Producer, ProducerConfig
 from tests.crash.points import Points
 
 POINTS = Points("producer")

@@ -24,11 +24,11 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
+from rollfeed.orchestrator import Producer, ProducerConfig
 from rollfeed.orchestrator.cursor import RolloutCursor
 from rollfeed.orchestrator.cursor_frames import HEADER, frame, scan
 from rollfeed.orchestrator.cursor_log import FOLDER, LOG_NAME
 from rollfeed.orchestrator.groups import Prompt
-from rollfeed.orchestrator.producer import Producer, ProducerConfig
 from tests.orchestrator.fake_client import FakeClient
 from tests.payload.adversary_tally import Tally, Wrong
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from rollfeed.loaders import read_step_file, write_step_file
+from rollfeed.orchestrator import Producer, ProducerConfig
 from rollfeed.orchestrator.cursor_frames import frame, scan
 from rollfeed.orchestrator.cursor_log import FOLDER, LOG_NAME
 from rollfeed.orchestrator.errors import CursorMismatchError
 from rollfeed.orchestrator.groups import Prompt
-from rollfeed.orchestrator.producer import Producer, ProducerConfig
 from rollfeed.orchestrator.progress import TrainerProgress, read_progress, write_progress
 from tests.orchestrator.fake_client import Crash, FakeClient
 
