@@ -24,18 +24,19 @@ PUBLIC = {
         BatchPlan MicroBatch TensorMicroBatch to_tensor_micro_batch IGNORE_INDEX CollateError
         BatchConfigError DuplicateFieldError SupportSetError MeshAxisError OverlongError
         RaggedRows RaggedRowsError SampleDtypeError SampleLengthError SampleValueError
-        SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError""",
+        SegmentRangeError LossRuns StepCounts StepLoss ImageRuns MediaBatch ImageInputError
+        token_versions oldest_version""",
     "rollfeed.loaders": """Topology RolloutDataset MicroBatchSampler MicroBatchCollator
         build_dataloader LoaderConfig LoaderOptions RolloutLoader RolloutIterator read_step_file
         write_step_file step_file_name StepWriter LoaderError LoaderConfigError LoaderStateError
         EmptyStepError PlanMismatchError StepFileError StepTimeoutError StepMissingError
         StepReplacedError StepWriteError WorkerError WorkerDiedError WorkerStoppedError
-        WorkerTimeoutError""",
+        WorkerTimeoutError StaleSampleError""",
     "rollfeed.models": """support_logprobs fused_support_logprobs SupportScores PolicyScorer CPGroup
         RouterReplay Routing ModelError LMHeadError SupportInputError SupportLabelError
         VocabularyRangeError TemperatureError PackingError UnpackableAttentionError
         RoutingReplayError UlyssesShapeError CPGroupError CPMismatchError NonFiniteLogitError
-        GradientReductionError sum_gradients""",
+        GradientReductionError sum_gradients save_checkpoint CheckpointWriteError""",
     "rollfeed.capture": """CaptureConfig capture_sampling_params check_sampling_params check_engine
         capture_request_output capture_completion CapturedCompletion SupportCapture LogprobRows
         logprob_rows support_from_logprob_rows support_from_native_mask align_routed_experts
@@ -43,7 +44,8 @@ PUBLIC = {
         SamplingSettingsError SupportBoundError SupportMembershipError TurnGapError
         TurnRangeError CaptureServerError CaptureRoute GenerateRequest GenerateResponse
         CompletionRecord ServerInfo TurnCapture TurnPrefixError CaptureRequestError
-        ModelPathError""",
+        ModelPathError Checkpoint CheckpointError read_checkpoint WeightUpdater WeightReloadError
+        WeightsRequest WeightsResponse engine_version_spans stitch_version_spans""",
     "rollfeed.orchestrator": """CaptureClient Rollout OpenAIRollouts Producer ProducerConfig Prompt
         RolloutCursor TrainerProgress read_progress write_progress group_advantages
         OrchestratorError CursorCorruptError CursorInUseError CursorMismatchError
@@ -52,7 +54,7 @@ PUBLIC = {
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError
         ObjectiveCompositionError ObjectiveMissingInputError NoSamplerLogprobError
-        ObjectiveOverflowError aggregate AGGREGATIONS""",
+        ObjectiveOverflowError aggregate AGGREGATIONS VersionLag""",
 }
 
 

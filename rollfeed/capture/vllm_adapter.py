@@ -165,6 +165,42 @@ def logprob_rows(logprobs: Any) -> LogprobRows:
     return LogprobRows.from_dicts(list(logprobs))
 
 
+def engine_version_spans(weight_versions: Any, tokens: int) -> np.ndarray:
+    r"""``[K, 3]`` int64 ``(start, end, version)`` over a completion's ``tokens`` sampled ids from
+    ``CompletionOutput.weight_versions`` (vLLM's ``WeightVersionSpan``\ s: a label per run of
+    tokens; this server labels each with the trainer step, an integer). ``None`` (the engine
+    labelled nothing) gives no span. Spans that do not cover the tokens exactly, in order, or a
+    label that is not an integer in ``[0, 2**31)`` is a :class:`CaptureError`."""
+    if weight_versions is None:
+        return np.zeros((0, 3), np.int64)
+    rows, at = [], 0
+    for span in weight_versions:
+        label = str(getattr(span, "version", ""))
+        start, end = getattr(span, "start", None), getattr(span, "end", None)
+        if not (label.isascii() and label.isdigit() and int(label) < 1 << 31):
+            raise CaptureError(
+                f"the engine labels tokens [{start}, {end}) with weight version {label!r:.40}, "
+                "not a policy version (an integer trainer step): set it with "
+                "update_weight_version(str(step)); the capture server does at start "
+                "(serve --policy-version)"
+            )
+        if start != at or not isinstance(end, int) or end <= start:
+            raise CaptureError(
+                f"the engine's weight version spans do not cover the completion's {tokens} tokens "
+                f"in order: a span [{start}, {end}) where one from {at} was due"
+            )
+        if rows and rows[-1][2] == int(label):
+            rows[-1][1] = end
+        else:
+            rows.append([start, end, int(label)])
+        at = end
+    if at != tokens:
+        raise CaptureError(
+            f"the engine's weight version spans end at token {at} of the completion's {tokens}"
+        )
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
 def capture_request_output(
     writer: PayloadWriter, output: Any, config: CaptureConfig, *, prompt_start: int = 0
 ) -> list[CapturedCompletion]:
@@ -172,7 +208,8 @@ def capture_request_output(
 
     Uses the engine's native sampling mask when it returns one (GPU, Model Runner V2 with
     ``return_sampling_mask``), else the processed logprobs; routed experts when returned (then
-    ``config.num_experts`` must be set). ``prompt_start``: the request's
+    ``config.num_experts`` must be set); the policy versions of the completion's tokens from its
+    ``weight_versions`` (:func:`engine_version_spans`). ``prompt_start``: the request's
     ``routed_experts_prompt_start`` (the turn's first position, multi-turn). A
     :class:`CaptureError` names the request id and the completion's index.
     """
@@ -197,6 +234,9 @@ def capture_request_output(
                     routed_experts=getattr(completion, "routed_experts", None),
                     native_mask=None if native is None else native.token_ids,
                     prompt_start=prompt_start,
+                    version_spans=engine_version_spans(
+                        getattr(completion, "weight_versions", None), len(completion.token_ids)
+                    ),
                 )
             )
         except CaptureError as err:

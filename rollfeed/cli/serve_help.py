@@ -22,9 +22,11 @@ import sys
 _PROG = "python -m rollfeed serve"
 _DESCRIPTION = """\
 vLLM's OpenAI-compatible server (its endpoints unchanged: /v1/completions,
-/v1/chat/completions, ...) plus the capture routes POST /rollfeed/v1/generate and
-GET /rollfeed/v1/info. A captured completion's kept sets and routed experts are written once to
-payload files under --payload-root; the answer carries small segment records pointing at them.
+/v1/chat/completions, ...) plus the capture routes POST /rollfeed/v1/generate,
+GET /rollfeed/v1/info and POST /rollfeed/v1/weights (a trainer checkpoint loaded in place as
+a new policy version; every sampled token carries the version that sampled it). A captured
+completion's kept sets and routed experts are written once to payload files under
+--payload-root; the answer carries small segment records pointing at them.
 A /v1/completions or /v1/chat/completions request whose vllm_xargs name a group is captured
 the same way.
 
@@ -75,6 +77,14 @@ def help_parser() -> argparse.ArgumentParser:
         metavar="P",
         default="",
         help="starts every payload file's name (e.g. one per server sharing a root)",
+    )
+    ours.add_argument(
+        "--policy-version",
+        type=int,
+        metavar="K",
+        default=0,
+        help="the policy version (trainer step) of the weights the server starts with, stamped "
+        "on every token they sample (default: 0)",
     )
     theirs = p.add_argument_group(
         "vLLM's flags",

@@ -1,5 +1,6 @@
 """Pure planning: truncate, pack, pad, balance DP, split CP, and the tensors of one micro batch;
-the rank's place in the parallel grid (:class:`Topology`).
+the rank's place in the parallel grid (:class:`Topology`); the policy versions of a sample's
+tokens (:func:`token_versions`, :func:`oldest_version`: :mod:`rollfeed.collate.versions`).
 
 Renamed (the old name works until the next release, with a ``DeprecationWarning``):
 ``KeptSetError`` is :class:`SupportSetError`.
@@ -29,6 +30,7 @@ from rollfeed.collate.step_counts import StepCounts, StepLoss
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor import to_tensor_micro_batch
 from rollfeed.collate.topology import Topology
+from rollfeed.collate.versions import oldest_version, token_versions
 from rollfeed.deprecation import renamed_names as _renamed_names
 from rollfeed.payload import RaggedRows, RaggedRowsError
 
@@ -60,8 +62,10 @@ __all__ = [
     "SupportSetError",
     "TensorMicroBatch",
     "Topology",
+    "oldest_version",
     "place_micro_batch",
     "plan_lengths",
     "prepare_batch",
     "to_tensor_micro_batch",
+    "token_versions",
 ]

@@ -20,6 +20,11 @@ its run of placeholder tokens ``[start, start + tokens)`` inside ``[0, T)`` (run
 overlap), the encoded bytes by handle (``media``, stored once under the payload root) or inline.
 Several per sample, several per conversation: each turn's images where its tokens are.
 
+Policy versions (``version_spans``): ``[K, 3]`` int64 rows ``(start, end, version)``, the trainer
+step whose weights sampled tokens ``[start, end)`` (:mod:`rollfeed.collate.versions`: spans in
+token order, apart, inside the sample and past token 0; ``None`` or empty: no token carries one).
+A rollout continued across a weight update holds a span per version.
+
 Worked example (3 tokens, the last two sampled, a mask kept set of 2 and 1 ids)::
 
     Sample([11, 12, 13], loss_mask=[0, 1, 1], advantages=[0.0, 0.5, 0.5],
@@ -33,7 +38,8 @@ bear no loss); no size a record claims exceeds the data it carries, checked befo
 made (an inline dtype is a stored dtype name, a shape holds exactly its data, a ragged row count
 is at most the values given); a field's fixed-width segments claim one row shape.
 
-JSON (``to_json``/``from_json``): per-token arrays as lists; a fixed field as
+JSON (``to_json``/``from_json``): per-token arrays as lists; ``version_spans`` as a list of
+``[start, end, version]`` triples; a fixed field as
 ``{"dtype": "uint8", "shape": [T, L, K], "data": [flat]}``; a ragged field as
 ``{"counts": [...], "values": [...]}``; ``payload`` as a list of segment records; ``images`` as
 a list of image records (inline bytes in base64).
@@ -58,6 +64,7 @@ from rollfeed.collate.errors import (
     SampleValueError,
     SegmentRangeError,
 )
+from rollfeed.collate.versions import check_version_spans
 from rollfeed.payload import PAYLOAD_FIELDS, ImageSpan, PayloadField, PayloadSegment
 from rollfeed.payload.errors import PayloadMediaError
 from rollfeed.payload.segment import STORED_DTYPES
@@ -140,6 +147,7 @@ class Sample:
     fields: Mapping[str, FieldData] | None = None
     payload: Sequence[PayloadSegment] | None = None
     images: Sequence[ImageSpan] | None = None
+    version_spans: np.ndarray | Sequence[Sequence[int]] | None = None  # [K, 3] int64 once made
     uid: str | None = None
 
     def __post_init__(self) -> None:
@@ -201,6 +209,7 @@ class Sample:
         _check_row_shapes(segs, uid)
         put(self, "payload", segs)
         put(self, "images", _check_images(self.images, T, uid))
+        put(self, "version_spans", check_version_spans(self.version_spans, T, uid))
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -254,6 +263,8 @@ class Sample:
             out["payload"] = [s.model_dump(mode="json") for s in self.payload]
         if self.images:
             out["images"] = [im.model_dump(mode="json") for im in self.images]
+        if len(self.version_spans):
+            out["version_spans"] = self.version_spans.tolist()
         if self.uid is not None:
             out["uid"] = self.uid
         return out
@@ -268,7 +279,7 @@ class Sample:
         if not isinstance(data, Mapping):
             raise SampleDtypeError(f"a sample record is a JSON object, got {type(data).__name__}")
         uid = data.get("uid")
-        extra = set(data) - {*_KEYS, "fields", "payload", "images", "uid", "temperatures"}
+        extra = set(data) - {*_KEYS, *_OPTIONAL}
         missing = [k for k in _KEYS if k not in data]
         if extra or missing:
             raise SampleDtypeError(
@@ -302,6 +313,7 @@ class Sample:
             fields=fields,
             payload=payload,
             images=_image_records(data.get("images"), uid),
+            version_spans=data.get("version_spans"),
             uid=uid,
         )
 
@@ -318,6 +330,7 @@ class Sample:
 
 
 _KEYS = ("token_ids", "loss_mask", "advantages", "inference_logprobs")
+_OPTIONAL = ("fields", "payload", "images", "version_spans", "uid", "temperatures")
 
 
 def _holds(dtype: np.dtype, value: int) -> bool:

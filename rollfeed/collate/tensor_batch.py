@@ -14,6 +14,13 @@ They are computed on the whole row before the split, so a rank never needs its n
 At a sample's last position and on padding there is no label: ``labels = IGNORE_INDEX``,
 ``loss_mask = False``, advantages and logprobs 0, temperature 1.
 
+``versions`` (int32, label coordinates like ``advantages``) holds the policy version that sampled
+token ``j + 1`` (the trainer step whose weights produced it, from the sample's version spans:
+:mod:`rollfeed.collate.versions`), and -1 where that token carries none: a prompt or tool token,
+a sample's last position, padding. A rollout continued across a weight update shows both
+versions. Example: sample ``[5, 6, 7, 8]`` with spans ``[[2, 3, 4], [3, 4, 5]]`` (tokens 7 and 8
+sampled under steps 4 and 5) -> ``versions [-1, 4, 5, -1]``.
+
 Worked example: samples ``[5, 6, 7]`` (loss_mask ``[0, 1, 1]``) and ``[8, 9]`` (``[0, 1]``),
 contiguous layout, ``cp_size=2``, pad multiple 2 -> ``S = 6``::
 
@@ -92,6 +99,8 @@ class TensorMicroBatch:
 
     input_ids, position_ids, labels, positions: ``[N]`` int64.
     loss_mask: ``[N]`` bool. advantages, inference_logprobs, temperatures: ``[N]`` float32.
+    versions: ``[N]`` int32, the policy version of each label, -1 for none (see module doc);
+    ``None`` for a micro batch built by hand without it.
     seq_lens: ``[num_samples]`` int32, real tokens per sample of the whole row.
     cu_seqlens: ``[num_slots + 1]`` int32, slot boundaries of the whole row (0 .. seq_len).
     fields: field name -> tensor (ragged: RaggedRows) over the field's window (see module doc).
@@ -115,6 +124,7 @@ class TensorMicroBatch:
     cp_rank: int
     cp_size: int
     cp_layout: str
+    versions: torch.Tensor | None = None
     fields: dict[str, torch.Tensor | RaggedRows] = field(default_factory=dict)
     fields_whole: bool = False
     coverage: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -1,11 +1,11 @@
 """to_tensor_micro_batch: one CP rank's tensors for one planned micro batch.
 
-Token streams are laid out on the whole row first (labels, loss mask, advantages, logprobs and
-temperatures shifted to label coordinates there, so no label crosses a sample or a rank boundary),
-then cut to the rank's positions. Payload fields are read over each field's window
-(:func:`rollfeed.collate.cp.field_ranges`): by handle with one :func:`rollfeed.payload.read_fields`
-call per micro batch (every field's ranges grouped per file), and
-cut from inline arrays with the same rules, so the two give bitwise equal tensors:
+Token streams are laid out on the whole row first (labels, loss mask, advantages, logprobs,
+temperatures and policy versions shifted to label coordinates there, so no label crosses a sample
+or a rank boundary), then cut to the rank's positions. Payload fields are read over each field's
+window (:func:`rollfeed.collate.cp.field_ranges`): by handle with one
+:func:`rollfeed.payload.read_fields` call per micro batch (every field's ranges grouped per file),
+and cut from inline arrays with the same rules, so the two give bitwise equal tensors:
 
 - uncovered positions (padding, a sample's position 0 for ``labels`` fields, row position ``S``)
   read as the field's fill, and as empty rows of a ragged field;
@@ -36,6 +36,7 @@ from rollfeed.collate.micro_batch import MicroBatch
 from rollfeed.collate.tensor_batch import IGNORE_INDEX, TensorMicroBatch
 from rollfeed.collate.to_tensor_media import media_batch
 from rollfeed.collate.token_checks import SUPPORT_FIELD, token_checks
+from rollfeed.collate.versions import NO_VERSION, token_versions
 from rollfeed.payload import FieldRead, ImageProcessorSpec, PayloadRoot, RaggedRows, read_fields
 from rollfeed.payload.errors import PayloadWidthError
 
@@ -216,6 +217,7 @@ def to_tensor_micro_batch(
     has_label = np.zeros(S, bool)
     adv, logp = np.zeros(S, np.float32), np.zeros(S, np.float32)
     temp = np.ones(S, np.float32)
+    versions = np.full(S, NO_VERSION, np.int32)
     for s, a in zip(mb.samples, mb.starts, strict=True):
         T = len(s)
         ids[a : a + T] = s.token_ids
@@ -226,6 +228,8 @@ def to_tensor_micro_batch(
         logp[a : a + T - 1] = s.inference_logprobs[1:]
         if s.temperatures is not None:
             temp[a : a + T - 1] = s.temperatures[1:]
+        if len(s.version_spans):
+            versions[a : a + T - 1] = token_versions(s.version_spans, T)[1:]
     cu = np.asarray(mb.cu_seqlens, np.int64)
     pos = np.arange(S) - np.repeat(cu[:-1], np.diff(cu))
     segments = mb.segments
@@ -272,6 +276,7 @@ def to_tensor_micro_batch(
         cp_rank=cp_rank,
         cp_size=config.cp_size,
         cp_layout=config.cp_layout,
+        versions=torch.from_numpy(versions[idx]),
         fields=out,
         fields_whole=whole_fields,
         coverage=coverage,

@@ -1,4 +1,5 @@
-"""Truncation: cut every per-token stream, every segment and the images of a sample at one position.
+"""Truncation: cut every per-token stream, every segment, the images and the policy version spans
+of a sample at one position.
 
 Images whose placeholder run ends at or before the cut stay; a cut inside a run is refused (the
 planner cuts before such an image: :mod:`rollfeed.collate.image_runs`).
@@ -7,6 +8,7 @@ Worked example (T = 5 cut at 3; a mask segment at positions 2..4)::
 
     token_ids [1, 2, 3, 4, 5] -> [1, 2, 3]; ragged counts [0, 0, 2, 1, 1] -> [0, 0, 2]
     segment pos=2, rows=3 -> pos=2, rows=1   (clip_segments: metadata only, no I/O)
+    version spans [[1, 2, 7], [2, 5, 8]] -> [[1, 2, 7], [2, 3, 8]]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import replace
 from rollfeed.collate.errors import SampleLengthError
 from rollfeed.collate.image_runs import image_cut
 from rollfeed.collate.sample import Sample
+from rollfeed.collate.versions import clip_version_spans
 from rollfeed.payload import clip_segments
 
 
@@ -49,4 +52,5 @@ def truncate_sample(sample: Sample, length: int) -> Sample:
         fields=fields,
         payload=clip_segments(sample.payload, 0, length),
         images=[im for im in sample.images if im.end <= length],
+        version_spans=clip_version_spans(sample.version_spans, length),
     )

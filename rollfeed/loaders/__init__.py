@@ -24,6 +24,7 @@ from rollfeed.loaders.errors import (
 from rollfeed.loaders.loader import RolloutIterator, RolloutLoader
 from rollfeed.loaders.options import LoaderOptions
 from rollfeed.loaders.sampler import MicroBatchSampler
+from rollfeed.loaders.staleness import StaleSampleError
 from rollfeed.loaders.step_files import StepWriter, read_step_file, step_file_name, write_step_file
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "RolloutDataset",
     "RolloutIterator",
     "RolloutLoader",
+    "StaleSampleError",
     "StepFileError",
     "StepMissingError",
     "StepReplacedError",

@@ -10,7 +10,9 @@ the single-process ``prepare_batch`` + ``to_tensor_micro_batch`` for ``(dp_rank,
 step's loss-token counts (``step_counts``, planned by the sampler) included. Samples that come with
 the sampler's config (:class:`~rollfeed.loaders.plan.Planned`, through the dataset's
 ``__getitems__``) are refused with :class:`~rollfeed.loaders.errors.PlanMismatchError` when it is
-not the collator's.
+not the collator's. Under ``on_stale="mask"`` the labels whose policy version lags the planned step
+by more than ``max_staleness`` leave ``loss_mask`` (:func:`~rollfeed.loaders.staleness.mask_stale`);
+a staleness bound needs the sampler's micro batches (they carry the step).
 
 Called inside a DataLoader worker, the result's tensors are copied into **one** shared-memory
 buffer (views at aligned offsets): a DataLoader sends every storage to the main process as its
@@ -42,6 +44,7 @@ from rollfeed.collate import (
 from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.errors import LoaderConfigError, PlanMismatchError
 from rollfeed.loaders.plan import Planned
+from rollfeed.loaders.staleness import mask_stale
 from rollfeed.payload import PayloadRoot
 
 
@@ -87,9 +90,18 @@ class MicroBatchCollator:
                 f"sampler vs collator: {'; '.join(samples.config.differences(self.config.plan))}); "
                 "build both from one LoaderConfig"
             )
+        policy = self.config.staleness
+        step = samples.step if isinstance(samples, Planned) else None
+        if policy is not None and (step is None or samples.staleness != policy):
+            raise PlanMismatchError(
+                f"the collator bounds staleness ({policy}) and the micro batch was not planned "
+                "under that bound by a sampler (which gives it its step"
+                + ("" if step is None else f"; it was planned under {samples.staleness}")
+                + "): build the sampler and the collator from one LoaderConfig"
+            )
         counts = samples.counts if isinstance(samples, Planned) else None
         mb = place_micro_batch(samples, self.config.plan, step_counts=counts)
-        return to_tensor_micro_batch(
+        tmb = to_tensor_micro_batch(
             mb,
             cp_rank=self.topology.cp_rank,
             root=self.root,
@@ -97,6 +109,10 @@ class MicroBatchCollator:
             whole_fields=self.config.whole_fields,
             image_processor=self.config.image_processor,
         )
+        if policy is not None and policy.on_stale == "mask":
+            assert step is not None
+            tmb = mask_stale(tmb, step=step, bound=policy.max_staleness)
+        return tmb
 
 
 _ALIGN = 64

@@ -19,6 +19,7 @@ from typing import Literal
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders.errors import LoaderConfigError
+from rollfeed.loaders.staleness import ON_STALE, OnStale, Staleness
 from rollfeed.payload import ImageProcessorSpec
 
 Reshard = Literal["error", "restart_step", "next_step"]
@@ -57,6 +58,13 @@ class LoaderConfig:
             images: each micro batch's images are read by handle and processed with it where
             the micro batch is made (a DataLoader worker), the images its cp rank encodes
             only (:class:`~rollfeed.collate.MediaBatch`).
+        max_staleness: the most versions a token's policy version may lag the trained step
+            (an int >= 0; ``None``: no bound); beyond it ``on_stale`` decides
+            (:mod:`rollfeed.loaders.staleness`).
+        on_stale: ``"drop"`` (a sample whose oldest version lags more is not planned, counted),
+            ``"mask"`` (its lagging tokens leave the loss, counted) or ``"error"`` (the default:
+            :class:`~rollfeed.loaders.staleness.StaleSampleError` naming step, sample and
+            version).
     """
 
     plan: PlanConfig
@@ -69,6 +77,15 @@ class LoaderConfig:
     width: int | None = None
     whole_fields: bool = False
     image_processor: ImageProcessorSpec | None = None
+    max_staleness: int | None = None
+    on_stale: OnStale = "error"
+
+    @property
+    def staleness(self) -> Staleness | None:
+        """The staleness bound and its policy, or ``None`` without a bound."""
+        if self.max_staleness is None:
+            return None
+        return Staleness(max_staleness=self.max_staleness, on_stale=self.on_stale)
 
     def __post_init__(self) -> None:
         why = None
@@ -88,6 +105,10 @@ class LoaderConfig:
             why = f"step_timeout_s must be a number of seconds, got {seconds!r}"
         elif not 0 <= seconds < math.inf:
             why = f"step_timeout_s must be finite seconds >= 0 (600 by default), got {seconds}"
+        elif self.max_staleness is not None and not _count(self.max_staleness, low=0):
+            why = f"max_staleness must be None or an int >= 0, got {self.max_staleness!r}"
+        elif self.on_stale not in ON_STALE:
+            why = f"on_stale must be one of {ON_STALE}, got {self.on_stale!r}"
         elif self.width is not None and not _count(self.width, low=1):
             why = f"width must be None or an int >= 1, got {self.width!r}"
         elif self.image_processor is not None and not isinstance(

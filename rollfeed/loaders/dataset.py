@@ -12,13 +12,14 @@ made:
   sample ``i``'s record.
 
 ``lengths(step)`` gives token counts, ``loss_runs(step)`` where each sample's loss tokens lie
-(:mod:`rollfeed.collate.loss_runs`) and ``image_runs(step)`` where its images' placeholder tokens
-lie (:mod:`rollfeed.collate.image_runs`) without building micro batches, so the sampler plans, and
-counts the step's loss tokens, from them only; ``step_version(step)`` names the version of the
-step file they came from (:mod:`rollfeed.loaders.step_version`). A batch of indices the sampler
-planned carries that version and the planned lengths: this process reads the step through a file
-open on that version (an older copy of the index, a forked worker's, is read again), and a step
-file that is not that version, or a sample of another length, raises
+(:mod:`rollfeed.collate.loss_runs`), ``image_runs(step)`` where its images' placeholder tokens
+lie (:mod:`rollfeed.collate.image_runs`) and ``policy_versions(step)`` each sample's oldest
+policy version (:mod:`rollfeed.loaders.staleness`) without building micro batches, so the
+sampler plans, and counts the step's loss tokens, from them only; ``step_version(step)`` names
+the version of the step file they came from (:mod:`rollfeed.loaders.step_version`). A batch of
+indices the sampler planned carries that version and the planned lengths: this process reads the
+step through a file open on that version (an older copy of the index, a forked worker's, is read
+again), and a step file that is not that version, or a sample of another length, raises
 :class:`StepReplacedError`. A step that has no file raises :class:`StepMissingError` naming the
 step and the directory.
 
@@ -153,6 +154,11 @@ class RolloutDataset(Dataset[Sample]):
         ``None`` when no sample of the step holds an image: from the index, or from the samples
         of an in-memory list."""
         return self.source.loaded(step).images
+
+    def policy_versions(self, step: int = 0) -> np.ndarray:
+        """``[n]`` int64 oldest policy version of each sample of ``step`` (-1: none), aligned
+        with ``step_indices``: from the index, or from the samples of an in-memory list."""
+        return self.source.loaded(step).policy_versions
 
     def step_identity(self, step: int) -> StepIdentity:
         """The identity of step ``step``'s samples (:mod:`~rollfeed.loaders.step_identity`),

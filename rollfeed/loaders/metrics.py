@@ -15,20 +15,29 @@ logs as they are:
   the loss tokens it holds (label coordinates, after truncation: what every rank's ``loss_mask``
   holds together): ``loss_tokens``, ``samples_without_loss`` (planned samples left with no loss
   token, truncation included), ``micro_batches_without_loss`` (of the ``micro_steps * dp``
-  micro batches of every rank, dummies included) and ``dummy_micro_batches``;
+  micro batches of every rank, dummies included) and ``dummy_micro_batches``; under a staleness
+  bound (:mod:`rollfeed.loaders.staleness`) ``stale_samples`` (samples whose oldest version lags
+  the step by more than ``max_staleness``) and ``stale_dropped`` (of those, left out under
+  ``"drop"``), both 0 without a bound;
 - this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
   ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
   collating them), and the kept-set (support) width distribution over this rank's rows that hold
   one (``sampling_mask``): ``support_rows``, ``support_width_mean``, ``support_width_p50`` /
-  ``_p90`` / ``_p99``, ``support_width_max`` (0 when there is none);
+  ``_p90`` / ``_p99``, ``support_width_max`` (0 when there is none); the staleness distribution
+  of their loss tokens (whole rows, label coordinates, before a mask): ``tokens_lag0``,
+  ``tokens_lag1``, ... up to the largest lag seen (the step minus the token's policy version),
+  ``tokens_lag_ahead`` (a version newer than the step), ``tokens_unversioned`` (none), and
+  ``stale_masked_tokens`` (those taken out of the loss under ``on_stale="mask"``);
 - the trainer-visible wait, the time spent inside ``next``: ``wait_s`` (total), ``wait_max_s``, and
   of ``wait_s`` the part before the micro batch was made, ``wait_making_s``, and after it,
   ``wait_handover_s`` (transfer from the worker, receive, pinning, the device copy).
 
-Example (two micro batches with support widths ``[1, 1, 3]`` and ``[2]``)::
+Example (two micro batches with support widths ``[1, 1, 3]`` and ``[2]``; training step 5 on
+loss tokens of versions ``[5, 5, 4]`` and ``[3]``)::
 
     support_rows 4, support_width_mean 1.75, support_width_p50 1, support_width_max 3
+    tokens_lag0 2, tokens_lag1 1, tokens_lag2 1, tokens_lag_ahead 0, tokens_unversioned 0
 
 The keys ``kept_rows`` and ``kept_width_*`` were renamed ``support_rows`` and ``support_width_*``:
 until the next release the dict still reads them, with a ``DeprecationWarning``
@@ -46,6 +55,7 @@ import numpy as np
 
 from rollfeed.collate import RaggedRows, Sample, TensorMicroBatch
 from rollfeed.deprecation import RenamedKeys
+from rollfeed.loaders.staleness import LagCounts, lag_counts
 from rollfeed.payload import PAYLOAD_FIELDS
 
 PLAN_KEYS = (
@@ -62,6 +72,8 @@ PLAN_KEYS = (
     "samples_without_loss",
     "micro_batches_without_loss",
     "dummy_micro_batches",
+    "stale_samples",
+    "stale_dropped",
 )
 
 
@@ -81,20 +93,22 @@ class MicroBatchFacts:
     """What the maker of one micro batch measured.
 
     ``kept_widths [W + 1]`` int64: how many of this rank's rows hold a kept set of ``w`` ids
-    (``w = 0``: no kept set). ``made_at``: ``time.monotonic()`` when it was made (one clock for
-    every process of a host).
+    (``w = 0``: no kept set). ``lags``: its loss tokens by lag. ``made_at``:
+    ``time.monotonic()`` when it was made (one clock for every process of a host).
     """
 
     samples: int
     tokens: int
     payload_bytes: int
     kept_widths: np.ndarray
+    lags: LagCounts
     make_s: float
     made_at: float
 
 
 def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float) -> MicroBatchFacts:
-    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``)."""
+    """The facts of ``tmb``, made from ``samples`` since ``started`` (``time.monotonic()``);
+    the lags from the step and the staleness bound ``samples`` were planned with."""
     by_handle = {seg.field for s in samples for seg in s.payload}
     kept = [name for name in tmb.fields if _kept_set(name)]  # the sampling mask's ids
     support = tmb.fields[kept[0]] if kept else None
@@ -103,12 +117,19 @@ def measure(tmb: TensorMicroBatch, samples: Sequence[Sample], *, started: float)
         widths = np.bincount(support.lengths().numpy())
     elif support is not None and support.numel():
         widths = np.bincount((support >= 0).sum(dim=1).numpy())
+    lags = lag_counts(
+        samples,
+        tmb.seq_lens.tolist(),
+        step=getattr(samples, "step", None),
+        staleness=getattr(samples, "staleness", None),
+    )
     now = time.monotonic()
     return MicroBatchFacts(
         samples=tmb.num_samples,
         tokens=int(tmb.seq_lens.sum()),
         payload_bytes=sum(t.nbytes for name, t in tmb.fields.items() if name in by_handle),
         kept_widths=widths,
+        lags=lags,
         make_s=now - started,
         made_at=now,
     )
@@ -132,6 +153,7 @@ class StepMetrics:
             ("make_s", "wait_s", "wait_max_s", "wait_making_s", "wait_handover_s"), 0.0
         )
         self.widths = np.zeros(1, np.int64)
+        self.lags = LagCounts.none()
 
     def add(self, facts: MicroBatchFacts, *, asked: float, handed: float) -> None:
         """One micro batch handed out: ``next`` was called at ``asked`` and returned at
@@ -152,6 +174,7 @@ class StepMetrics:
         if len(w) > len(self.widths):
             self.widths = np.pad(self.widths, (0, len(w) - len(self.widths)))
         self.widths[: len(w)] += w
+        self.lags = self.lags + facts.lags
 
     def as_dict(self) -> LoaderMetrics:
         rows = self.widths[1:]
@@ -169,4 +192,9 @@ class StepMetrics:
             out.update(dict.fromkeys(("support_width_mean", "support_width_p50"), 0))
             out.update(dict.fromkeys(("support_width_p90", "support_width_p99"), 0))
             out["support_width_max"] = 0
+        lags = self.lags
+        by_lag = lags.by_lag.tolist() or [0]
+        out.update({f"tokens_lag{k}": int(n) for k, n in enumerate(by_lag)})
+        out["tokens_lag_ahead"], out["tokens_unversioned"] = lags.ahead, lags.unversioned
+        out["stale_masked_tokens"] = lags.masked
         return out

@@ -9,11 +9,13 @@ with different options inside one DataLoader never give a micro batch silently d
 the plan. An index list also carries what it was planned from: the step file's version
 (:class:`~rollfeed.loaders.step_version.StepVersion`) and each sample's planned token count, which
 the dataset holds the samples it reads to, and the step's loss-token counts
-(:class:`~rollfeed.collate.StepCounts`), which go on with the samples to the micro batch.
+(:class:`~rollfeed.collate.StepCounts`), the trained ``step`` and the loader's staleness bound
+(:class:`~rollfeed.loaders.staleness.Staleness`), which go on with the samples to the micro batch
+(the collator masks stale tokens with them, the metrics count tokens by lag).
 Example::
 
-    Planned([7, 3], config, version=v, lengths=[12, 5], counts=c)  # -> dataset.__getitems__
-    -> Planned([s7, s3], config, counts=c)              # read from version v, len 12 and 5
+    Planned([7, 3], config, version=v, lengths=[12, 5], counts=c, step=4)  # -> __getitems__
+    -> Planned([s7, s3], config, counts=c, step=4)      # read from version v, len 12 and 5
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from typing import Any
 import torch
 
 from rollfeed.collate import PlanConfig, StepCounts
+from rollfeed.loaders.staleness import Staleness
 from rollfeed.loaders.step_version import StepVersion
 
 
 class Planned(list):
     """A list (indices or samples of one micro batch) and the ``config`` it was planned with,
-    the step's loss-token ``counts`` for its items; for indices, the step file's ``version``
-    (``None``: an in-memory list) and the planned ``lengths`` (one per index, or ``None``)."""
+    the step's loss-token ``counts`` for its items, the ``step`` it trains and the
+    ``staleness`` bound it was planned under (``None``: none); for indices, the step file's
+    ``version`` (``None``: an in-memory list) and the planned ``lengths`` (one per index, or
+    ``None``)."""
 
     def __init__(
         self,
@@ -40,10 +45,12 @@ class Planned(list):
         version: StepVersion | None = None,
         lengths: Sequence[int] | None = None,
         counts: StepCounts | None = None,
+        step: int | None = None,
+        staleness: Staleness | None = None,
     ) -> None:
         super().__init__(items)
         self.config, self.version, self.lengths = config, version, lengths
-        self.counts = counts
+        self.counts, self.step, self.staleness = counts, step, staleness
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (to a DataLoader worker) with its counts as plain numbers: a tensor would go
@@ -69,8 +76,14 @@ class Planned(list):
 
     @staticmethod
     def like(source: Any, items: list[Any]) -> list[Any]:
-        """``items`` as a ``Planned`` with ``source``'s config and counts when ``source`` is
-        planned."""
+        """``items`` as a ``Planned`` with ``source``'s config, counts, step and staleness bound
+        when ``source`` is planned."""
         if not isinstance(source, Planned):
             return items
-        return Planned(items, source.config, counts=source.counts)
+        return Planned(
+            items,
+            source.config,
+            counts=source.counts,
+            step=source.step,
+            staleness=source.staleness,
+        )

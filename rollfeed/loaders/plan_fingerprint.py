@@ -9,8 +9,13 @@ shape a step's plan besides the world shape (which the state holds as ``dp_size`
 
     plan_fingerprint(LoaderConfig(plan=PlanConfig(seq_len=64)))
     -> {"seq_len": 64, "cp_layout": "contiguous", "pad_to_multiple_of": None,
-        "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "shuffle": False}
+        "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05, "shuffle": False,
+        "drop_staleness": -1}
     fingerprint_differences(saved, mine) -> ["seq_len: 64 -> 128"]
+
+``drop_staleness`` is ``max_staleness`` under ``on_stale="drop"`` (which samples a step plans
+depends on it) and -1 otherwise; a state saved before it existed planned with no bound
+(:data:`ADDED`).
 
 The field registry is not in it: it changes what is read of a micro batch, not which samples a
 micro batch holds. The fingerprint is about configuration; which step file a plan was made from
@@ -26,13 +31,17 @@ from typing import Any
 from rollfeed.loaders.config import LoaderConfig
 
 PLAN_OPTIONS = ("seq_len", "cp_layout", "pad_to_multiple_of", "overlong", "quadratic_cost")
-FINGERPRINT_KEYS = (*PLAN_OPTIONS, "shuffle")
+FINGERPRINT_KEYS = (*PLAN_OPTIONS, "shuffle", "drop_staleness")
+# Keys added after states were saved without them, with the value such a state planned under.
+ADDED = {"drop_staleness": -1}
 
 
 def plan_fingerprint(config: LoaderConfig) -> dict[str, Any]:
     """The plan-shaping options of ``config`` as plain values (JSON and DCP safe)."""
-    plan = config.plan
-    return {name: getattr(plan, name) for name in PLAN_OPTIONS} | {"shuffle": config.shuffle}
+    plan, stale = config.plan, config.staleness
+    drop = stale.max_staleness if stale is not None and stale.on_stale == "drop" else -1
+    options = {name: getattr(plan, name) for name in PLAN_OPTIONS}
+    return options | {"shuffle": config.shuffle, "drop_staleness": drop}
 
 
 def fingerprint_differences(saved: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:

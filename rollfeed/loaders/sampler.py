@@ -20,6 +20,11 @@ Each planned micro batch carries the step file's version and its samples' planne
 (:class:`~rollfeed.loaders.plan.Planned`), which the dataset holds its reads to, and the step's
 loss-token counts (:class:`~rollfeed.collate.StepCounts`, planned from ``dataset.loss_runs(step)``:
 exact after truncation, the same on every rank, no collective), which the micro batch carries.
+Under a staleness bound (``LoaderConfig.max_staleness``, :mod:`rollfeed.loaders.staleness`) the
+step's samples are held to it from ``dataset.policy_versions(step)`` (the index's oldest version of
+each) before planning: ``"drop"`` plans the others only, ``"error"`` raises
+:class:`~rollfeed.loaders.staleness.StaleSampleError`; the plan's metrics count them
+(``stale_samples``, ``stale_dropped``).
 A step with samples truncated at ``seq_len`` is logged once, on one rank of the world (the one at
 dp 0, cp 0, tp 0, pp 0; DEBUG on the others): a warning naming samples and tokens, and how to
 make it an error; its plan's counts are :meth:`MicroBatchSampler.plan_metrics`.
@@ -55,6 +60,7 @@ from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
 from rollfeed.loaders.plan import Planned
 from rollfeed.loaders.plan_fingerprint import plan_fingerprint
+from rollfeed.loaders.staleness import stale_error, stale_samples
 from rollfeed.loaders.state import SamplerState, continue_at, resume_point, step_gone
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_version import StepVersion
@@ -65,7 +71,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
 class _StepPlan:
     """One step's plan and what it was planned from: ``order [n]`` dataset indices and
-    ``lengths [n]`` (shuffled alike), the step file's ``version`` and its samples' ``identity``."""
+    ``lengths [n]`` (shuffled alike, stale samples dropped), the step file's ``version``, its
+    samples' ``identity`` and the staleness counts (``stale``: ``stale_samples``,
+    ``stale_dropped``)."""
 
     step: int
     plan: BatchPlan
@@ -73,6 +81,7 @@ class _StepPlan:
     lengths: np.ndarray
     version: StepVersion | None
     identity: StepIdentity
+    stale: dict[str, int]
 
 
 class MicroBatchSampler(Sampler[list[int]]):
@@ -120,10 +129,17 @@ class MicroBatchSampler(Sampler[list[int]]):
             images = self.dataset.image_runs(step)
             version = self.dataset.step_version(step)
             identity = self.dataset.step_identity(step)
+            versions = self.dataset.policy_versions(step)
             if self.config.shuffle:
                 perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
                 order, lengths, runs = order[perm], lengths[perm], runs.take(perm)
                 images = None if images is None else images.take(perm)
+                versions = versions[perm]
+            stale = self._stale(step, order, versions)
+            if stale["stale_dropped"]:
+                keep = np.flatnonzero(~stale_samples(versions, step, self.config.max_staleness))
+                order, lengths, runs = order[keep], lengths[keep], runs.take(keep)
+                images = None if images is None else images.take(keep)
             dp_size = self.topology.dp_size
             plan = plan_lengths(
                 lengths, self.config.plan, dp_size=dp_size, loss_runs=runs, image_runs=images
@@ -135,9 +151,26 @@ class MicroBatchSampler(Sampler[list[int]]):
                 lengths=lengths,
                 version=version,
                 identity=identity,
+                stale=stale,
             )
             self._log_truncation(step, plan.metrics)
         return got
+
+    def _stale(self, step: int, order: np.ndarray, versions: np.ndarray) -> dict[str, int]:
+        """The step's staleness counts under the config's bound; ``"error"`` raises for the
+        first stale sample (in dataset order)."""
+        policy = self.config.staleness
+        if policy is None:
+            return {"stale_samples": 0, "stale_dropped": 0}
+        stale = stale_samples(versions, step, policy.max_staleness)
+        if stale.any() and policy.on_stale == "error":
+            at = np.flatnonzero(stale)
+            first = at[np.argmin(order[at])]
+            _, sample = self.dataset.source.locate(int(order[first]))
+            bound, file = policy.max_staleness, self.dataset.where(step)
+            raise stale_error(step, sample, int(versions[first]), bound, file)
+        dropped = int(stale.sum()) if policy.on_stale == "drop" else 0
+        return {"stale_samples": int(stale.sum()), "stale_dropped": dropped}
 
     def _log_truncation(self, step: int, metrics: Mapping[str, float]) -> None:
         """A truncation is never silent: one warning per step, on one rank of the world (every
@@ -168,12 +201,24 @@ class MicroBatchSampler(Sampler[list[int]]):
             at = list(mb)
             lengths, plan, counts = got.lengths[at].tolist(), self.config.plan, loss.counts(at)
             indices = got.order[at].tolist()
-            out.append(Planned(indices, plan, version=got.version, lengths=lengths, counts=counts))
+            out.append(
+                Planned(
+                    indices,
+                    plan,
+                    version=got.version,
+                    lengths=lengths,
+                    counts=counts,
+                    step=step,
+                    staleness=self.config.staleness,
+                )
+            )
         return out
 
     def plan_metrics(self, step: int) -> dict[str, float]:
-        """``plan_lengths``'s metrics of ``step`` (the whole step, the same on every rank)."""
-        return dict(self._step_plan(step).plan.metrics)
+        """``plan_lengths``'s metrics of ``step`` and its staleness counts (the whole step, the
+        same on every rank)."""
+        got = self._step_plan(step)
+        return {**got.plan.metrics, **got.stale}
 
     def _normalize(self) -> None:
         if self._consumed and self._consumed == self._step_size:  # finished: resume at the next
@@ -242,9 +287,13 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def _empty_step_error(self, step: int) -> EmptyStepError:
         samples = len(self.plan(step)[1])
-        at_image = self.plan_metrics(step)["dropped_at_image"]
+        metrics = self.plan_metrics(step)
+        at_image, stale = metrics["dropped_at_image"], metrics["stale_dropped"]
         why = (
-            "its step file holds no samples"
+            f"all {stale} samples lag the step by more than max_staleness="
+            f"{self.config.max_staleness} and were dropped (on_stale='drop')"
+            if stale and samples == 0
+            else "its step file holds no samples"
             if samples == 0
             else f"all {samples} samples were dropped as longer than "
             f"seq_len={self.config.plan.seq_len} "

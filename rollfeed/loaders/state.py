@@ -8,7 +8,7 @@ was planned under and which samples it counted in::
     {"version": 3, "step": 7, "micro_batches": 3, "seed": 0, "dp_size": 2, "cp_size": 2,
      "plan": {"seq_len": 64, "cp_layout": "zigzag", "pad_to_multiple_of": None,
               "overlong": "truncate", "quadratic_cost": 2.0345052083333332e-05,
-              "shuffle": False},
+              "shuffle": False, "drop_staleness": -1},
      "data": {"samples": 13, "tokens": 480, "digest": "5c1d0e...(32 hex digits)"}}
     # step 7, its first 3 micro batches consumed, of the samples "data" names
     # (:mod:`~rollfeed.loaders.step_identity`); a finished step is saved as (step + 1, 0), and a
@@ -53,7 +53,7 @@ from typing import Any
 
 from rollfeed.loaders.config import Reshard
 from rollfeed.loaders.errors import LoaderStateError
-from rollfeed.loaders.plan_fingerprint import FINGERPRINT_KEYS, fingerprint_differences
+from rollfeed.loaders.plan_fingerprint import ADDED, FINGERPRINT_KEYS, fingerprint_differences
 from rollfeed.loaders.step_files import MAX_STEP
 from rollfeed.loaders.step_identity import NO_SAMPLES, StepIdentity
 
@@ -118,6 +118,8 @@ class SamplerState:
                 step=values["step"] if type(values["step"]) is int else None,
             )
         plan = state["plan"]
+        if isinstance(plan, Mapping) and set(plan) == set(FINGERPRINT_KEYS) - set(ADDED):
+            plan = {**plan, **ADDED}
         if not isinstance(plan, Mapping) or set(plan) != set(FINGERPRINT_KEYS):
             raise LoaderStateError(
                 f"sampler state plan must map {sorted(FINGERPRINT_KEYS)}, got {plan!r}; pass the "

@@ -134,8 +134,10 @@ class StepWriter:
         policy_version: int | None = None,
     ) -> None:
         """Write ``sample`` now (``group``: its group id, e.g. the prompt's, with the
-        ``shared_prefix`` tokens it shares with the group; ``policy_version``: the oldest policy
-        version among its tokens)."""
+        ``shared_prefix`` tokens it shares with the group). The index's policy version is the
+        oldest of the sample's version spans; ``policy_version`` gives one to a sample without
+        spans (every token of it), and must be left out, or be that oldest, for one with spans
+        (:class:`StepFileError`)."""
         if self.vocab_size is not None and int(sample.token_ids.max()) >= self.vocab_size:
             raise StepFileError(
                 f"sample {len(self)} holds token id {int(sample.token_ids.max())}, not below "
@@ -144,9 +146,14 @@ class StepWriter:
                 step=self.step,
                 sample=len(self),
             )
-        record = sample_record(
-            sample, group=group, shared_prefix=shared_prefix, policy_version=policy_version
-        )
+        try:
+            record = sample_record(
+                sample, group=group, shared_prefix=shared_prefix, policy_version=policy_version
+            )
+        except ValueError as err:
+            raise StepFileError(
+                str(err), file=self.path, step=self.step, sample=len(self)
+            ) from None
         self._guard(lambda: self._writer.append(record))
 
     def close(self) -> str:

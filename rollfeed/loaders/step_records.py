@@ -13,11 +13,16 @@ texts and segment records; this is where a sample's parts get their names:
 - ``uid`` -> the text ``uid``; ``payload`` -> the segment records, as they are;
 - ``images`` (:class:`~rollfeed.payload.ImageSpan`) -> the record's marked spans (each image's
   placeholder run, which the index repeats so that a planner never cuts inside an image) and the
-  text ``images``, the image records as JSON (a handle or inline bytes each).
+  text ``images``, the image records as JSON (a handle or inline bytes each);
+- ``version_spans`` (:mod:`rollfeed.collate.versions`) -> the column ``version_spans``, ``[K, 3]``
+  ``(start, end, version)`` rows (stored at the narrowest integer dtype: 3 bytes a span for
+  versions below 256 in a sample below 256 tokens), absent when the sample has none; the index's
+  policy version is their oldest (:func:`record_policy_version`).
 
 A record holding a column or text of another name is not a sample's: ``ValueError`` naming
-it (the reader adds the file, step and sample). The record's group id, shared prefix and policy
-version are the step index's, not the sample's (:class:`~rollfeed.loaders.step_files.StepWriter`).
+it (the reader adds the file, step and sample); so is one whose index row's policy version is not
+the oldest of its version spans. The record's group id and shared prefix are the step index's,
+not the sample's (:class:`~rollfeed.loaders.step_files.StepWriter`).
 
 Example::
 
@@ -33,11 +38,26 @@ import json
 
 import numpy as np
 
-from rollfeed.collate import Sample
+from rollfeed.collate import Sample, oldest_version
 from rollfeed.payload import ImageSpan, StepRecord
 
 _ARRAYS = ("advantages", "inference_logprobs", "temperatures")
 _FIELD = "field:"
+VERSIONS = "version_spans"  # the column of a sample's version spans
+
+
+def record_policy_version(sample: Sample, given: int | None = None) -> int | None:
+    """The index's policy version of ``sample``: the oldest of its version spans. A sample
+    without spans may be given one for all its tokens (``given``: the step an orchestrator knows
+    it came from); one that has spans takes theirs, and a ``given`` other than their oldest is a
+    :class:`ValueError`."""
+    oldest = oldest_version(sample.version_spans)
+    if oldest is not None and given is not None and given != oldest:
+        raise ValueError(
+            f"policy_version={given} is not the oldest version of the sample's version spans "
+            f"({oldest}); leave it out: a sample with version spans gives its own"
+        )
+    return oldest if oldest is not None else given
 
 
 def sample_record(
@@ -47,10 +67,13 @@ def sample_record(
     shared_prefix: int = 0,
     policy_version: int | None = None,
 ) -> StepRecord:
-    """``sample`` as a step record (module doc)."""
+    """``sample`` as a step record (module doc); ``policy_version``: see
+    :func:`record_policy_version`."""
     columns: dict[str, np.ndarray] = {
         name: value for name in _ARRAYS if (value := getattr(sample, name)) is not None
     }
+    if len(sample.version_spans):
+        columns[VERSIONS] = sample.version_spans
     for name, data in sample.fields.items():
         if isinstance(data, tuple):
             columns[f"{_FIELD}{name}:counts"], columns[f"{_FIELD}{name}:values"] = data
@@ -66,7 +89,7 @@ def sample_record(
         texts=texts,
         segments=sample.payload,
         spans=np.array([(im.start, im.end) for im in sample.images], np.int64).reshape(-1, 2),
-        policy_version=policy_version,
+        policy_version=record_policy_version(sample, policy_version),
         group=group,
         shared_prefix=shared_prefix,
     )
@@ -77,6 +100,7 @@ def record_sample(record: StepRecord) -> Sample:
     typed errors (:mod:`rollfeed.collate.errors`) for values it refuses."""
     columns = dict(record.columns)
     arrays = {name: columns.pop(name, None) for name in _ARRAYS}
+    versions = columns.pop(VERSIONS, None)
     fields: dict[str, object] = {}
     for key in sorted(columns):
         if not key.startswith(_FIELD):
@@ -99,7 +123,7 @@ def record_sample(record: StepRecord) -> Sample:
     for name in ("advantages", "inference_logprobs"):
         if arrays[name] is None:
             raise ValueError(f"no {name} column")
-    return Sample(
+    sample = Sample(
         record.ids,
         loss_mask=record.mask,
         advantages=arrays["advantages"],
@@ -108,8 +132,16 @@ def record_sample(record: StepRecord) -> Sample:
         fields=fields,  # type: ignore[arg-type]
         payload=record.segments,
         images=_images(record),
+        version_spans=versions,
         uid=record.texts.get("uid"),
     )
+    oldest = oldest_version(sample.version_spans)
+    if oldest is not None and oldest != record.policy_version:
+        raise ValueError(
+            f"the index gives the record policy version {record.policy_version}, the oldest of "
+            f"its version spans is {oldest}: the index is not its record's"
+        )
+    return sample
 
 
 def _images(record: StepRecord) -> list[ImageSpan]:

@@ -29,7 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
-from rollfeed.collate import ImageRuns, LossRuns, Sample
+from rollfeed.collate import ImageRuns, LossRuns, Sample, oldest_version
 from rollfeed.loaders.errors import (
     LoaderConfigError,
     StepFileError,
@@ -48,14 +48,21 @@ from rollfeed.payload import PayloadMissingFileError, StepRecordFile, StepRecord
 class LoadedStep:
     """One step as a process holds it: the ``version`` of its file (``None`` in memory), its
     samples' ``lengths [n]``, loss ``runs``, image placeholder runs (``images``; ``None`` when no
-    sample holds an image) and ``identity``, and its file's ``index``."""
+    sample holds an image), oldest policy versions (``policy_versions [n]`` int64, -1: none) and
+    ``identity``, and its file's ``index``."""
 
     version: StepVersion | None
     lengths: np.ndarray
     runs: LossRuns
     images: ImageRuns | None
+    policy_versions: np.ndarray
     identity: StepIdentity
     index: StepRecordIndex | None = None
+
+
+def _oldest(sample: Sample) -> int:
+    oldest = oldest_version(sample.version_spans)
+    return -1 if oldest is None else oldest
 
 
 class StepSource(Protocol):
@@ -112,6 +119,7 @@ class SampleSteps:
                     if any(s.images for s in self.samples)
                     else None
                 ),
+                policy_versions=np.array([_oldest(s) for s in self.samples], np.int64).reshape(-1),
                 identity=StepIdentity.of_samples(self.samples),
             )
         return self._step
@@ -285,6 +293,7 @@ class StoredSteps:
                 if index.span_counts.sum()
                 else None
             ),
+            policy_versions=index.policy_version,
             identity=StepIdentity.of(index.tokens, index.crc32c),
             index=index,
         )

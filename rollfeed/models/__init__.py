@@ -1,4 +1,5 @@
-"""rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP, cp).
+"""rollfeed.models: scoring over the recorded sampling support (plain, fused LM head, TP, cp);
+the trainer's weights as a checkpoint the capture server loads (:func:`save_checkpoint`).
 
 Metrics convention: every ``metrics`` dict of this package (:class:`SupportScores`, the counters of
 :meth:`RouterReplay.set`) maps a counter's name to a 0-d int64 tensor on the device of the inputs.
@@ -15,6 +16,7 @@ Renamed (the old names work until the next release, with a ``DeprecationWarning`
 ``return_kept_logprobs=`` is ``return_support_logprobs=``.
 """
 
+from rollfeed.models.checkpoint import CheckpointWriteError, save_checkpoint
 from rollfeed.models.cp_group import CPGroup
 from rollfeed.models.errors import (
     CPGroupError,
@@ -42,6 +44,7 @@ __all__ = [
     "CPGroup",
     "CPGroupError",
     "CPMismatchError",
+    "CheckpointWriteError",
     "GradientReductionError",
     "LMHeadError",
     "ModelError",
@@ -59,6 +62,7 @@ __all__ = [
     "UnpackableAttentionError",
     "VocabularyRangeError",
     "fused_support_logprobs",
+    "save_checkpoint",
     "sum_gradients",
     "support_logprobs",
 ]

@@ -19,6 +19,10 @@ and the sampler's (``sampling_mask_logprobs``). A loss step::
 micro batch, the shares are the loss of the whole step in one process (the gradients summed over
 ranks, :func:`rollfeed.models.sum_gradients`).
 
+With the micro batch's policy versions (``versions=mb.versions, lag=VersionLag(step=k)``) the
+mismatch metrics are split by version lag and a weight per lag may scale each token's term
+(:mod:`rollfeed.objectives.version_lag`).
+
 Every function returns per-token terms ``[N]`` (the caller reduces them) and metric sums as 0-d
 tensors on the inputs' device; ``support_distribution`` and ``policy_loss`` each read their input
 checks back in one host sync. Errors are :class:`ObjectiveError` subclasses (a
@@ -57,6 +61,7 @@ from rollfeed.objectives.token_weights import (
     TrustRegion,
     Unweighted,
 )
+from rollfeed.objectives.version_lag import VersionLag
 
 __getattr__ = _renamed_names(
     __name__,
@@ -81,6 +86,7 @@ __all__ = [
     "TruncatedIS",
     "TrustRegion",
     "Unweighted",
+    "VersionLag",
     "aggregate",
     "finish_metrics",
     "micro_batch_rows",

@@ -23,7 +23,10 @@ divergence is never negative. Over the loss tokens:
 - ``log_mass``: the sampler's log-mass on the valid slots before renormalising, per centered token;
 - ``weighted``: the loss tokens whose applied weight is above 0;
 - the counters of :class:`~rollfeed.objectives.SupportDistribution` (``rows_*``, ``slots_invalid``,
-  ``duplicate_ids``, ``no_sampler_logprob``), summed.
+  ``duplicate_ids``, ``no_sampler_logprob``), summed;
+- with the policy versions (:class:`~rollfeed.objectives.VersionLag`), ``k1``, ``k3``,
+  ``log_ratio_mean``, ``kl`` and ``chi2`` again per lag bucket (``lag0_k1``, ...,
+  ``lag_older_chi2``; :mod:`rollfeed.objectives.version_lag`).
 
 *Not computed* has one meaning: a mean without anything to average (no loss token, no centered
 token, no sample with one, no weight above 0, or no sample boundaries for ``seq_chi2``) is absent
@@ -40,6 +43,7 @@ import torch
 
 from rollfeed.objectives.divergence import kl_chi2_terms, phi
 from rollfeed.objectives.support_distribution import ObjectiveMetrics, SupportDistribution
+from rollfeed.objectives.version_lag import finish_lag_metrics, lag_counters
 
 _FRACTIONS = ("truncated", "masked", "seq_truncated", "seq_masked", "seq_vetoed")
 _PER_TOKEN = ("k1", "k3", "log_ratio_mean", "log_ratio_std", *(f"{f}_frac" for f in _FRACTIONS))
@@ -114,9 +118,12 @@ def finish_metrics(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | tu
     counts that decide it back in one host sync."""
     f64 = lambda name: sums[name].to(torch.float64)  # noqa: E731
     decide = [f64("tokens"), f64("rows_centered"), f64("weighted"), f64("weight_sq")]
+    lag_keys = lag_counters(sums)
+    decide += [f64(k) for k in lag_keys]
     if "samples" in sums:
         decide.append(f64("samples"))
-    tokens, centered, weighted, weight_sq, *samples = torch.stack(decide).tolist()
+    tokens, centered, weighted, weight_sq, *rest = torch.stack(decide).tolist()
+    lag_counts, samples = dict(zip(lag_keys, rest, strict=False)), rest[len(lag_keys) :]
     out: dict[str, torch.Tensor | tuple[str, ...]] = {}
     skipped: list[str] = []
     if tokens > 0:
@@ -147,5 +154,7 @@ def finish_metrics(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | tu
     else:
         skipped.append("ess")
     out |= {k: v for k, v in sums.items() if k.startswith(_COUNTERS)}
-    out["not_computed"] = tuple(sorted(skipped))
+    lags, lag_skipped = finish_lag_metrics(sums, lag_counts)
+    out |= lags
+    out["not_computed"] = tuple(sorted(skipped + lag_skipped))
     return ObjectiveMetrics(out)

@@ -29,6 +29,11 @@ term or gradient does not fit the dtype raises
 ``distribution.loss_mask`` (dropped and counted by
 :func:`~rollfeed.objectives.support_distribution`).
 
+With the policy versions of the tokens (``versions=mb.versions`` and ``lag=VersionLag(step=k)``,
+:mod:`rollfeed.objectives.version_lag`) the mismatch metrics are split by version lag, and a
+per-lag weight ``λ_t`` (``VersionLag(weights=...)``) multiplies the token's whole term
+``λ_t·ℓ_t``, formed in log space as the other weights are (``λ_t = 0`` is an exact 0).
+
 The centering term applies to every centered loss token, also to those that a mask (MIS, IcePop,
 the trust region, a sequence mask or veto) removes from the first term; singletons give 0. A loss
 token it cannot center (no kept set, or no mask logprobs for two or more ids) is an
@@ -53,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from rollfeed.deprecation import renamed_keywords
+from rollfeed.objectives.divergence import phi
 from rollfeed.objectives.errors import ObjectiveCompositionError, ObjectiveInputError
 from rollfeed.objectives.mismatch import mismatch_sums, row_divergences
 from rollfeed.objectives.policy_checks import position_checks, verify
@@ -61,6 +67,7 @@ from rollfeed.objectives.sequence_weights import SequenceWeight
 from rollfeed.objectives.support_checks import not_a_logprob
 from rollfeed.objectives.support_distribution import SupportDistribution
 from rollfeed.objectives.token_weights import TOKEN_WEIGHTS, TokenWeight, Unweighted
+from rollfeed.objectives.version_lag import VersionLag, lag_sums
 
 MISSING = ("error", "skip")
 
@@ -140,6 +147,8 @@ def policy_loss(
     positions: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
+    versions: torch.Tensor | None = None,
+    lag: VersionLag | None = None,
 ) -> PolicyTerms:
     """The per-token terms of the module doc for ``N`` rows; reads its value checks back in one
     host sync (:mod:`rollfeed.objectives.policy_checks`).
@@ -157,6 +166,9 @@ def policy_loss(
         positions, cu_seqlens: the micro batch's sample boundaries (``mb.positions``,
             ``mb.cu_seqlens``); given, the sample-level sums (sequence weight, sequence χ²) are
             exact over ``group`` (the ``cp`` group) with one all-reduce per call.
+        versions, lag: ``[N]`` the policy version of each row (``mb.versions``, -1: none) and
+            the trained step with its lag buckets and weights (:class:`VersionLag`); both or
+            neither.
     """
     weight = Unweighted() if weight is None else weight
     n = distribution.n_rows
@@ -179,6 +191,15 @@ def policy_loss(
             + " needs its correction's token weight named: ScoreCentering(weight=Unweighted()) "
             "or TruncatedIS / MaskedIS / TrustRegion"
         )
+    if (versions is None) != (lag is None):
+        raise ObjectiveInputError(
+            "versions and lag come together: versions=mb.versions, lag=VersionLag(step=k) (the "
+            "step being trained)",
+            tensor="versions",
+        )
+    if lag is not None and not isinstance(lag, VersionLag):
+        raise ObjectiveInputError(f"lag must be a VersionLag, got {type(lag).__name__}")
+    buckets = None if lag is None else lag.buckets(versions.to(logprobs.device), n)
     bounds = positions is not None and cu_seqlens is not None
     if sequence is not None and not bounds:
         raise ObjectiveInputError(
@@ -201,6 +222,9 @@ def policy_loss(
     log_r = lp - log_q
     log_r_d = log_r.detach()
     log_w, truncated, masked = weight.log_weight(lp.detach(), log_q)
+    log_lag = None if lag is None or lag.weights is None else lag.log_weight(buckets, cdt)
+    if log_lag is not None:
+        log_w = log_w + log_lag
 
     kl, chi2 = row_divergences(distribution)
     sums = None
@@ -236,6 +260,8 @@ def policy_loss(
         follow = torch.where(adv >= 0, log_r_d <= high, log_r_d >= low)
         chosen = torch.where(follow, log_r, log_r_d.clamp(low, high))
         log_k = weight.log_clip_factor(lp.detach(), log_q)
+        if log_lag is not None:
+            log_k = log_k + log_lag
         log_factor = torch.where(loss, log_s + log_k, neg_inf)
         keep = log_factor > -math.inf
         factor = torch.where(keep, torch.exp(torch.where(keep, log_factor + chosen, zero)), zero)
@@ -251,6 +277,8 @@ def policy_loss(
         qw = torch.where(on, log_qw, neg_inf).exp()
         correction = correction.index_add(0, distribution.row, qw * distribution.log_p)
         correction = torch.where(distribution.centered, adv * correction, zero)
+        if log_lag is not None:  # a weight of 0 leaves an exact 0, whatever the correction
+            correction = torch.where(log_lag > -math.inf, log_lag.exp() * correction, zero)
         if centering.missing == "error":
             no_support, no_mask_logprobs = distribution.no_support, distribution.no_mask_logprobs
 
@@ -280,6 +308,19 @@ def policy_loss(
         sequence_flags=(seq_trunc & loss, seq_mask & loss, seq_veto & loss),
         sums=sums,
     )
+    if lag is not None:
+        metrics.update(
+            lag_sums(
+                lag,
+                buckets,
+                loss=loss,
+                centered=distribution.centered,
+                log_r=torch.where(loss, log_r_d.double(), 0.0),
+                k3=torch.where(loss, phi(torch.where(loss, log_r_d.double(), 0.0)), 0.0),
+                kl=kl,
+                chi2=chi2,
+            )
+        )
     return PolicyTerms(
         loss=terms,
         policy=policy,

@@ -23,6 +23,7 @@ An orchestrator in a few lines::
                                               sampling=sampling))   # a second turn
             step.append(rollout.sample(advantage=0.3, uid=f"p{i}"), group=f"p{i}")
     # step_000042.rfs appears whole here; client.write_step("steps/", 42, samples) writes a list
+    client.load_weights("/ckpt/step_000043", version=43)   # the trainer's next weights
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ from rollfeed.capture.errors import CaptureError, CaptureServerError
 from rollfeed.capture.protocol import (
     INFO_ROUTE,
     ROUTE,
+    WEIGHTS_ROUTE,
     CompletionRecord,
     GenerateRequest,
     GenerateResponse,
     ServerInfo,
+    WeightsRequest,
+    WeightsResponse,
 )
-from rollfeed.capture.turns import Turn, assemble_turns
+from rollfeed.capture.turns import Turn, assemble_turns, stitch_version_spans
 from rollfeed.collate import Sample
 from rollfeed.loaders import StepWriter, write_step_file
 from rollfeed.payload import ImageSpan
@@ -85,8 +89,31 @@ class CaptureClient:
             ) from None
 
     def info(self) -> ServerInfo:
-        """The server's payload root, model and fsync policy."""
+        """The server's payload root, model and fsync policy, and its policy version now."""
         return ServerInfo.model_validate_json(self._call(INFO_ROUTE, None))
+
+    def load_weights(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        version: int,
+        in_flight: Literal["finish", "continue"] = "finish",
+    ) -> WeightsResponse:
+        """Have the server load the trainer checkpoint at ``path`` (absolute, as the server
+        sees it; complete: :mod:`rollfeed.capture.checkpoint`) as policy ``version``; returns
+        once the engine samples with it. ``in_flight``: requests under way at the switch end
+        under the old weights (``"finish"``) or go on under the new ones (``"continue"``, a
+        partial rollout; :class:`~rollfeed.capture.protocol.WeightsRequest`). A refused
+        checkpoint is a :class:`CaptureServerError` (HTTP 400) naming what is wrong."""
+        request = WeightsRequest(path=os.fspath(path), version=version, in_flight=in_flight)
+        raw = self._call(WEIGHTS_ROUTE, request.model_dump_json().encode())
+        try:
+            return WeightsResponse.model_validate_json(raw)
+        except ValidationError as err:
+            raise CaptureServerError(
+                f"{self.url}{WEIGHTS_ROUTE} answered a malformed response "
+                f"({err.errors()[0]['msg']}); is it a capture server of this rollfeed version?"
+            ) from None
 
     def generate(
         self,
@@ -203,7 +230,13 @@ class Rollout:
         self.token_ids += [int(t) for t in new_ids] + c.token_ids
         self.loss_mask += [False] * len(new_ids) + c.trainable
         self.logprobs += [0.0] * len(new_ids) + c.logprobs
-        self.turns.append(Turn(length=len(new_ids) + len(c.token_ids), segments=tuple(c.segments)))
+        self.turns.append(
+            Turn(
+                length=len(new_ids) + len(c.token_ids),
+                segments=tuple(c.segments),
+                version_spans=tuple(c.version_spans),
+            )
+        )
         return c
 
     def sample(
@@ -214,10 +247,12 @@ class Rollout:
         final_token: Literal["fill", "repeat"] = "fill",
         gap: Literal["drop", "raise"] = "drop",
     ) -> Sample:
-        """The rollout as one :class:`Sample`: ``advantage`` per loss token, segments stitched."""
+        """The rollout as one :class:`Sample`: ``advantage`` per loss token, segments and policy
+        version spans stitched."""
         if not self.turns or self.temperature is None:
             raise CaptureError("a rollout needs at least one turn before it becomes a sample")
         segments, _ = assemble_turns(self.turns, final_token=final_token, gap=gap)
+        versions = stitch_version_spans(self.turns)
         mask = np.asarray(self.loss_mask, dtype=bool)
         return Sample(
             np.asarray(self.token_ids, dtype=np.int64),
@@ -227,5 +262,6 @@ class Rollout:
             temperatures=np.full(mask.size, self.temperature, np.float32),
             payload=segments,
             images=self.images,
+            version_spans=versions,
             uid=uid,
         )

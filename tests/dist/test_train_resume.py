@@ -125,6 +125,7 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
     assert moved == list(want["model"]), "some parameters did not change from step 1 to 3"
     plan = {"seq_len": 32, "cp_layout": "zigzag", "pad_to_multiple_of": None}
     plan |= {"overlong": "truncate", "quadratic_cost": DEFAULT_QUADRATIC, "shuffle": False}
+    plan |= {"drop_staleness": -1}
     assert {k: v for k, v in want.items() if k.startswith("loader")} == {
         f"loader_rank{r}": {"version": 3, "step": 3, "micro_batches": 0, "seed": 0}
         | {"dp_size": 2, "cp_size": 2, "plan": plan}  # the plan fingerprint through DCP

@@ -57,6 +57,13 @@ def _expected(ref, plan, taken: int) -> dict:
         support_rows=len(widths),
         support_width_mean=float(widths.mean()),
         support_width_max=int(widths.max()),
+        # no sample holds versions: every loss token of the whole rows is unversioned
+        stale_samples=0,
+        stale_dropped=0,
+        tokens_lag0=0,
+        tokens_lag_ahead=0,
+        tokens_unversioned=sum(int(t.step_counts.sample_loss_tokens.sum()) for t in tmbs),
+        stale_masked_tokens=0,
     )
     for q in (50, 90, 99):
         out[f"support_width_p{q}"] = int(np.quantile(widths, q / 100, method="inverted_cdf"))

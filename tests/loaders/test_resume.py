@@ -164,7 +164,7 @@ def test_resume_key_sees_every_tensor_of_a_micro_batch(step_dir):
     t = next(iter(loader))
     loader.close()
     names = [f.name for f in dataclasses.fields(t) if isinstance(getattr(t, f.name), torch.Tensor)]
-    assert len(names) == 10 and len(t.fields) >= 2, (names, sorted(t.fields))
+    assert len(names) == 11 and len(t.fields) >= 2, (names, sorted(t.fields))
 
     def changed(x: torch.Tensor) -> torch.Tensor:  # one bit of the first element flipped
         y = x.clone().contiguous()
