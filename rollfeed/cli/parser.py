@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--centering", action=argparse.BooleanOptionalAction, default=None)
     r.add_argument("--seq-len", dest="seq_len", type=_positive, help="default: as recorded")
     r.add_argument("--dtype", choices=("float32", "float64"), help="default: as recorded")
+    r.add_argument(
+        "--max-staleness", dest="max_staleness", type=int, help="the loader's bound, as recorded"
+    )
+    r.add_argument("--on-stale", dest="on_stale", choices=("drop", "mask", "error"))
     return ap
 
 

@@ -15,8 +15,9 @@ checkpoints) holds everything a trainer needs. ``retrain`` takes steps ``K`` to 
    fingerprints of the samples trained and a digest of the weights after it); it writes no
    checkpoint, so the run's own are left as they are.
 
-The trainer's settings (learning rate, loss flags, sequence length, dtype, ``cp``) default to the
-ones checkpoint ``K`` recorded, so the steps are trained as the run trained them: from the same
+The trainer's settings (learning rate, loss flags, sequence length, dtype, ``cp``, the staleness
+bound ``--max-staleness`` and its policy ``--on-stale``) default to the ones checkpoint ``K``
+recorded, so the steps are trained as the run trained them: from the same
 checkpoint, with the same world size, the weights after each step are bitwise the run's (compare
 the digests with the run's ``trainer.json``).
 
@@ -50,6 +51,7 @@ from rollfeed.cli.verify_steps import print_report, verify_records
 # What checkpoint K recorded of the run's trainer, as the trainer's flags.
 RECORDED = {"lr": "--lr", "clip_eps": "--clip-eps", "correction": "--correction"}
 RECORDED |= {"seq_len": "--seq-len", "dtype": "--dtype", "cp": "--cp"}
+RECORDED |= {"max_staleness": "--max-staleness", "on_stale": "--on-stale"}
 
 
 def _recorded(checkpoints: str, start: int) -> dict:

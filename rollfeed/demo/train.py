@@ -105,7 +105,7 @@ def train_step(
     sampler, trainer, entropy, kept = [], [], [], []
     for mb in batches:
         out = scorer.score(mb, return_support_logprobs=True)
-        terms = objective.terms(mb, out, cp_group=scorer.cp.group)
+        terms = objective.terms(mb, out, cp_group=scorer.cp.group, step=step)
         loss = aggregate(terms.loss, mb, mode="token_mean")
         loss.backward()
         loss_sum += loss.detach().double()

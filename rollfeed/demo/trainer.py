@@ -15,9 +15,18 @@ separate numerics (support replay against full vocabulary) from drift.
 
 After step ``k`` (``--checkpoint-every K``: after every K-th and the last) the ranks save a DCP
 checkpoint ``W/checkpoints/step_<k+1>`` (model, AdamW, each rank's loader position, and
-``trainer.json`` as it stood); then, with ``--progress``, rank 0 writes the trainer's progress file
-in the step directory (:mod:`rollfeed.orchestrator.progress`: ``step = version = k + 1``), the
-producer's signal that step ``k`` is consumed. The progress names only complete checkpoints.
+``trainer.json`` as it stood); then, with ``--progress``, the weights for the capture server
+(``--weights D``: ``D/step_<k+1>``, :func:`rollfeed.models.checkpoint.save_checkpoint`, complete or
+absent) and rank 0 writes the trainer's progress file in the step directory
+(:mod:`rollfeed.orchestrator.progress`: ``step = version = k + 1``, those weights and that
+checkpoint), the producer's signal that step ``k`` is consumed and which weights the server
+loads. The progress names only complete checkpoints and weights; a trainer resumed from a
+checkpoint writes the weights and progress a crash left out before it trains.
+
+``--max-staleness M --on-stale drop|mask|error``: the loader's staleness bound
+(:mod:`rollfeed.loaders.staleness`); each step records ``stale_dropped`` (samples left out),
+``stale_masked_tokens`` and ``tokens_by_lag`` (loss tokens by lag behind the step), and the
+objective's mismatch metrics by lag (``lag0_k3``, ``lag1_k3``, ...).
 
 Where it starts: ``--resume`` continues from the newest complete checkpoint (model, AdamW and
 loader position; from step 0 when there is none), bitwise as a run never stopped; ``--from K``
@@ -68,6 +77,7 @@ from transformers import AutoModelForCausalLM
 from rollfeed.collate import PlanConfig, TensorMicroBatch
 from rollfeed.demo.ledger import sample_fingerprints, weights_digest
 from rollfeed.demo.objective import CORRECTIONS, DemoObjective
+from rollfeed.demo.publish import announce, lag_totals
 from rollfeed.demo.train import (
     checkpoint_path,
     latest_checkpoint,
@@ -78,7 +88,6 @@ from rollfeed.demo.train import (
 )
 from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.models import PolicyScorer
-from rollfeed.orchestrator.progress import TrainerProgress, write_progress
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -166,6 +175,8 @@ def train(args: argparse.Namespace) -> None:
         stream=True,
         start_step=start,
         step_timeout_s=args.step_timeout,
+        max_staleness=args.max_staleness,
+        on_stale=args.on_stale,
     )
     loader = build_dataloader(
         RolloutDataset.from_step_dir(args.steps_dir),
@@ -181,12 +192,15 @@ def train(args: argparse.Namespace) -> None:
     result |= {"clip_eps": args.clip_eps, "correction": args.correction}
     result |= {"centering": args.centering, "lr": args.lr, "seq_len": args.seq_len}
     result |= {"dtype": args.dtype, "ranks": [], "train": []}
+    result |= {"max_staleness": args.max_staleness, "on_stale": args.on_stale}
     if checkpoint is not None:
         resume = args.start is None
         load_checkpoint(checkpoint, model, optimizer, loader if resume else None)
         if resume:
             result = json.loads((checkpoint / "trainer.json").read_text()) | {"steps": args.steps}
         logger.info("started from %s at step %d", checkpoint, start)
+        if resume and args.progress:  # a crash may have come between checkpoint and progress
+            announce(args, model, start, checkpoint)
     cp_group = scorer.cp.group
     for step in range(start, args.steps):
         t0 = time.perf_counter()
@@ -197,6 +211,9 @@ def train(args: argparse.Namespace) -> None:
         mine = {"delta": (record.trainer - record.sampler).tolist()}
         mine |= {"entropy": record.entropy.tolist(), "clipped": record.clipped}
         mine["samples"] = [f for mb in batches for f in sample_fingerprints(mb, cp_group)]
+        metrics = loader.metrics
+        mine["masked"] = metrics["stale_masked_tokens"]
+        mine["lags"] = {k[7:]: int(v) for k, v in metrics.items() if k.startswith("tokens_lag")}
         if before is not None:
             before |= {"sampler": record.sampler.tolist(), "replay": record.trainer.tolist()}
             before |= {"kept": record.kept.tolist(), "rank": rank, "dp_rank": topo.dp_rank}
@@ -218,6 +235,9 @@ def train(args: argparse.Namespace) -> None:
                 "entropy": [e for g in gathered for e in g["entropy"]],
                 "samples": sorted(f for g in gathered for f in g["samples"]),
                 "digest": weights_digest(full),
+                "stale_dropped": int(metrics["stale_dropped"]),
+                "stale_masked_tokens": sum(int(g["masked"]) for g in gathered),
+                "tokens_by_lag": lag_totals(g["lags"] for g in gathered),
             }
         )
         last = step + 1 == args.steps
@@ -227,9 +247,8 @@ def train(args: argparse.Namespace) -> None:
                 path.mkdir(parents=True, exist_ok=True)
                 (path / "trainer.json").write_text(json.dumps(result))
             save_checkpoint(path, model, optimizer, loader)
-            if args.progress and rank == 0:  # after the checkpoint is complete
-                progress = TrainerProgress(step=step + 1, version=step + 1, checkpoint=str(path))
-                write_progress(args.steps_dir, progress)
+            if args.progress:  # after the checkpoint is complete
+                announce(args, model, step + 1, path)
     loader.close()  # the workers end now, not at interpreter exit
     if rank == 0:
         args.out.write_text(json.dumps(result))
@@ -261,6 +280,11 @@ def parser() -> argparse.ArgumentParser:
         "--progress", action="store_true", help="write the progress file after each checkpoint"
     )
     ap.add_argument("--step-timeout", type=float, default=600.0, help="wait for a step file")
+    ap.add_argument(
+        "--weights", type=Path, help="with --progress: write the weights for the server here"
+    )
+    ap.add_argument("--max-staleness", type=int, help="the loader's bound (default: none)")
+    ap.add_argument("--on-stale", choices=("drop", "mask", "error"), default="error")
     return ap
 
 

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from transformers import PreTrainedModel
 
 # The demo trainer imports the model classes before the process group exists (see its doc).
-from rollfeed.demo import trainer
+from rollfeed.demo import publish, trainer
 from tests.crash.points import Points
 
 POINTS = Points("trainer")
@@ -45,13 +45,13 @@ def install_points() -> None:
         return out
 
     PreTrainedModel.save_pretrained = paused_save
-    write_progress = trainer.write_progress
+    write_progress = publish.write_progress
 
     def paused_progress(*args, **kwargs):
         POINTS.at("progress.before")
         return write_progress(*args, **kwargs)
 
-    trainer.write_progress = paused_progress
+    publish.write_progress = paused_progress
 
 
 if __name__ == "__main__":
