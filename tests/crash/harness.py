@@ -90,7 +90,7 @@ class Settings:
     prompts_per_step: int = 3
     group_size: int = 2
     max_tokens: int = 8
-    max_ahead: int = 2
+    max_ahead: int = 1  # step k sampled by weights k - 1 or newer: lag <= max_staleness
     max_staleness: int = 1
     seed: int = 0
 
