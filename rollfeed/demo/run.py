@@ -6,9 +6,11 @@
 3. the loop, two processes side by side: the producer (:mod:`rollfeed.demo.rollouts`) samples
    step ``k + 1`` through the server while ``torchrun`` trains step ``k`` on 2 DP x 2 CP gloo
    ranks (:mod:`rollfeed.demo.trainer`: the loader streams the step files, FSDP2, a DCP
-   checkpoint and the trainer's progress file after each step); the producer stays at most
-   ``MAX_AHEAD`` step ahead of the trainer, so every step is trained at most one policy version
-   after the one that sampled it;
+   checkpoint, the weights for the server and the trainer's progress file after each step); the
+   producer has the server load each step's weights as they appear (rollouts in flight go on
+   under them: partial rollouts of two versions) and stays at most ``MAX_AHEAD`` step ahead of
+   the trainer, so every step is trained at most one policy version after the one that sampled
+   it (``MAX_STALENESS``: the loader's bound, stale samples dropped and counted);
 4. report: text and a PNG (:mod:`rollfeed.demo.report`).
 
 Each run works in a directory of its own, printed first: a fresh one under
@@ -38,6 +40,7 @@ from rollfeed.demo.workdir import KEEP_RUNS, DemoRun, DemoWorkdirInUseError, cla
 RANKS, CP = 4, 2
 STEPS = 4  # steps of the loop: sampled, trained, weights back to the server
 MAX_AHEAD = 1  # the producer samples step k + 1 while the trainer trains step k
+MAX_STALENESS = 1  # the trainer's bound: step k trains tokens of versions k - 1 and k
 
 
 def _stage(number: int, text: str) -> float:
@@ -153,7 +156,7 @@ def _run_stages(
         )
     for name in ("rollouts.json", "trainer.json", "demo.png"):
         (work / name).unlink(missing_ok=True)
-    for name in ("steps", "checkpoints"):  # a rerun's loop is its own
+    for name in ("steps", "checkpoints", "weights"):  # a rerun's loop is its own
         shutil.rmtree(work / name, ignore_errors=True)
     (work / "steps").mkdir()
     env = dict(os.environ)
@@ -188,6 +191,8 @@ def _run_stages(
         trainer += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
         trainer += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
         trainer += ["--steps", str(STEPS), "--checkpoint-every", "1", "--progress", *loss]
+        trainer += ["--weights", str(work / "weights"), "--max-staleness", str(MAX_STALENESS)]
+        trainer += ["--on-stale", "drop"]
         _loop(producer, trainer, env, tenv, work)
     print(f"      steps {work / 'steps'}, checkpoints {work / 'checkpoints'}")
     print(f"      ({time.perf_counter() - t0:.1f} s)")

@@ -25,8 +25,10 @@ checkpoint writes the weights and progress a crash left out before it trains.
 
 ``--max-staleness M --on-stale drop|mask|error``: the loader's staleness bound
 (:mod:`rollfeed.loaders.staleness`); each step records ``stale_dropped`` (samples left out),
-``stale_masked_tokens`` and ``tokens_by_lag`` (loss tokens by lag behind the step), and the
-objective's mismatch metrics by lag (``lag0_k3``, ``lag1_k3``, ...).
+``stale_masked_tokens``, ``tokens_by_lag`` (loss tokens by lag behind the step), ``partial``
+(the samples whose tokens span two versions, with their per-token versions in the micro batch:
+:func:`~rollfeed.demo.ledger.partial_rollouts`) and the objective's mismatch metrics by lag
+(``lag0_k3``, ``lag1_k3``, ...).
 
 Where it starts: ``--resume`` continues from the newest complete checkpoint (model, AdamW and
 loader position; from step 0 when there is none), bitwise as a run never stopped; ``--from K``
@@ -75,7 +77,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
 from rollfeed.collate import PlanConfig, TensorMicroBatch
-from rollfeed.demo.ledger import sample_fingerprints, weights_digest
+from rollfeed.demo.ledger import partial_rollouts, sample_fingerprints, weights_digest
 from rollfeed.demo.objective import CORRECTIONS, DemoObjective
 from rollfeed.demo.publish import announce, lag_totals
 from rollfeed.demo.train import (
@@ -211,6 +213,7 @@ def train(args: argparse.Namespace) -> None:
         mine = {"delta": (record.trainer - record.sampler).tolist()}
         mine |= {"entropy": record.entropy.tolist(), "clipped": record.clipped}
         mine["samples"] = [f for mb in batches for f in sample_fingerprints(mb, cp_group)]
+        mine["partial"] = [p for mb in batches for p in partial_rollouts(mb, cp_group)]
         metrics = loader.metrics
         mine["masked"] = metrics["stale_masked_tokens"]
         mine["lags"] = {k[7:]: int(v) for k, v in metrics.items() if k.startswith("tokens_lag")}
@@ -238,6 +241,7 @@ def train(args: argparse.Namespace) -> None:
                 "stale_dropped": int(metrics["stale_dropped"]),
                 "stale_masked_tokens": sum(int(g["masked"]) for g in gathered),
                 "tokens_by_lag": lag_totals(g["lags"] for g in gathered),
+                "partial": [p for g in gathered for p in g["partial"]],
             }
         )
         last = step + 1 == args.steps

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from rollfeed.capture.process import free_port, server_process
-from tests.conftest import MAX_LOGPROBS, START_TIMEOUT_S
+from tests.conftest import MAX_LOGPROBS, START_TIMEOUT_S, restore_base_weights
 from tests.crash.harness import Kill, Pipeline, Settings, plan_kills, retrain_digests, table
 from tests.dist.launch import REPO
 
@@ -33,19 +33,6 @@ def check_bitwise(pipeline: Pipeline, lineage: list[dict], again: dict[int, dict
         assert record["digest"] == mine["digest"], f"step {c} trained again differs"
         assert record["loss"] == mine["loss"] and record["samples"] == mine["samples"], c
     return len(again)
-
-
-def base_weights_restored(server, model_dir, work) -> None:
-    """Load the model's own weights back into the session's server as version 0 (the tests
-    after this one sample the model as it was built)."""
-    from rollfeed.models.checkpoint import save_checkpoint
-    from transformers import AutoModelForCausalLM
-
-    from rollfeed.orchestrator import CaptureClient
-
-    path = work / "base_v0"
-    save_checkpoint(AutoModelForCausalLM.from_pretrained(model_dir), path, step=0)
-    CaptureClient(server.url).load_weights(path, version=0)
 
 
 @pytest.mark.vllm
@@ -73,7 +60,7 @@ def test_three_crash_points(capture_server, tmp_path):
         final, lineage = pipeline.finish()
     finally:
         pipeline.close()
-        base_weights_restored(capture_server, capture_server.model_dir, tmp_path)
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     # The first step trained after the trainer's first restart, again with the command line.
     c = min(pipeline.tally.resumed_from)
     cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]

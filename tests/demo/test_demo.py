@@ -12,6 +12,7 @@ import pytest
 from rollfeed.demo.report import Mismatch, format_report, kept_histogram, summarize, write_plot
 from rollfeed.demo.run import STEPS
 from rollfeed.orchestrator.progress import read_progress
+from tests.conftest import restore_base_weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -202,7 +203,7 @@ def test_plot_is_written(tmp_path):
 
 
 @pytest.mark.vllm
-def test_demo_end_to_end(capture_server):
+def test_demo_end_to_end(capture_server, tmp_path):
     # The session's capture server: its model is the demo's under this cache, its payload root
     # is this work directory's.
     env = dict(os.environ, XDG_CACHE_HOME=str(capture_server.cache))
@@ -210,7 +211,10 @@ def test_demo_end_to_end(capture_server):
     cmd = [sys.executable, "-m", "rollfeed", "demo", "--workdir", str(work)]
     cmd += ["--server", capture_server.url]
     cmd += ["--prompts", "4", "--samples", "2", "--max-tokens", "16"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
+    finally:  # the trainer's weights back out of the session's server
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "support replay" in proc.stdout and (work / "demo.png").exists()
     rollouts = json.loads((work / "rollouts.json").read_text())
@@ -241,8 +245,9 @@ def test_demo_end_to_end(capture_server):
     assert r.steps[1].mismatch.mean_abs > 10 * r.steps[0].mismatch.mean_abs
     assert all(np.isfinite(s.loss) and s.entropy >= 0 for s in r.steps)
     # The objectives' divergences are computed for every step and never negative, step 0 too.
+    # (A lag bucket without a token has none computed: lag 1 at step 0.)
     for s in r.steps:
-        assert s.objective["not_computed"] == [], s.objective
+        assert [k for k in s.objective["not_computed"] if not k.startswith("lag")] == []
         assert min(s.objective[k] for k in ("kl", "chi2", "seq_chi2", "k3")) >= 0, s.objective
     assert (work / "checkpoints" / f"step_{STEPS:06d}" / ".metadata").exists()
     assert read_progress(work / "steps").step == STEPS
@@ -257,3 +262,21 @@ def test_demo_end_to_end(capture_server):
     groups = sorted(p.name for p in run.iterdir())
     assert groups == [f"step_{k:06d}" for k in range(STEPS)]
     assert all(len(list((run / g).iterdir())) == 1 for g in groups)  # one writer per group
+    # The RL loop's versions: step 0 on-policy; step k >= 1 sampled by the weights of step k - 1
+    # (the producer one step ahead), some tokens by step k's where a rollout went on across the
+    # weight update. Nothing was stale beyond the bound, so nothing was dropped.
+    assert trainer["max_staleness"] == 1 and trainer["on_stale"] == "drop"
+    for rec in trainer["train"]:
+        k, lags = rec["step"], rec["tokens_by_lag"]
+        assert rec["stale_dropped"] == 0
+        assert lags.get("lag0", 0) + lags.get("lag1", 0) == 128, (k, lags)
+        assert rec["objective"]["lag0_tokens"] == lags.get("lag0", 0)
+        assert rec["objective"]["lag1_tokens"] == lags.get("lag1", 0)
+        for partial in rec["partial"]:
+            assert {v for v in partial["versions"] if v >= 0} == {k - 1, k}
+    assert trainer["train"][0]["tokens_by_lag"]["lag0"] == 128
+    assert all(rec["tokens_by_lag"]["lag1"] > 0 for rec in trainer["train"][1:])
+    assert "mismatch by version lag" in proc.stdout and "partial rollout" in proc.stdout
+    assert sorted(p.name for p in (work / "weights").iterdir()) == [
+        f"step_{k:06d}" for k in range(1, STEPS + 1)
+    ]
