@@ -46,11 +46,13 @@ def test_records_that_do_not_read_back_train_nothing(tmp_path, capsys):
 
 def test_the_trainer_trains_as_checkpoint_k_recorded(tmp_path):
     recorded = {"lr": 1e-4, "clip_eps": 0.1, "correction": "icepop", "centering": False}
-    recorded |= {"seq_len": 64, "dtype": "float64", "cp": 2}
+    recorded |= {"seq_len": 64, "dtype": "float64", "cp": 2, "max_staleness": 1}
+    recorded |= {"on_stale": "drop"}
     args = argparse.Namespace(
         steps="s", root="r", checkpoints="c", model="m", out="o.json", start=3, end=5, nproc=4
     )
     flags = dict.fromkeys(("lr", "clip_eps", "correction", "seq_len", "dtype", "cp"))
+    flags |= dict.fromkeys(("max_staleness", "on_stale"))
     cmd = trainer_command(argparse.Namespace(**vars(args), **flags, centering=None), recorded)
     text = " ".join(cmd)
     assert "--nproc_per_node=4 -m rollfeed.demo.trainer" in text
@@ -58,6 +60,7 @@ def test_the_trainer_trains_as_checkpoint_k_recorded(tmp_path):
     for flag, value in (("--lr", "0.0001"), ("--clip-eps", "0.1"), ("--seq-len", "64")):
         assert f"{flag} {value}" in text
     assert "--correction icepop" in text and "--no-centering" in text and "--cp 2" in text
+    assert "--max-staleness 1" in text and "--on-stale drop" in text  # the loader's bound too
     override = dict(flags, lr=0.5)
     cmd = trainer_command(argparse.Namespace(**vars(args), **override, centering=True), recorded)
     assert "--lr 0.5" in " ".join(cmd) and "--centering" in cmd
