@@ -7,9 +7,10 @@ capture server) and where (a pause point of :mod:`tests.crash.points`, or a rand
 stop there (or sleeps the random delay), SIGKILLs the process group, starts it again (the trainer
 resumes from its newest complete checkpoint, the producer from its cursor, a server on the same
 port), waits until the trainer has trained a step more, and audits what is there
-(:mod:`tests.crash.audit`) and that the server samples with the trainer's version. At the end every
-step trained after a restart is trained again from the same checkpoint in a fresh process
-(``tests/crash/run_retrain.py``), bitwise.
+(:mod:`tests.crash.audit`) and that the server samples with the trainer's version. A gate lets
+the trainer begin only the steps the next kill needs, so it never runs out of steps early. At
+the end every step trained after a restart is trained again from the same checkpoint in a fresh
+process (``tests/crash/run_retrain.py``), bitwise.
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ class Pipeline:
             "group_prefix": group_prefix,
         }
         (work / "producer.json").write_text(json.dumps(config))
+        self.gate(1)
         self.env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         self.env |= {"GLOO_SOCKET_IFNAME": "lo", "HF_HUB_OFFLINE": "1", CTL_ENV: str(self.ctl)}
 
@@ -220,6 +222,12 @@ class Pipeline:
         tmp.rename(self.ctl / f"arm-{role}.json")
         return self.arms
 
+    def gate(self, below: int) -> None:
+        """Let the trainer begin steps below ``below`` only (:meth:`Points.gate`)."""
+        tmp = self.ctl / ".gate-trainer.tmp"
+        tmp.write_text(json.dumps({"below": below}))
+        tmp.rename(self.ctl / "gate-trainer.json")
+
     def wait_paused(self, role: str, arm: int, timeout_s: float = 180.0) -> None:
         marker = self.ctl / f"paused-{role}.json"
         deadline = time.monotonic() + timeout_s
@@ -286,6 +294,10 @@ class Pipeline:
         """One kill and the restarts after it, then the audit."""
         before = self.trained()
         roles = ["trainer", "producer"] if kill.target == "both" else [kill.target]
+        # The steps this kill needs: one trained after it, and the trainer's point hit `after`
+        # times from a step begun after the arm.
+        trainer_point = kill.target in ("trainer", "both") and kill.point != "timed"
+        self.gate(before + (kill.after + 1 if trainer_point else 1))
         if kill.target == "server":
             arm = self.arm("producer", "reload.mid", 1, release=True)
             if kill.point == "reload.mid":
@@ -314,6 +326,7 @@ class Pipeline:
 
     def finish(self, timeout_s: float = 300.0) -> tuple[Audit, list[dict]]:
         """Wait for both processes to end; the final audit and the trainer's lineage."""
+        self.gate(self.s.steps)
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in self.procs.values()):
             self.check_alive()

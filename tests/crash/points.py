@@ -8,6 +8,10 @@ counts the hits of that point from the moment it sees the arm, and at hit ``afte
 ``<ctl>/paused-<role>.json`` (the arm's id, the point, its pid) and waits: forever (the test's
 SIGKILL ends it), or, for an arm with ``"release": true``, until ``<ctl>/release-<id>`` appears.
 Only rank 0 of the trainer looks; the other ranks block in their next collective.
+
+A gate paces a role: with ``<ctl>/gate-<role>.json`` (``{"below": 7}``) the process waits before
+step 7 until the test opens it further, so a trainer does not run through the run's steps while
+the test restarts another process (every kill then finds steps left to train).
 """
 
 from __future__ import annotations
@@ -56,6 +60,19 @@ class Points:
         release = self.ctl / f"release-{arm['id']}"
         while not (arm.get("release") and release.exists()):
             time.sleep(0.02)
+
+    def gate(self, step: int) -> None:
+        """Wait while the gate says ``step`` is not yet to begin (see the module doc)."""
+        if not self.active:
+            return
+        while True:
+            try:
+                below = json.loads((self.ctl / f"gate-{self.role}.json").read_text())["below"]
+            except (FileNotFoundError, ValueError):
+                return
+            if step < below:
+                return
+            time.sleep(0.05)
 
     def at(self, point: str) -> None:
         """A point with nothing to do before the pause."""

@@ -1,7 +1,8 @@
 """The crash test's trainer ranks: the demo trainer (:mod:`rollfeed.demo.trainer`) with the test's
 pause points, run under torchrun with the trainer's own flags.
 
-Pause points (:mod:`tests.crash.points`, rank 0): ``step.mid`` (gradients computed, the AdamW
+Each step waits at the test's gate first (:meth:`tests.crash.points.Points.gate`). Pause points
+(:mod:`tests.crash.points`, rank 0): ``step.mid`` (gradients computed, the AdamW
 update not applied), ``checkpoint.mid`` (the DCP checkpoint's files written, its ``.metadata``
 not), ``weights.mid`` (the weights for the server saved aside, not yet complete and renamed),
 ``progress.before`` (checkpoint and weights complete, the progress file not yet written).
@@ -23,6 +24,13 @@ POINTS = Points("trainer")
 
 
 def install_points() -> None:
+    train_step = trainer.train_step
+
+    def gated_step(*args, step: int, **kwargs):
+        POINTS.gate(step)
+        return train_step(*args, step=step, **kwargs)
+
+    trainer.train_step = gated_step
     step = torch.optim.AdamW.step
 
     def paused_step(self, *args, **kwargs):
