@@ -63,6 +63,7 @@ SCORING = "docs/scoring.md"
 CAPTURE = "docs/capture.md"
 OBJECT_STORES = "docs/object-stores.md"
 DURABLE = "docs/durable-log.md"
+ASYNC = "docs/async.md"
 RUNS: dict[tuple[str, str], str] = {
     QUICK_START: "script",
     ("docs/loaders.md", "Loaders and resume"): "torchrun",
@@ -73,6 +74,7 @@ RUNS: dict[tuple[str, str], str] = {
     (CAPTURE, "Serving: capture at the inference server"): "capture_server",
     (CAPTURE, "Request format, and capture through the OpenAI endpoints"): "capture_server",
     (DURABLE, "A producer"): "capture_server",
+    (ASYNC, "Weight updates at the capture server"): "capture_server",
 }
 # The torchrun blocks are one script, train.py, begun on the first of these pages.
 TORCHRUN_PAGES = ("docs/loaders.md", SCORING)
@@ -266,6 +268,21 @@ def _producer(ns: dict, ctx: SimpleNamespace) -> None:
     assert ns["metrics"]["steps_written"] == 2 and ns["metrics"]["rollouts"] == 8
 
 
+def _staleness(ns: dict, ctx: SimpleNamespace) -> None:
+    mb, loader = ns["mb"], ns["loader"]
+    v, loss = mb.versions, mb.loss_mask
+    assert int((v == 6).sum()) == 4 and int(((v == 6) & loss).sum()) == 0  # masked, still there
+    assert int((loss & (v == 9)).sum()) == 12 == loader.metrics["tokens_lag0"]
+
+
+def _weight_update(ns: dict, ctx: SimpleNamespace) -> None:
+    from rollfeed.capture import read_checkpoint
+
+    assert read_checkpoint(ns["path"]).step == 10 and ns["answer"].version == 10
+    completion = ns["completion"]
+    assert completion.version_spans == [(3, 3 + len(completion.token_ids), 10)]
+
+
 CHECKS: dict[tuple[str, str], Callable[[dict, SimpleNamespace], None]] = {
     QUICK_START: _quick_start,
     ("docs/payload.md", "Payload: bytes ↔ handles"): _payload,
@@ -277,6 +294,8 @@ CHECKS: dict[tuple[str, str], Callable[[dict, SimpleNamespace], None]] = {
     (CAPTURE, "Request format, and capture through the OpenAI endpoints"): _openai_capture,
     ("docs/multimodal.md", "Scoring and a loss"): _multimodal,
     (DURABLE, "A producer"): _producer,
+    (ASYNC, "Policy versions and the staleness bound"): _staleness,
+    (ASYNC, "Weight updates at the capture server"): _weight_update,
 }
 
 

@@ -63,6 +63,7 @@ from rollfeed.capture.protocol import (
 from rollfeed.capture.route import CaptureRoute
 from rollfeed.capture.vllm_adapter import check_engine, import_vllm
 from rollfeed.capture.weights import WeightUpdater
+from rollfeed.capture.worker_reload import EXTENSION
 from rollfeed.errors import RollfeedError
 
 logger = logging.getLogger(__name__)
@@ -154,7 +155,9 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
     every payload file's name), ``--policy-version`` (the version of the weights it starts with,
     default 0). Everything else goes to vLLM's serve parser
     (:func:`vllm_parser`), whose ``--logprobs-mode`` defaults to ``processed_logprobs`` here
-    and, on a CPU machine, ``--kv-cache-memory-bytes`` to 1 GiB (:func:`cpu_memory_default`).
+    and, on a CPU machine, ``--kv-cache-memory-bytes`` to 1 GiB (:func:`cpu_memory_default`);
+    ``--worker-extension-cls`` is rollfeed's (:mod:`rollfeed.capture.worker_reload`: the weight
+    update's worker method), another one is refused.
     """
     ap = rollfeed_flags()
     ours, rest = ap.parse_known_args(argv)
@@ -173,6 +176,12 @@ def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, argparse.Name
             f"--logprobs-mode {args.logprobs_mode}: the capture needs the logprobs of the "
             f"distribution actually sampled; drop the flag or pass --logprobs-mode {PROCESSED}"
         )
+    if getattr(args, "worker_extension_cls", "") not in ("", EXTENSION):
+        raise CaptureModeError(
+            f"--worker-extension-cls {args.worker_extension_cls}: serve sets it to {EXTENSION} "
+            "(the weight update's worker method); serve without it"
+        )
+    args.worker_extension_cls = EXTENSION
     if getattr(args, "logits_processors", None):
         raise CaptureModeError(
             "--logits-processors: custom logits processors change logits the trainer cannot "

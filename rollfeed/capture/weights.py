@@ -7,13 +7,18 @@ own API for one engine (``AsyncLLM``), one update at a time:
    marker written last; its step the requested version) and its model config to the served
    model's (:func:`~rollfeed.capture.checkpoint.config_differences`), before the engine is
    touched: a :class:`~rollfeed.capture.checkpoint.CheckpointError` (HTTP 400) otherwise;
-2. ``pause_generation(mode=...)``: with ``in_flight="finish"`` (mode ``"wait"``) the engine runs
-   the requests it holds to their end under the old weights and queues new ones; with
-   ``"continue"`` (mode ``"keep"``) it freezes them where they are;
-3. ``collective_rpc("reload_weights", kwargs={"weights_path": path})`` loads the weights in place;
+2. ``pause_generation(mode=..., clear_cache=True)``: with ``in_flight="finish"`` (mode
+   ``"wait"``) the engine runs the requests it holds to their end under the old weights and queues
+   new ones; with ``"continue"`` (mode ``"keep"``) it freezes them where they are. Once they are
+   done or frozen it resets its prefix cache with the frozen requests preempted: no cached
+   prefix computed by the old weights is reused, a frozen request's own KV included (it is
+   recomputed under the new weights on resumption), and nothing runs until the resume;
+3. ``collective_rpc("rollfeed_reload_weights", kwargs={"weights_path": path})`` loads the weights
+   in place: in every worker, vLLM's own ``reload_weights`` and then the expert-weight preparation
+   vLLM 0.32 skips on a weight update (:mod:`rollfeed.capture.worker_reload`; without it a MoE
+   model reloaded on CPU computes other logits than the same weights loaded fresh);
 4. ``update_weight_version(str(version))``: every token sampled from now on is stamped with it;
-5. ``reset_prefix_cache()`` (no cached prefix computed by the old weights is reused), then
-   ``resume_generation()``: a frozen request goes on under the new weights, its KV recomputed,
+5. ``resume_generation()``: a frozen request goes on under the new weights
    and comes back as a partial rollout: its completion's ``weight_versions`` spans, and so its
    ``version_spans``, name both versions, the split where the switch fell.
 
@@ -42,6 +47,7 @@ from typing import Any
 from rollfeed.capture.checkpoint import CheckpointError, config_differences, read_checkpoint
 from rollfeed.capture.errors import CaptureError
 from rollfeed.capture.protocol import WeightsRequest, WeightsResponse
+from rollfeed.capture.worker_reload import METHOD
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +63,23 @@ class WeightUpdater:
     """Loads trainer checkpoints into ``engine`` under ``version`` (see the module doc).
 
     engine: vLLM's ``AsyncLLM`` (``pause_generation``, ``collective_rpc``,
-    ``update_weight_version``, ``reset_prefix_cache``, ``resume_generation``). version: the
+    ``update_weight_version``, ``resume_generation``). version: the
     policy version the engine's current weights are. path: where they were loaded from (loaded
     again when a reload fails). served_config: the served model's config (a dict), which a
-    checkpoint's must agree with.
+    checkpoint's must agree with. rpc: the workers' reload method (``serve`` installs
+    :data:`~rollfeed.capture.worker_reload.METHOD`; ``"reload_weights"`` is vLLM's own).
     """
 
     def __init__(
-        self, engine: Any, *, version: int, path: str, served_config: Mapping[str, Any]
+        self,
+        engine: Any,
+        *,
+        version: int,
+        path: str,
+        served_config: Mapping[str, Any],
+        rpc: str = METHOD,
     ) -> None:
-        self.engine, self.version, self.path = engine, version, path
+        self.engine, self.version, self.path, self.rpc = engine, version, path, rpc
         self.served_config = dict(served_config)
         self.broken: str | None = None  # why the weights are unknown, after a failed restore
         self._lock = asyncio.Lock()
@@ -109,7 +122,9 @@ class WeightUpdater:
                 )
             previous, running = self.version, self.running()
             paused = time.monotonic()
-            await self.engine.pause_generation(mode=PAUSE_MODES[request.in_flight])
+            await self.engine.pause_generation(
+                mode=PAUSE_MODES[request.in_flight], clear_cache=True
+            )
             reload_s = await self._reload(request)
             resumed = time.monotonic()
             logger.info(
@@ -136,9 +151,7 @@ class WeightUpdater:
         took."""
         started = time.monotonic()
         try:
-            await self.engine.collective_rpc(
-                "reload_weights", kwargs={"weights_path": request.path}
-            )
+            await self.engine.collective_rpc(self.rpc, kwargs={"weights_path": request.path})
         except Exception as err:
             await self._restore(request, err)
             raise WeightReloadError(
@@ -149,15 +162,13 @@ class WeightUpdater:
         reload_s = time.monotonic() - started
         await self.engine.update_weight_version(str(request.version))
         self.version, self.path = request.version, request.path
-        await self.engine.reset_prefix_cache()
         await self.engine.resume_generation()
         return reload_s
 
     async def _restore(self, request: WeightsRequest, err: Exception) -> None:
         """Load the previous weights again and resume; on failure stay paused (``broken``)."""
         try:
-            await self.engine.collective_rpc("reload_weights", kwargs={"weights_path": self.path})
-            await self.engine.reset_prefix_cache()
+            await self.engine.collective_rpc(self.rpc, kwargs={"weights_path": self.path})
         except Exception as again:
             self.broken = (
                 f"{request.path}: {type(err).__name__}: {err}; then {self.path}: "
