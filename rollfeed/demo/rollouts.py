@@ -133,6 +133,22 @@ def weight_sync(client: CaptureClient) -> Callable[[TrainerProgress | None], Non
     return sync
 
 
+def start_at_version_0(client: CaptureClient, model_dir: Path, workdir: Path) -> None:
+    """The trainer starts from the model's own weights, version 0: a server (``--server URL``)
+    that samples with other weights loads those first (written once as ``W/weights/step_000000``,
+    a complete checkpoint), so the run's versions never fork."""
+    if client.info().policy_version == 0:
+        return
+    from transformers import AutoModelForCausalLM
+
+    from rollfeed.models.checkpoint import save_checkpoint
+
+    path = workdir / "weights" / "step_000000"
+    if not path.exists():
+        save_checkpoint(AutoModelForCausalLM.from_pretrained(model_dir), path, step=0)
+    client.load_weights(path.resolve(), version=0)
+
+
 def _check_server(client: CaptureClient, model_dir: Path, workdir: Path) -> None:
     """The server must write where the trainer reads and serve the model the trainer loads."""
     info = client.info()
@@ -146,12 +162,6 @@ def _check_server(client: CaptureClient, model_dir: Path, workdir: Path) -> None
         raise SystemExit(
             f"the capture server at {client.url} serves {info.model}, the demo's trainer loads "
             f"{model_dir}: start it with --model {model_dir}"
-        )
-    if info.policy_version != 0:
-        raise SystemExit(
-            f"the capture server at {client.url} samples with policy version "
-            f"{info.policy_version}, the demo's trainer starts from the model's own weights "
-            "(version 0): start a fresh server"
         )
 
 
@@ -210,6 +220,7 @@ def generate_rollouts(
 
     client = CaptureClient(server)
     _check_server(client, model_dir, workdir)
+    start_at_version_0(client, model_dir, workdir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     count = settings.prompts * settings.steps
     prompts = [
