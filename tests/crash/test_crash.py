@@ -52,6 +52,8 @@ def test_three_crash_points(capture_server, tmp_path):
         Kill(target="producer", point="cursor.torn", after=3),
         Kill(target="both", point="timed", delay_s=0.5),
     ]
+    # The run starts from the model's own weights, version 0, as the server must.
+    restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     try:
         pipeline.start("producer")
         pipeline.start("trainer")
