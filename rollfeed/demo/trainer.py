@@ -215,8 +215,11 @@ def train(args: argparse.Namespace) -> None:
         mine["samples"] = [f for mb in batches for f in sample_fingerprints(mb, cp_group)]
         mine["partial"] = [p for mb in batches for p in partial_rollouts(mb, cp_group)]
         metrics = loader.metrics
-        mine["masked"] = metrics["stale_masked_tokens"]
-        mine["lags"] = {k[7:]: int(v) for k, v in metrics.items() if k.startswith("tokens_lag")}
+        # The loader counts whole rows, which every cp peer of a micro batch holds: cp rank 0's.
+        lead = topo.cp_rank == 0
+        mine["masked"] = metrics["stale_masked_tokens"] if lead else 0
+        lags = {k[7:]: int(v) for k, v in metrics.items() if k.startswith("tokens_lag")}
+        mine["lags"] = lags if lead else {}
         if before is not None:
             before |= {"sampler": record.sampler.tolist(), "replay": record.trainer.tolist()}
             before |= {"kept": record.kept.tolist(), "rank": rank, "dp_rank": topo.dp_rank}
