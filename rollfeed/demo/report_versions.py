@@ -132,7 +132,8 @@ def plot_versions(trainer: dict, axes) -> None:
         ys = [r.get("objective", {}).get(f"lag{g}_k3") for r in records]
         xs = [s + (i - 0.5) * width for s, y in zip(steps, ys, strict=True) if y is not None]
         axes[0].bar(xs, [y for y in ys if y is not None], width, label=f"lag {g}")
-    axes[0].set(xlabel="optimizer step", ylabel="KL (k3), trainer vs sampler")
+    # log scale: on-policy tokens sit at the numerics (1e-12), a lag of 1 near the drift
+    axes[0].set(xlabel="optimizer step", ylabel="KL (k3), trainer vs sampler", yscale="log")
     axes[0].set_title("Mismatch by version lag")
     axes[0].set_xticks(steps)
     axes[0].legend()
