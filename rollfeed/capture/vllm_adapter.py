@@ -43,6 +43,9 @@ INSTALL_HINT = (
     "pip uninstall -y torchvision torchaudio torchcodec), or 'rollfeed[vllm]' with a GPU"
 )
 
+# vLLM's weight version label before anyone sets one (EngineCore's ``_weight_version``).
+UNVERSIONED = "default"
+
 
 def import_vllm() -> Any:
     """The ``vllm`` module, or ImportError with the install hint."""
@@ -168,10 +171,14 @@ def logprob_rows(logprobs: Any) -> LogprobRows:
 def engine_version_spans(weight_versions: Any, tokens: int) -> np.ndarray:
     r"""``[K, 3]`` int64 ``(start, end, version)`` over a completion's ``tokens`` sampled ids from
     ``CompletionOutput.weight_versions`` (vLLM's ``WeightVersionSpan``\ s: a label per run of
-    tokens; this server labels each with the trainer step, an integer). ``None`` (the engine
-    labelled nothing) gives no span. Spans that do not cover the tokens exactly, in order, or a
-    label that is not an integer in ``[0, 2**31)`` is a :class:`CaptureError`."""
-    if weight_versions is None:
+    tokens; this server labels each with the trainer step, an integer). ``None``, or every span
+    labelled :data:`UNVERSIONED` (an engine whose version nobody set: rollout code of one's own
+    that never updates its weights), gives no span: the tokens carry no version. Spans that do not
+    cover the tokens exactly, in order, or another label that is not an integer in ``[0, 2**31)``
+    is a :class:`CaptureError`."""
+    if weight_versions is None or all(
+        getattr(span, "version", None) == UNVERSIONED for span in weight_versions
+    ):
         return np.zeros((0, 3), np.int64)
     rows, at = [], 0
     for span in weight_versions:

@@ -50,7 +50,7 @@ def record_policy_version(sample: Sample, given: int | None = None) -> int | Non
     """The index's policy version of ``sample``: the oldest of its version spans. A sample
     without spans may be given one for all its tokens (``given``: the step an orchestrator knows
     it came from); one that has spans takes theirs, and a ``given`` other than their oldest is a
-    :class:`ValueError`."""
+    ``ValueError``."""
     oldest = oldest_version(sample.version_spans)
     if oldest is not None and given is not None and given != oldest:
         raise ValueError(

