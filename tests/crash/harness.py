@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from rollfeed.demo.train import latest_checkpoint
 from rollfeed.orchestrator import CaptureClient
@@ -85,6 +86,49 @@ def plan_kills(seed: int, count: int, *, server: int) -> list[Kill]:
     return kills
 
 
+def kill_tree(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL process ``pid``, its group and every process below it, and wait until they are
+    gone. torchrun starts each rank in a session of its own: SIGKILL to torchrun's group alone
+    leaves its ranks running, orphans that keep their memory and wait in a collective for good.
+    The group is stopped first so that torchrun starts no rank between the listing and the kill.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGSTOP)
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    for child in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)  # a rank and whatever it started
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    _, alive = psutil.wait_procs(below, timeout=timeout_s)
+    alive = [p for p in alive if not _gone(p)]
+    assert not alive, f"processes left after SIGKILL: {alive}"
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Ended (a zombie nobody reaped yet holds no memory and runs nothing)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def leftovers(work: Path) -> list[str]:
+    """The command lines of processes still running that name ``work`` (none once a run is
+    closed: every process the run started, torchrun's ranks included, ended with it)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
+        if str(work) in cmd and not _gone(proc):
+            found.append(f"{proc.pid}: {cmd[:200]}")
+    return found
+
+
 @dataclass(kw_only=True)
 class Settings:
     steps: int
@@ -103,6 +147,7 @@ class Tally:
     resumed_from: set[int] = field(default_factory=set)
     audits: int = 0
     version_checks: int = 0
+    phases: Counter = field(default_factory=Counter)  # seconds spent in each phase
 
 
 class Pipeline:
@@ -148,6 +193,14 @@ class Pipeline:
         self.env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         self.env |= {"GLOO_SOCKET_IFNAME": "lo", "HF_HUB_OFFLINE": "1", CTL_ENV: str(self.ctl)}
 
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.tally.phases[name] += time.monotonic() - t0
+
     # -- processes ----------------------------------------------------------------------------
 
     def trainer_args(self) -> list[str]:
@@ -176,6 +229,8 @@ class Pipeline:
                 "--out",
                 str(self.work / "trainer.json"),
             ]
+        with open(self.ctl / "timeline.jsonl", "a") as f:
+            f.write(json.dumps({"role": role, "event": "popen", "t": time.time()}) + "\n")
         self.procs[role] = subprocess.Popen(
             cmd,
             env=self.env,
@@ -189,14 +244,14 @@ class Pipeline:
 
     def kill(self, role: str) -> None:
         proc = self.procs.pop(role)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         proc.wait()
 
     def start_owned_server(self) -> None:
         assert self.start_server is not None
         port = int(self.url.rsplit(":", 1)[1])
-        self.server = self.server_stack.enter_context(self.start_server(port))
+        with self.phase("server start"):
+            self.server = self.server_stack.enter_context(self.start_server(port))
         self.tally.starts["server"] += 1
 
     def kill_server(self) -> None:
@@ -300,42 +355,51 @@ class Pipeline:
         self.gate(before + (kill.after + 1 if trainer_point else 1))
         if kill.target == "server":
             arm = self.arm("producer", "reload.mid", 1, release=True)
-            if kill.point == "reload.mid":
-                self.wait_paused("producer", arm)
-            else:
-                (self.ctl / "arm-producer.json").unlink()
-                time.sleep(kill.delay_s)
-            self.kill_server()
-            (self.ctl / f"release-{arm}").touch()
-            self.start_owned_server()
+            with self.phase("pause wait"):
+                if kill.point == "reload.mid":
+                    self.wait_paused("producer", arm)
+                else:
+                    (self.ctl / "arm-producer.json").unlink()
+                    time.sleep(kill.delay_s)
+            with self.phase("server restart"):
+                self.kill_server()
+                (self.ctl / f"release-{arm}").touch()
+                self.start_owned_server()
         else:
-            if kill.point == "timed":
-                time.sleep(kill.delay_s)
-            else:
-                role = "producer" if kill.target == "producer" else "trainer"
-                self.wait_paused(role, self.arm(role, kill.point, kill.after))
-            for role in roles:
-                if role in self.procs:
-                    self.kill(role)
-            for role in roles:
-                self.start(role)
+            with self.phase("pause wait"):
+                if kill.point == "timed":
+                    time.sleep(kill.delay_s)
+                else:
+                    role = "producer" if kill.target == "producer" else "trainer"
+                    self.wait_paused(role, self.arm(role, kill.point, kill.after))
+            with self.phase("kill + start"):
+                for role in roles:
+                    if role in self.procs:
+                        self.kill(role)
+                for role in roles:
+                    self.start(role)
         self.tally.kills[kill.kind] += 1
-        self.wait_trained(min(before + 1, self.s.steps))
-        self.check_versions()
-        self.audit()
+        with self.phase(f"next step trained ({kill.target})"):
+            self.wait_trained(min(before + 1, self.s.steps))
+        with self.phase("version check"):
+            self.check_versions()
+        with self.phase("audit"):
+            self.audit()
 
     def finish(self, timeout_s: float = 300.0) -> tuple[Audit, list[dict]]:
         """Wait for both processes to end; the final audit and the trainer's lineage."""
         self.gate(self.s.steps)
         deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in self.procs.values()):
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise AssertionError("the run did not finish in time")
-            time.sleep(0.2)
+        with self.phase("finish"):
+            while any(p.poll() is None for p in self.procs.values()):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise AssertionError("the run did not finish in time")
+                time.sleep(0.2)
         self.check_alive()
         lineage = json.loads((self.work / "trainer.json").read_text())["train"]
-        return self.audit_of(lineage), lineage
+        with self.phase("audit"):
+            return self.audit_of(lineage), lineage
 
     def close(self) -> None:
         for role in list(self.procs):
@@ -351,7 +415,8 @@ def retrain_digests(pipeline: Pipeline, starts: list[int]) -> dict[int, dict]:
     spec = {"args": pipeline.trainer_args(), "starts": starts, "out": str(pipeline.work / "again")}
     path = pipeline.work / "retrain.json"
     path.write_text(json.dumps(spec))
-    torchrun("tests/crash/run_retrain.py", nproc=2, args=[str(path)], timeout=600)
+    with pipeline.phase("bitwise replays"):
+        torchrun("tests/crash/run_retrain.py", nproc=2, args=[str(path)], timeout=600)
     return {
         c: json.loads((pipeline.work / "again" / f"from_{c}.json").read_text())["train"][0]
         for c in starts
@@ -375,5 +440,6 @@ def table(tally: Tally, final: Audit, *, bitwise: int, seed: int, steps: int) ->
         f"  checks     {tally.audits} audits after restarts, {tally.version_checks} server "
         f"version checks, {bitwise} steps trained after a restart equal bitwise to a fresh "
         "process from the same checkpoint",
+        "  time       " + ", ".join(f"{k} {v:.0f} s" for k, v in tally.phases.most_common()),
     ]
     return "\n".join(lines)

@@ -20,7 +20,15 @@ import pytest
 
 from rollfeed.capture.process import free_port, server_process
 from tests.conftest import MAX_LOGPROBS, START_TIMEOUT_S, restore_base_weights
-from tests.crash.harness import Kill, Pipeline, Settings, plan_kills, retrain_digests, table
+from tests.crash.harness import (
+    Kill,
+    Pipeline,
+    Settings,
+    leftovers,
+    plan_kills,
+    retrain_digests,
+    table,
+)
 from tests.dist.launch import REPO
 
 SEED = 7
@@ -62,6 +70,8 @@ def test_two_crash_points(capture_server, tmp_path):
     finally:
         pipeline.close()
         restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+    # Every process the run started ended with it: a killed torchrun's ranks too.
+    assert not leftovers(tmp_path), leftovers(tmp_path)
     # The first step trained after the trainer's first restart, again with the command line.
     c = min(pipeline.tally.resumed_from)
     cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
@@ -108,15 +118,17 @@ def test_crash_points(tiny_model, tmp_path):
     )
     kills = plan_kills(SEED, 20, server=1)
     try:
+        # The trainer starts while the server does (it waits for step 0's file).
+        pipeline.start("trainer")
         pipeline.start_owned_server()
         pipeline.start("producer")
-        pipeline.start("trainer")
         for kill in kills:
             pipeline.do(kill)
         final, lineage = pipeline.finish()
         again = retrain_digests(pipeline, sorted(pipeline.tally.resumed_from))
     finally:
         pipeline.close()
+    assert not leftovers(tmp_path), leftovers(tmp_path)
     bitwise = check_bitwise(pipeline, lineage, again)
     print(table(pipeline.tally, final, bitwise=bitwise, seed=SEED, steps=settings.steps))
     assert sum(pipeline.tally.kills.values()) == 20
