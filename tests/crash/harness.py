@@ -173,6 +173,7 @@ class Pipeline:
         for d in (self.steps, self.ctl):
             d.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.others: list[subprocess.Popen] = []  # the bitwise replays
         self.tally = Tally()
         self.arms = 0
         self.server_stack = contextlib.ExitStack()
@@ -401,22 +402,54 @@ class Pipeline:
         with self.phase("audit"):
             return self.audit_of(lineage), lineage
 
+    def background(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        """``cmd`` started now, its output in ``<work>/<name>.log`` (:meth:`wait_background`)."""
+        with open(self.work / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        self.others.append(proc)
+        return proc
+
+    def wait_background(self, proc: subprocess.Popen, name: str, timeout_s: float = 600) -> None:
+        with self.phase(f"{name}, waited for"):
+            code = proc.wait(timeout=timeout_s)
+        tail = (self.work / f"{name}.log").read_text(errors="replace")[-6000:]
+        assert code == 0, f"{name} exited with {code}:\n{tail}"
+
     def close(self) -> None:
         for role in list(self.procs):
             self.kill(role)
+        for proc in self.others:
+            kill_tree(proc.pid)
+            proc.wait()
         self.server_stack.close()
 
 
-def retrain_digests(pipeline: Pipeline, starts: list[int]) -> dict[int, dict]:
+def start_replays(pipeline: Pipeline, starts: list[int]) -> subprocess.Popen:
     """Step ``c`` trained again from checkpoint ``c`` (``0``: the model's weights) in one fresh
-    torchrun launch, for each ``c`` of ``starts``; each one's record."""
-    from tests.dist.launch import torchrun
-
+    torchrun launch, for each ``c`` of ``starts`` (``tests/crash/run_retrain.py``), started in
+    the background: once the last restart has trained a step, the checkpoints and step files it
+    reads are all there, and it runs while the run trains its remaining steps."""
     spec = {"args": pipeline.trainer_args(), "starts": starts, "out": str(pipeline.work / "again")}
     path = pipeline.work / "retrain.json"
     path.write_text(json.dumps(spec))
-    with pipeline.phase("bitwise replays"):
-        torchrun("tests/crash/run_retrain.py", nproc=2, args=[str(path)], timeout=600)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return pipeline.background(
+        "replays", [*cmd, str(REPO / "tests/crash/run_retrain.py"), str(path)]
+    )
+
+
+def replay_records(
+    pipeline: Pipeline, proc: subprocess.Popen, starts: list[int]
+) -> dict[int, dict]:
+    """Each replayed step's record, once :func:`start_replays`' launch has ended."""
+    pipeline.wait_background(proc, "replays")
     return {
         c: json.loads((pipeline.work / "again" / f"from_{c}.json").read_text())["train"][0]
         for c in starts

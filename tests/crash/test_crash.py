@@ -13,7 +13,6 @@ checked with ``python -m rollfeed retrain``. Both print the table of the run.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -26,10 +25,10 @@ from tests.crash.harness import (
     Settings,
     leftovers,
     plan_kills,
-    retrain_digests,
+    replay_records,
+    start_replays,
     table,
 )
-from tests.dist.launch import REPO
 
 SEED = 7
 
@@ -66,21 +65,22 @@ def test_two_crash_points(capture_server, tmp_path):
         pipeline.start("trainer")
         for kill in kills:
             pipeline.do(kill)
+        # The first step trained after the trainer's first restart, again with the command
+        # line, while the run trains its last steps (its checkpoint and step file are there).
+        c = min(pipeline.tally.resumed_from)
+        cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
+        cmd += ["--root", str(pipeline.root), "--checkpoints", str(tmp_path / "checkpoints")]
+        cmd += ["--model", str(capture_server.model_dir), "--from", str(c), "--to", str(c)]
+        cmd += ["--out", str(tmp_path / "again.json"), "--lr", "1e-4", "--seq-len", "32"]
+        cmd += ["--cp", "1", "--max-staleness", "1", "--on-stale", "drop"]
+        replay = pipeline.background("retrain", cmd)
         final, lineage = pipeline.finish()
+        pipeline.wait_background(replay, "retrain")
     finally:
         pipeline.close()
         restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     # Every process the run started ended with it: a killed torchrun's ranks too.
     assert not leftovers(tmp_path), leftovers(tmp_path)
-    # The first step trained after the trainer's first restart, again with the command line.
-    c = min(pipeline.tally.resumed_from)
-    cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
-    cmd += ["--root", str(pipeline.root), "--checkpoints", str(tmp_path / "checkpoints")]
-    cmd += ["--model", str(capture_server.model_dir), "--from", str(c), "--to", str(c)]
-    cmd += ["--out", str(tmp_path / "again.json"), "--lr", "1e-4", "--seq-len", "32", "--cp", "1"]
-    cmd += ["--max-staleness", "1", "--on-stale", "drop"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=pipeline.env)
-    assert done.returncode == 0, done.stdout + done.stderr
     again = {c: json.loads((tmp_path / "again.json").read_text())["train"][0]}
     bitwise = check_bitwise(pipeline, lineage, again)
     print(table(pipeline.tally, final, bitwise=bitwise, seed=SEED, steps=settings.steps))
@@ -97,6 +97,8 @@ def test_crash_points(tiny_model, tmp_path):
     port = free_port()
     args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4", "--seed", "0"]
     args += ["--max-logprobs", str(MAX_LOGPROBS), "--enforce-eager", "--disable-uvicorn-access-log"]
+    # The engine runs its one worker in its own process: a start spawns one process fewer.
+    args += ["--distributed-executor-backend", "uni"]
 
     def start_server(port: int):
         return server_process(
@@ -124,8 +126,10 @@ def test_crash_points(tiny_model, tmp_path):
         pipeline.start("producer")
         for kill in kills:
             pipeline.do(kill)
+        starts = sorted(pipeline.tally.resumed_from)
+        replays = start_replays(pipeline, starts)
         final, lineage = pipeline.finish()
-        again = retrain_digests(pipeline, sorted(pipeline.tally.resumed_from))
+        again = replay_records(pipeline, replays, starts)
     finally:
         pipeline.close()
     assert not leftovers(tmp_path), leftovers(tmp_path)
