@@ -373,10 +373,11 @@ class Pipeline:
                 else:
                     role = "producer" if kill.target == "producer" else "trainer"
                     self.wait_paused(role, self.arm(role, kill.point, kill.after))
-            with self.phase("kill + start"):
+            with self.phase("kill"):
                 for role in roles:
                     if role in self.procs:
                         self.kill(role)
+            with self.phase("start"):
                 for role in roles:
                     self.start(role)
         self.tally.kills[kill.kind] += 1

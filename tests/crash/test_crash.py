@@ -97,8 +97,6 @@ def test_crash_points(tiny_model, tmp_path):
     port = free_port()
     args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4", "--seed", "0"]
     args += ["--max-logprobs", str(MAX_LOGPROBS), "--enforce-eager", "--disable-uvicorn-access-log"]
-    # The engine runs its one worker in its own process: a start spawns one process fewer.
-    args += ["--distributed-executor-backend", "uni"]
 
     def start_server(port: int):
         return server_process(
