@@ -58,11 +58,13 @@ def test_two_crash_points(capture_server, tmp_path):
         Kill(target="producer", point="cursor.torn", after=3),
         Kill(target="both", point="checkpoint.mid", after=1),
     ]
-    # The run starts from the model's own weights, version 0, as the server must.
-    restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+    restored = False
     try:
-        pipeline.start("producer")
+        # The trainer starts first (it waits for step 0's file) while the server is given the
+        # model's own weights, version 0, as the run starts from; then the producer.
         pipeline.start("trainer")
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+        pipeline.start("producer")
         for kill in kills:
             pipeline.do(kill)
         # The first step trained after the trainer's first restart, again with the command
@@ -75,10 +77,14 @@ def test_two_crash_points(capture_server, tmp_path):
         cmd += ["--cp", "1", "--max-staleness", "1", "--on-stale", "drop"]
         replay = pipeline.background("retrain", cmd)
         final, lineage = pipeline.finish()
+        # The session's server back at the model's weights while the step trains again.
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+        restored = True
         pipeline.wait_background(replay, "retrain")
     finally:
         pipeline.close()
-        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+        if not restored:
+            restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     # Every process the run started ended with it: a killed torchrun's ranks too.
     assert not leftovers(tmp_path), leftovers(tmp_path)
     again = {c: json.loads((tmp_path / "again.json").read_text())["train"][0]}
