@@ -346,8 +346,9 @@ class Pipeline:
 
     # -- the run --------------------------------------------------------------------------------
 
-    def do(self, kill: Kill) -> None:
-        """One kill and the restarts after it, then the audit."""
+    def do(self, kill: Kill, *, restarted: Callable[[], object] | None = None) -> None:
+        """One kill and the restarts after it (then ``restarted()``, while they start), then
+        the audit."""
         before = self.trained()
         roles = ["trainer", "producer"] if kill.target == "both" else [kill.target]
         # The steps this kill needs: one trained after it, and the trainer's point hit `after`
@@ -381,6 +382,8 @@ class Pipeline:
                 for role in roles:
                     self.start(role)
         self.tally.kills[kill.kind] += 1
+        if restarted is not None:
+            restarted()
         with self.phase(f"next step trained ({kill.target})"):
             self.wait_trained(min(before + 1, self.s.steps))
         with self.phase("version check"):
@@ -416,6 +419,15 @@ class Pipeline:
             )
         self.others.append(proc)
         return proc
+
+    def wait_step_file(self, step: int, timeout_s: float = 120.0) -> None:
+        path = self.steps / f"step_{step:06d}.rfs"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"step {step}'s file did not appear in {timeout_s} s")
+            time.sleep(0.05)
 
     def wait_background(self, proc: subprocess.Popen, name: str, timeout_s: float = 600) -> None:
         with self.phase(f"{name}, waited for"):

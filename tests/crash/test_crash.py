@@ -65,28 +65,34 @@ def test_two_crash_points(capture_server, tmp_path):
         pipeline.start("trainer")
         restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
         pipeline.start("producer")
-        for kill in kills:
-            pipeline.do(kill)
-        # The first step trained after the trainer's first restart, again with the command
-        # line, while the run trains its last steps (its checkpoint and step file are there).
-        c = min(pipeline.tally.resumed_from)
-        cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
-        cmd += ["--root", str(pipeline.root), "--checkpoints", str(tmp_path / "checkpoints")]
-        cmd += ["--model", str(capture_server.model_dir), "--from", str(c), "--to", str(c)]
-        cmd += ["--out", str(tmp_path / "again.json"), "--lr", "1e-4", "--seq-len", "32"]
-        cmd += ["--cp", "1", "--max-staleness", "1", "--on-stale", "drop"]
-        replay = pipeline.background("retrain", cmd)
+        replay = []
+
+        def retrain() -> None:
+            """The first step trained after the trainer's restart, trained again with the
+            command line from the same checkpoint while the trainer restarts."""
+            c = min(pipeline.tally.resumed_from)
+            pipeline.wait_step_file(c)
+            cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
+            cmd += ["--root", str(pipeline.root), "--checkpoints", str(tmp_path / "checkpoints")]
+            cmd += ["--model", str(capture_server.model_dir), "--from", str(c), "--to", str(c)]
+            cmd += ["--out", str(tmp_path / "again.json"), "--lr", "1e-4", "--seq-len", "32"]
+            cmd += ["--cp", "1", "--max-staleness", "1", "--on-stale", "drop"]
+            replay.append(pipeline.background("retrain", cmd))
+
+        pipeline.do(kills[0])
+        pipeline.do(kills[1], restarted=retrain)
         final, lineage = pipeline.finish()
         # The session's server back at the model's weights while the step trains again.
         restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
         restored = True
-        pipeline.wait_background(replay, "retrain")
+        pipeline.wait_background(replay[0], "retrain")
     finally:
         pipeline.close()
         if not restored:
             restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     # Every process the run started ended with it: a killed torchrun's ranks too.
     assert not leftovers(tmp_path), leftovers(tmp_path)
+    c = min(pipeline.tally.resumed_from)
     again = {c: json.loads((tmp_path / "again.json").read_text())["train"][0]}
     bitwise = check_bitwise(pipeline, lineage, again)
     print(table(pipeline.tally, final, bitwise=bitwise, seed=SEED, steps=settings.steps))
