@@ -4,13 +4,18 @@ with SIGKILL at planned points and started again, then audited from the log.
 :func:`plan_kills` draws the kills from a seed: which process (the trainer, the producer, both, the
 capture server) and where (a pause point of :mod:`tests.crash.points`, or a random moment).
 :class:`Pipeline` runs them: it starts the processes, arms a point and waits for the process to
-stop there (or sleeps the random delay), SIGKILLs the process group, starts it again (the trainer
+stop there (or sleeps the random delay), SIGKILLs the process and every process below it
+(:func:`kill_tree`: torchrun's ranks run in sessions of their own), starts it again (the trainer
 resumes from its newest complete checkpoint, the producer from its cursor, a server on the same
 port), waits until the trainer has trained a step more, and audits what is there
 (:mod:`tests.crash.audit`) and that the server samples with the trainer's version. A gate lets
-the trainer begin only the steps the next kill needs, so it never runs out of steps early. At
-the end every step trained after a restart is trained again from the same checkpoint in a fresh
-process (``tests/crash/run_retrain.py``), bitwise.
+the trainer begin only the steps the next kill needs, so it never runs out of steps early. Once
+the last restart has trained a step, every step trained after a restart is trained again from
+the same checkpoint in one fresh process (``tests/crash/run_retrain.py``, :func:`start_replays`)
+while the run trains its last steps; the records must be bitwise the run's. The table gives the
+seconds spent in each phase (``Pipeline.phase``), and each process marks in
+``<ctl>/timeline.jsonl`` when it was started, when its imports were done and when it began each
+step (:meth:`tests.crash.points.Points.mark`).
 """
 
 from __future__ import annotations
