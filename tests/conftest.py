@@ -107,3 +107,17 @@ def s3_url(object_store, request):
 
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:60]
     return f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+def restore_base_weights(url: str, model_dir: Path, work: Path) -> None:
+    """Load the model's own weights back into the capture server at ``url`` as version 0 (a
+    test that had it load a trainer's weights leaves it sampling the model as it was built)."""
+    from transformers import AutoModelForCausalLM
+
+    from rollfeed.models.checkpoint import save_checkpoint
+    from rollfeed.orchestrator import CaptureClient
+
+    path = work / "base_v0"
+    if not path.exists():
+        save_checkpoint(AutoModelForCausalLM.from_pretrained(model_dir), path, step=0)
+    CaptureClient(url).load_weights(path, version=0)

@@ -62,6 +62,7 @@ QUICK_START = ("README.md", "Quick start")
 SCORING = "docs/scoring.md"
 CAPTURE = "docs/capture.md"
 OBJECT_STORES = "docs/object-stores.md"
+DURABLE = "docs/durable-log.md"
 ASYNC = "docs/async.md"
 RUNS: dict[tuple[str, str], str] = {
     QUICK_START: "script",
@@ -72,6 +73,7 @@ RUNS: dict[tuple[str, str], str] = {
     (CAPTURE, "Capture in your own rollout code"): "vllm_script",
     (CAPTURE, "Serving: capture at the inference server"): "capture_server",
     (CAPTURE, "Request format, and capture through the OpenAI endpoints"): "capture_server",
+    (DURABLE, "A producer"): "capture_server",
     (ASYNC, "Weight updates at the capture server"): "capture_server",
 }
 # The torchrun blocks are one script, train.py, begun on the first of these pages.
@@ -252,6 +254,20 @@ def _multimodal(ns: dict, ctx: SimpleNamespace) -> None:
     assert ns["model"].model.visual.patch_embed.proj.weight.grad.abs().sum() > 0
 
 
+def _producer(ns: dict, ctx: SimpleNamespace) -> None:
+    from rollfeed.loaders import read_step_file
+
+    steps = [read_step_file(f"loop/steps/step_{k:06d}.rfs") for k in range(2)]
+    assert [[s.uid for s in step] for step in steps] == [
+        ["q0/0", "q0/1", "q1/0", "q1/1"],
+        ["q2/0", "q2/1", "q3/0", "q3/1"],
+    ]
+    for step in steps:  # advantages sum to 0 within each group
+        for group in (step[:2], step[2:]):
+            assert abs(sum(float(s.advantages[s.loss_mask][0]) for s in group)) < 1e-5
+    assert ns["metrics"]["steps_written"] == 2 and ns["metrics"]["rollouts"] == 8
+
+
 def _staleness(ns: dict, ctx: SimpleNamespace) -> None:
     mb, loader = ns["mb"], ns["loader"]
     v, loss = mb.versions, mb.loss_mask
@@ -277,6 +293,7 @@ CHECKS: dict[tuple[str, str], Callable[[dict, SimpleNamespace], None]] = {
     (CAPTURE, "Serving: capture at the inference server"): _serving,
     (CAPTURE, "Request format, and capture through the OpenAI endpoints"): _openai_capture,
     ("docs/multimodal.md", "Scoring and a loss"): _multimodal,
+    (DURABLE, "A producer"): _producer,
     (ASYNC, "Policy versions and the staleness bound"): _staleness,
     (ASYNC, "Weight updates at the capture server"): _weight_update,
 }

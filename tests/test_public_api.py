@@ -47,7 +47,10 @@ PUBLIC = {
         CompletionRecord ServerInfo TurnCapture TurnPrefixError CaptureRequestError
         ModelPathError Checkpoint CheckpointError read_checkpoint WeightUpdater WeightReloadError
         WeightsRequest WeightsResponse engine_version_spans stitch_version_spans""",
-    "rollfeed.orchestrator": "CaptureClient Rollout OpenAIRollouts",
+    "rollfeed.orchestrator": """CaptureClient Rollout OpenAIRollouts Producer ProducerConfig Prompt
+        RolloutCursor TrainerProgress read_progress write_progress group_advantages
+        OrchestratorError CursorCorruptError CursorInUseError CursorMismatchError
+        CursorWriteError ProgressFileError""",
     "rollfeed.objectives": """SupportDistribution support_distribution micro_batch_rows policy_loss
         PolicyTerms PPOClip ScoreCentering SequenceWeight TokenWeight Unweighted TruncatedIS
         MaskedIS TrustRegion finish_metrics ObjectiveError ObjectiveInputError

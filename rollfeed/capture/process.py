@@ -82,14 +82,17 @@ def server_process(
     serve_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     start_timeout_s: float = 900.0,
+    port: int | None = None,
 ) -> Iterator[ServerProcess]:
     """Run a capture server for the ``with`` block (see module doc).
 
     ``serve_args``: more ``serve`` flags (vLLM's or ours). ``env``: the child's environment
-    (default: this one's with ``HF_HUB_OFFLINE=1``). Raises :class:`CaptureServerError` with the
-    log's tail when it exits or does not answer within ``start_timeout_s``.
+    (default: this one's with ``HF_HUB_OFFLINE=1``). ``port``: the port to serve on (default: a
+    free one; a server started again on its predecessor's port keeps its clients' URL). Raises
+    :class:`CaptureServerError` with the log's tail when it exits or does not answer within
+    ``start_timeout_s``.
     """
-    port = free_port()
+    port = free_port() if port is None else port
     cmd = [sys.executable, "-m", "rollfeed", "serve", "--payload-root", str(payload_root)]
     cmd += ["--model", str(model), "--host", "127.0.0.1", "--port", str(port), *serve_args]
     env = dict(os.environ if env is None else env)

@@ -61,6 +61,10 @@ def _run(args: argparse.Namespace) -> int:
                 "--centering" if args.centering else "--no-centering",
             ),
         )
+    if args.command == "retrain":
+        from rollfeed.cli.retrain import run_retrain
+
+        return run_retrain(args)
     if args.command == "inspect":
         from rollfeed.cli.inspect_root import run_inspect
 

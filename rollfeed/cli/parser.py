@@ -142,6 +142,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="the payload root the records point into: adds kept-set widths (mean/p99/max)",
     )
     _report_flags(s, "rollfeed.cli.step_summary")
+    r = sub.add_parser(
+        "retrain",
+        help="train again over recorded steps K..M with no inference: their records verified "
+        "against the root first, then the demo's trainer from checkpoint K (torchrun)",
+        description="Train steps K..M again from a run's log: every record of those step files "
+        "is checked against ROOT (as verify --steps does), then the demo's trainer starts from "
+        "checkpoint step_K (K=0: the weights of --model) and trains each step once, writing "
+        "each step's loss, samples and weights digest to --out. The trainer's settings default "
+        "to the ones checkpoint K recorded. It writes no checkpoint.",
+        epilog="exit status: 0 trained, 1 findings (nothing trained) or the trainer failed, "
+        "2 usage error",
+    )
+    r.add_argument("--steps", required=True, metavar="DIR", help="the step directory")
+    r.add_argument("--root", required=True, metavar="ROOT", help="the payload root")
+    r.add_argument("--checkpoints", required=True, metavar="DIR", help="the run's checkpoints")
+    r.add_argument("--model", required=True, metavar="DIR", help="the weights of step 0")
+    r.add_argument("--from", dest="start", type=int, required=True, metavar="K")
+    r.add_argument("--to", dest="end", type=int, required=True, metavar="M", help="inclusive")
+    r.add_argument("--out", default="retrain.json", help="the record (default retrain.json)")
+    r.add_argument("--nproc", type=_positive, default=2, help="trainer ranks (the run's world)")
+    r.add_argument("--checksums", action="store_true", help="also check every block's checksum")
+    r.add_argument("--cp", type=_positive, help="default: as recorded")
+    r.add_argument("--lr", type=float, help="default: as recorded")
+    r.add_argument("--clip-eps", dest="clip_eps", type=float, help="default: as recorded")
+    r.add_argument("--correction", choices=("none", "tis", "icepop", "trust"))
+    r.add_argument("--centering", action=argparse.BooleanOptionalAction, default=None)
+    r.add_argument("--seq-len", dest="seq_len", type=_positive, help="default: as recorded")
+    r.add_argument("--dtype", choices=("float32", "float64"), help="default: as recorded")
+    r.add_argument(
+        "--max-staleness", dest="max_staleness", type=int, help="the loader's bound, as recorded"
+    )
+    r.add_argument("--on-stale", dest="on_stale", choices=("drop", "mask", "error"))
     return ap
 
 

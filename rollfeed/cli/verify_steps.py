@@ -72,21 +72,16 @@ def record_problems(sample: Sample, root: PayloadRoot) -> tuple[int, list[Proble
     return len(sample.payload), problems
 
 
-def run_verify_steps(args: argparse.Namespace) -> int:
-    """``verify ROOT --steps DIR [--checksums] [--json] [--progress]``; exit 0 sound, 1 not."""
-    if args.group:
-        raise UsageError(
-            "--group selects the payload files verify scans; with --steps every record of "
-            "every step file is checked: give one or the other"
-        )
-    check_directory(args.root, "payload root")
-    steps = step_numbers(args.steps)
-    root = PayloadRoot(args.root, retries=0, verify_checksums=args.checksums)
-    progress = Progress("verify --steps", show=args.progress)
+def verify_records(
+    root_dir: str, steps_dir: str, steps: list[int], *, checksums: bool, progress: Progress
+) -> dict[str, Any]:
+    """The report (the ``--json`` object) of the records of ``steps`` in ``steps_dir`` checked
+    against the payload root ``root_dir``."""
+    root = PayloadRoot(root_dir, retries=0, verify_checksums=checksums)
     findings: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     try:
-        for step, got in walk_steps(args.steps, steps, progress):
+        for step, got in walk_steps(steps_dir, steps, progress):
             if got is None:
                 rows.append({"step": step.step, "step_file": step.name, "samples": step.samples})
                 row = rows[-1]
@@ -112,11 +107,11 @@ def run_verify_steps(args: argparse.Namespace) -> int:
                 findings.append(step_finding(step, err, **at, **where))
     finally:
         root.close()
-    report = {
+    return {
         "command": "verify",
-        "root": args.root,
-        "steps_dir": args.steps,
-        "checksums": args.checksums,
+        "root": root_dir,
+        "steps_dir": steps_dir,
+        "checksums": checksums,
         "totals": {
             "step_files": len(rows),
             **{k: sum(r[k] for r in rows) for k in ("samples", "sound", "segments")},
@@ -125,14 +120,30 @@ def run_verify_steps(args: argparse.Namespace) -> int:
         "steps": rows,
         "findings": findings,
     }
+
+
+def run_verify_steps(args: argparse.Namespace) -> int:
+    """``verify ROOT --steps DIR [--checksums] [--json] [--progress]``; exit 0 sound, 1 not."""
+    if args.group:
+        raise UsageError(
+            "--group selects the payload files verify scans; with --steps every record of "
+            "every step file is checked: give one or the other"
+        )
+    check_directory(args.root, "payload root")
+    steps = step_numbers(args.steps)
+    progress = Progress("verify --steps", show=args.progress)
+    report = verify_records(
+        args.root, args.steps, steps, checksums=args.checksums, progress=progress
+    )
     if args.json:
         write_json(report, sys.stdout)
     else:
-        _print(report)
-    return FINDINGS if findings else CLEAN
+        print_report(report)
+    return FINDINGS if report["findings"] else CLEAN
 
 
-def _print(report: dict[str, Any]) -> None:
+def print_report(report: dict[str, Any]) -> None:
+    """The text of a report: each finding, then the totals."""
     for f in report["findings"]:
         print(step_finding_line(f))
     t = report["totals"]

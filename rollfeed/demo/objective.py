@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.distributed as dist
 
 from rollfeed.collate import TensorMicroBatch
@@ -39,6 +40,7 @@ from rollfeed.objectives import (
     TruncatedIS,
     TrustRegion,
     Unweighted,
+    VersionLag,
     micro_batch_rows,
     policy_loss,
     support_distribution,
@@ -77,10 +79,19 @@ class DemoObjective:
         scores: SupportScores,
         *,
         cp_group: dist.ProcessGroup | None,
+        step: int | None = None,
     ) -> PolicyTerms:
         """Per-token terms ``[N]`` of this rank's rows (``scores`` from ``score(mb,
-        return_support_logprobs=True)``)."""
+        return_support_logprobs=True)``). With the trained ``step`` the mismatch metrics are
+        also split by version lag (``lag0_k3``, ``lag1_k3``, ...; a micro batch without
+        versions counts its tokens in none); the terms are the same."""
         weight = CORRECTIONS[self.correction]
+        versions, lag = None, None
+        if step is not None:
+            lag = VersionLag(step=step, lags=2)
+            versions = mb.versions
+            if versions is None:
+                versions = torch.full_like(mb.labels, -1, dtype=torch.int32)
         support, mask = micro_batch_rows(mb)
         kept = support_distribution(
             support,
@@ -100,4 +111,6 @@ class DemoObjective:
             positions=mb.positions,
             cu_seqlens=mb.cu_seqlens,
             group=cp_group,
+            versions=versions,
+            lag=lag,
         )

@@ -14,7 +14,9 @@ own computation); from step 1 on, Δ also holds the drift the updates caused (th
 away from the one that sampled), which is what the clipped ratio bounds. The objectives' metrics
 (:mod:`rollfeed.objectives`, summed over every rank) give the mismatch over the whole kept set per
 step: exact KL(q^S ‖ p^S) and χ²(p^S ‖ q^S), the sequence χ², the ESS of the applied weights and the
-fractions the correction truncated or masked.
+fractions the correction truncated or masked. With policy versions (an RL loop whose sampler
+runs ahead), the tokens by version lag, the mismatch of lag 0 against lag 1 and a partial rollout
+(:mod:`rollfeed.demo.report_versions`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from rollfeed.demo.report_versions import format_versions, plot_versions
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -94,6 +98,7 @@ class DemoReport:
     lr: float
     clip_eps: float
     loss: str
+    versions: dict  # trainer.json's records and staleness bound (rollfeed.demo.report_versions)
 
 
 def summarize(rollouts: dict, trainer: dict) -> DemoReport:
@@ -119,6 +124,7 @@ def summarize(rollouts: dict, trainer: dict) -> DemoReport:
         lr=trainer["lr"],
         clip_eps=trainer["clip_eps"],
         loss=_loss_name(trainer),
+        versions={k: trainer.get(k) for k in ("train", "max_staleness", "on_stale")},
     )
 
 
@@ -149,7 +155,7 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
     lines = [
         f"rollouts   {rollouts['samples']} completions, {rollouts['completion_tokens']} completion "
         f"tokens (top_k {s['top_k']}, top_p {s['top_p']}, temperature {s['temperature']}); "
-        f"engine start {sec['engine_start']:.1f} s, generate {sec['generate']:.1f} s",
+        f"engine start {sec['engine_start']:.1f} s, producer {sec['produce']:.1f} s",
         f"capture    {m['support_ids']} kept ids, {m['rows_bound']} bound rows, "
         f"{m['rows_not_member']} sampled-outside rows, {m['rows_repaired']} repaired; routed "
         f"experts {rollouts['routed_experts']}",
@@ -178,13 +184,19 @@ def format_report(rollouts: dict, report: DemoReport) -> str:
         f"{100 * singletons:.1f}%   [{hist}]"
     )
     lines += ["", *format_steps(report)]
+    if _versioned(report):
+        lines += ["", *format_versions(report.versions)]
     return "\n".join(lines)
+
+
+def _versioned(report: DemoReport) -> bool:
+    return any("tokens_by_lag" in r for r in report.versions["train"])
 
 
 def format_steps(report: DemoReport) -> list[str]:
     """The training table: per step the loss and, before its update, Δ and the entropy."""
     lines = [
-        f"training   {len(report.steps)} AdamW steps on the captured step (lr {report.lr:g}, "
+        f"training   {len(report.steps)} AdamW steps, one per step of rollouts (lr {report.lr:g}, "
         f"clip ε {report.clip_eps:g}), FSDP2 over {report.ranks} ranks; loss {report.loss}",
         f"  {'step':>4} {'loss':>10} {'mean |Δ|':>10} {'max |Δ|':>10} {'KL (k3)':>10} "
         f"{'entropy':>8} {'clipped':>8}",
@@ -231,15 +243,18 @@ def _metric(value: float | None, width: int, spec: str) -> str:
 
 def write_plot(report: DemoReport, path: Path) -> Path:
     """A six-panel PNG. Top: |Δ| histograms at step 0, kept-set sizes, full-vocabulary Δ against
-    set size. Bottom, per training step: the loss, the mismatch (step 0 numerics, then drift) and
-    the entropy over the kept set."""
+    set size. Middle, per training step: the loss, the mismatch (step 0 numerics, then drift) and
+    the entropy over the kept set. With policy versions, a third row: the mismatch by version
+    lag per step and a partial rollout's per-token versions
+    (:mod:`rollfeed.demo.report_versions`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.4))
-    top, bottom = axes
+    rows = 3 if _versioned(report) else 2
+    fig, axes = plt.subplots(rows, 3, figsize=(15, 4.2 * rows))
+    top, bottom = axes[0], axes[1]
     tiny = 1e-12  # |Δ| can be exactly 0; keep it on the log axis
     for name, delta in (("support replay", report.delta_replay), ("full vocab", report.delta_full)):
         top[0].hist(np.log10(np.abs(delta) + tiny), bins=60, alpha=0.7, label=name)
@@ -256,6 +271,9 @@ def write_plot(report: DemoReport, path: Path) -> Path:
     top[2].set_title("Full vocabulary is off by log P(S)")
     top[2].legend()
     _plot_steps(report, bottom)
+    if rows == 3:
+        plot_versions(report.versions, axes[2][:2])
+        axes[2][2].axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,18 +1,24 @@
-"""``python -m rollfeed demo``: the whole pipeline on one CPU machine, in four stages.
+"""``python -m rollfeed demo``: an RL loop on one CPU machine, in four stages.
 
 1. build the tiny Qwen3-MoE and its tokenizer into the cache (once);
-2. rollouts: a capture server (``python -m rollfeed serve``: vLLM samples, the server writes kept
-   sets by handle) and a client process that turns its records into a step file
-   (:mod:`rollfeed.demo.rollouts`); ``--server URL`` uses a running server instead;
-3. trainer: ``torchrun`` starts 2 DP x 2 CP gloo ranks that load the step with
-   ``build_dataloader``, score it with the ``PolicyScorer`` and train on it for ``STEPS`` AdamW
-   steps under FSDP2, with a DCP checkpoint after each (:mod:`rollfeed.demo.trainer`);
+2. a capture server (``python -m rollfeed serve``: vLLM samples, the server writes kept sets by
+   handle); ``--server URL`` uses a running one instead;
+3. the loop, two processes side by side: the producer (:mod:`rollfeed.demo.rollouts`) samples
+   step ``k + 1`` through the server while ``torchrun`` trains step ``k`` on 2 DP x 2 CP gloo
+   ranks (:mod:`rollfeed.demo.trainer`: the loader streams the step files, FSDP2, a DCP
+   checkpoint, the weights for the server and the trainer's progress file after each step); the
+   producer has the server load each step's weights as they appear (rollouts in flight go on
+   under them: partial rollouts of two versions) and stays at most ``MAX_AHEAD`` step ahead of
+   the trainer, so every step is trained at most one policy version after the one that sampled
+   it (``MAX_STALENESS``: the loader's bound, stale samples dropped and counted);
 4. report: text and a PNG (:mod:`rollfeed.demo.report`).
 
 Each run works in a directory of its own, printed first: a fresh one under
 ``~/.cache/rollfeed/demo`` or the ``--workdir`` it is given, locked while it runs
 (:mod:`rollfeed.demo.workdir`), so two demos on one machine never share files. A fresh run deletes
 the run directories there beyond the newest five (``workdir.KEEP_RUNS``), never a running one.
+The run's payload groups are ``run-<run id>/step_<k>``; its step files, cursor and checkpoints are
+made anew.
 
 Without vLLM it says how to install it and returns 2: the demo never fakes rollouts.
 """
@@ -25,11 +31,15 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from rollfeed.demo.process_tree import kill_tree
 from rollfeed.demo.workdir import KEEP_RUNS, DemoRun, DemoWorkdirInUseError, claim_workdir
 
 RANKS, CP = 4, 2
-STEPS = 3  # optimizer steps on the captured step (off-policy epochs)
+STEPS = 4  # steps of the loop: sampled, trained, weights back to the server
+MAX_AHEAD = 1  # the producer samples step k + 1 while the trainer trains step k
+MAX_STALENESS = 1  # the trainer's bound: step k trains tokens of versions k - 1 and k
 
 
 def _stage(number: int, text: str) -> float:
@@ -37,11 +47,52 @@ def _stage(number: int, text: str) -> float:
     return time.perf_counter()
 
 
-def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        sys.stdout.write(proc.stdout[-8000:])
-        raise SystemExit(f"{what} failed with exit code {proc.returncode} (output above)")
+def _loop(
+    producer: list[str], trainer: list[str], env: dict[str, str], tenv: dict[str, str], work: Path
+) -> None:
+    """Run the producer and the trainer side by side, printing each step as it is written and
+    trained; either one failing stops the other."""
+    logs = {name: open(work / f"{name}.log", "wb") for name in ("producer", "trainer")}  # noqa: SIM115
+    procs = {
+        name: subprocess.Popen(
+            cmd, env=e, stdout=logs[name], stderr=subprocess.STDOUT, start_new_session=True
+        )
+        for name, cmd, e in (("producer", producer, env), ("trainer", trainer, tenv))
+    }
+    t0, written, trained = time.perf_counter(), 0, 0
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            failed = [n for n, p in procs.items() if p.poll() not in (None, 0)]
+            if failed:
+                name = failed[0]
+                sys.stdout.write((work / f"{name}.log").read_text(errors="replace")[-8000:])
+                raise SystemExit(
+                    f"the {name} failed with exit code {procs[name].returncode} (output above; "
+                    f"{work / (name + '.log')})"
+                )
+            while (work / "steps" / f"step_{written:06d}.rfs").exists():
+                print(
+                    f"      step {written} sampled   ({time.perf_counter() - t0:5.1f} s)",
+                    flush=True,
+                )
+                written += 1
+            while (work / "checkpoints" / f"step_{trained + 1:06d}" / ".metadata").exists():
+                print(
+                    f"      step {trained} trained   ({time.perf_counter() - t0:5.1f} s)",
+                    flush=True,
+                )
+                trained += 1
+            time.sleep(0.2)
+    finally:
+        for p in procs.values():  # torchrun's ranks too: each runs in a session of its own
+            kill_tree(p.pid)
+            p.wait()
+        for f in logs.values():
+            f.close()
+    for name, p in procs.items():
+        if p.returncode != 0:
+            sys.stdout.write((work / f"{name}.log").read_text(errors="replace")[-8000:])
+            raise SystemExit(f"the {name} failed with exit code {p.returncode} (output above)")
 
 
 def run_demo(
@@ -103,6 +154,9 @@ def _run_stages(
         )
     for name in ("rollouts.json", "trainer.json", "demo.png"):
         (work / name).unlink(missing_ok=True)
+    for name in ("steps", "checkpoints", "weights"):  # a rerun's loop is its own
+        shutil.rmtree(work / name, ignore_errors=True)
+    (work / "steps").mkdir()
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -112,34 +166,33 @@ def _run_stages(
     model_dir = build_tiny_moe()
     print(f"      {model_dir} ({time.perf_counter() - t0:.1f} s)")
 
-    t0 = _stage(2, f"rollouts via the capture server: {prompts} prompts x {samples} completions")
+    _stage(2, "the capture server")
     from rollfeed.demo.rollouts import rollout_server
 
     with rollout_server(server, model_dir, work, run_id=run.run_id, env=env) as (url, started):
         print(f"      capture server {url} ({started:.1f} s to start)", flush=True)
-        cmd = [sys.executable, "-m", "rollfeed.demo.rollouts", "--server", url]
-        cmd += ["--server-start-s", f"{started:.3f}", "--model-dir", str(model_dir)]
-        cmd += ["--workdir", str(work), "--prompts", str(prompts)]
-        cmd += ["--samples-per-prompt", str(samples), "--max-tokens", str(max_tokens)]
-        # Streams to the terminal: the client's progress bar shows the requests.
-        proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
-        raise SystemExit(f"rollouts failed with exit code {proc.returncode}")
-    print(f"      payload root {work / 'payload'} ({time.perf_counter() - t0:.1f} s)")
-
-    t0 = _stage(
-        3, f"trainer: torchrun {RANKS} ranks ({RANKS // CP} DP x {CP} CP, gloo), {STEPS} steps"
-    )
-    tenv = dict(env, OMP_NUM_THREADS="1")
-    if sys.platform.startswith("linux"):
-        tenv.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
-    cmd += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
-    cmd += ["--steps", str(STEPS), "--checkpoint-every", "1", *loss]
-    shutil.rmtree(work / "checkpoints", ignore_errors=True)  # a rerun's are its own
-    _run(cmd, tenv, "the trainer ranks")
-    print(f"      checkpoints {work / 'checkpoints'}")
+        t0 = _stage(
+            3,
+            f"the loop: {STEPS} steps of {prompts} prompts x {samples} rollouts; the producer "
+            f"samples step k+1 while torchrun trains step k ({RANKS} ranks, {RANKS // CP} DP x "
+            f"{CP} CP, gloo)",
+        )
+        producer = [sys.executable, "-m", "rollfeed.demo.rollouts", "--server", url]
+        producer += ["--server-start-s", f"{started:.3f}", "--model-dir", str(model_dir)]
+        producer += ["--workdir", str(work), "--run-id", run.run_id, "--prompts", str(prompts)]
+        producer += ["--samples-per-prompt", str(samples), "--max-tokens", str(max_tokens)]
+        producer += ["--steps", str(STEPS), "--max-ahead", str(MAX_AHEAD)]
+        tenv = dict(env, OMP_NUM_THREADS="1")
+        if sys.platform.startswith("linux"):
+            tenv.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        trainer = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        trainer += [f"--nproc_per_node={RANKS}", "-m", "rollfeed.demo.trainer"]
+        trainer += ["--model-dir", str(model_dir), "--workdir", str(work), "--cp", str(CP)]
+        trainer += ["--steps", str(STEPS), "--checkpoint-every", "1", "--progress", *loss]
+        trainer += ["--weights", str(work / "weights"), "--max-staleness", str(MAX_STALENESS)]
+        trainer += ["--on-stale", "drop"]
+        _loop(producer, trainer, env, tenv, work)
+    print(f"      steps {work / 'steps'}, checkpoints {work / 'checkpoints'}")
     print(f"      ({time.perf_counter() - t0:.1f} s)")
 
     _stage(4, "report")

@@ -21,8 +21,8 @@ FSDP's default would average). ``N`` already normalises.
 state dicts (``get_state_dict``), and each rank's loader position (``RolloutLoader.state_dict``)
 under its own key, as torchtitan keys its data loaders by rank. The loader's step counts finished
 optimizer steps (one loader pass per step). ``load_checkpoint`` restores all three in place
-(``set_state_dict``) and returns that step. A run that resumes from the checkpoint of step ``k``
-continues bitwise as if never stopped: the same batches, weights and optimizer moments.
+(``set_state_dict``), or the model and AdamW only. A run that resumes from the checkpoint of step
+``k`` continues bitwise as if never stopped: the same batches, weights and optimizer moments.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def train_step(
     sampler, trainer, entropy, kept = [], [], [], []
     for mb in batches:
         out = scorer.score(mb, return_support_logprobs=True)
-        terms = objective.terms(mb, out, cp_group=scorer.cp.group)
+        terms = objective.terms(mb, out, cp_group=scorer.cp.group, step=step)
         loss = aggregate(terms.loss, mb, mode="token_mean")
         loss.backward()
         loss_sum += loss.detach().double()
@@ -166,10 +166,13 @@ def _loader_key() -> str:
     return f"loader_rank{dist.get_rank()}"
 
 
-def _state(model: nn.Module, optimizer: torch.optim.Optimizer, loader: RolloutLoader) -> dict:
+def _state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, loader: RolloutLoader | None
+) -> dict:
     """What a checkpoint holds: model, optimizer and this rank's loader state."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optim": optim_sd, _loader_key(): loader.state_dict()}
+    state = {"model": model_sd, "optim": optim_sd}
+    return state if loader is None else state | {_loader_key(): loader.state_dict()}
 
 
 def save_checkpoint(
@@ -181,13 +184,18 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader: RolloutLoader
-) -> int:
-    """Restore what :func:`save_checkpoint` wrote, in place; returns the optimizer steps done."""
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: RolloutLoader | None,
+) -> None:
+    """Restore what :func:`save_checkpoint` wrote, in place: model and optimizer, and the
+    loader's position unless ``loader`` is None (a run that starts its loader at the
+    checkpoint's step itself, under any world shape)."""
     state = _state(model, optimizer, loader)
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
-    loader.load_state_dict(state[_loader_key()])
-    return loader.state_dict()["step"]
+    if loader is not None:
+        loader.load_state_dict(state[_loader_key()])

@@ -1,35 +1,52 @@
-"""Demo trainer ranks: read the step by handle, score it, train on it for a few steps, checkpoint.
+"""Demo trainer ranks: train on each step file as it appears, checkpoint, tell the producer.
 
 Run under torchrun (gloo), e.g. 2 DP x 2 CP ranks::
 
     torchrun --standalone --nproc_per_node=4 -m rollfeed.demo.trainer \\
-        --model-dir M --workdir W --cp 2 --steps 3 --checkpoint-every 1
+        --model-dir M --workdir W --cp 2 --steps 4 --checkpoint-every 1 --progress
 
 Each rank builds a ``(dp, cp)`` device mesh, its :class:`~rollfeed.collate.Topology`, a loader
-that reads only this rank's windows of ``W/payload`` for the samples of the step file in
-``W/steps``, the model the sampler used sharded with FSDP2 (:mod:`rollfeed.demo.train`) and a
-:class:`~rollfeed.models.PolicyScorer` (Ulysses over the rank's ``cp`` group). The captured step
-is trained on ``--steps`` times (off-policy epochs: one loader pass and one AdamW step each;
-nothing goes back to the sampler). Every loss token is scored before each update; at step 0 it is
-also scored over the full vocabulary, so the report can separate the numerics (support replay
-against full vocabulary, before any update) from the drift the updates cause.
+that streams the step files of ``W/steps`` (step ``k`` is optimizer step ``k``: the pass waits for
+its file) and reads only this rank's windows of ``W/payload``, the model sharded with FSDP2
+(:mod:`rollfeed.demo.train`) and a :class:`~rollfeed.models.PolicyScorer` (Ulysses over the rank's
+``cp`` group). Each step: one loader pass, one AdamW step, every loss token scored before the
+update. The first step of fresh weights is also scored over the full vocabulary, so the report can
+separate numerics (support replay against full vocabulary) from drift.
 
-Rank 0 writes ``W/trainer.json``::
+After step ``k`` (``--checkpoint-every K``: after every K-th and the last) the ranks save a DCP
+checkpoint ``W/checkpoints/step_<k+1>`` (model, AdamW, each rank's loader position, and
+``trainer.json`` as it stood); then, with ``--progress``, the weights for the capture server
+(``--weights D``: ``D/step_<k+1>``, :func:`rollfeed.models.checkpoint.save_checkpoint`, complete or
+absent) and rank 0 writes the trainer's progress file in the step directory
+(:mod:`rollfeed.orchestrator.progress`: ``step = version = k + 1``, those weights and that
+checkpoint), the producer's signal that step ``k`` is consumed and which weights the server
+loads. The progress names only complete checkpoints and weights; a trainer resumed from a
+checkpoint writes the weights and progress a crash left out before it trains.
 
-    {"world": 4, "cp": 2, "steps": 3, "clip_eps": 0.2, "correction": "tis", "centering": true,
-     "lr": 1e-5,
-     "ranks": [per rank, step 0: sampler / replay / full logprobs and kept-set sizes per token,
-               micro_batches, loader_wait_s, score_s, rank, dp_rank, cp_rank],
-     "train": [per step: step, loss, tokens, clipped, step_s, objective (the objectives'
-               metrics over all ranks), and over all ranks' tokens delta (trainer − sampler
-               logprob before the update) and entropy (kept set)]}
+``--max-staleness M --on-stale drop|mask|error``: the loader's staleness bound
+(:mod:`rollfeed.loaders.staleness`); each step records ``stale_dropped`` (samples left out),
+``stale_masked_tokens``, ``tokens_by_lag`` (loss tokens by lag behind the step), ``partial``
+(the samples whose tokens span two versions, with their per-token versions in the micro batch:
+:func:`~rollfeed.demo.ledger.partial_rollouts`) and the objective's mismatch metrics by lag
+(``lag0_k3``, ``lag1_k3``, ...).
 
-The loss (:mod:`rollfeed.demo.objective`) is chosen by ``--clip-eps`` (0: no clip),
-``--correction`` and ``--centering`` / ``--no-centering``.
+Where it starts: ``--resume`` continues from the newest complete checkpoint (model, AdamW and
+loader position; from step 0 when there is none), bitwise as a run never stopped; ``--from K``
+starts at step ``K`` from checkpoint ``step_<K>`` (model and AdamW; the loader starts at step
+``K``; ``K = 0``: the model directory's weights): training again over recorded steps
+(``python -m rollfeed retrain``). ``--steps N``: the step after the last one trained.
 
-``--checkpoint-every K`` saves a DCP checkpoint to ``W/checkpoints/step_<k>`` after every K-th
-step and after the last; the checkpoint also holds ``trainer.json`` as it stood. ``--resume``
-continues from the newest complete checkpoint there: the same result as a run never stopped.
+Rank 0 writes ``--out`` (default ``W/trainer.json``)::
+
+    {"world": 4, "cp": 2, "steps": 4, "start": 0, "clip_eps": 0.2, "correction": "tis",
+     "centering": true, "lr": 1e-5,
+     "ranks": [per rank, at the first step of fresh weights: sampler / replay / full logprobs
+               and kept-set sizes per token, micro_batches, loader_wait_s, score_s, rank, dp_rank,
+               cp_rank],
+     "train": [per step: step, loss, tokens, clipped, step_s, objective, delta (trainer − sampler
+               logprob before the update) and entropy over every rank's tokens, samples (the
+               fingerprints of the samples trained, :mod:`rollfeed.demo.ledger`), digest (of
+               the weights after the update)]}
 
 The process ends without interpreter teardown (:func:`end_process`, after the loader is closed,
 ``trainer.json`` written and every process group destroyed). torch's DTensor keeps device meshes in
@@ -55,11 +72,14 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from transformers import AutoModelForCausalLM
 
 from rollfeed.collate import PlanConfig, TensorMicroBatch
+from rollfeed.demo.ledger import partial_rollouts, sample_fingerprints, weights_digest
 from rollfeed.demo.objective import CORRECTIONS, DemoObjective
+from rollfeed.demo.publish import announce, lag_totals
 from rollfeed.demo.train import (
     checkpoint_path,
     latest_checkpoint,
@@ -68,26 +88,11 @@ from rollfeed.demo.train import (
     shard_model,
     train_step,
 )
-from rollfeed.loaders import (
-    LoaderConfig,
-    LoaderOptions,
-    RolloutDataset,
-    Topology,
-    build_dataloader,
-    read_step_file,
-)
+from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
 from rollfeed.models import PolicyScorer
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def step_file(workdir: Path) -> Path:
-    """The captured step: the first step file in ``workdir/steps``."""
-    files = sorted((workdir / "steps").glob("step_*.rfs"))
-    if not files:
-        raise SystemExit(f"no step file in {workdir / 'steps'}: run the rollouts stage first")
-    return files[0]
 
 
 def full_vocab(scorer: PolicyScorer, mb: TensorMicroBatch) -> torch.Tensor:
@@ -108,8 +113,8 @@ def full_vocab(scorer: PolicyScorer, mb: TensorMicroBatch) -> torch.Tensor:
 
 
 def numerics(scorer: PolicyScorer, batches: list[TensorMicroBatch], wait: float) -> dict:
-    """This rank's step-0 record before any update: logprobs over the full vocabulary; the
-    replay logprobs are added from the training forward (the same weights)."""
+    """This rank's record before any update: logprobs over the full vocabulary; the replay
+    logprobs are added from the training forward (the same weights)."""
     t0 = time.perf_counter()
     full = [full_vocab(scorer, mb)[mb.loss_mask].double() for mb in batches]
     return {
@@ -120,8 +125,39 @@ def numerics(scorer: PolicyScorer, batches: list[TensorMicroBatch], wait: float)
     }
 
 
+def _dirs(args: argparse.Namespace) -> argparse.Namespace:
+    """Every directory from ``--workdir`` unless given on its own."""
+    work = args.workdir
+    for name, default in (
+        ("steps_dir", "steps"),
+        ("root", "payload"),
+        ("checkpoints", "checkpoints"),
+    ):
+        if getattr(args, name) is None:
+            if work is None:
+                raise SystemExit(f"--{name.replace('_', '-')} or --workdir is needed")
+            setattr(args, name, work / default)
+    if args.out is None:
+        args.out = (work or args.checkpoints) / "trainer.json"
+    return args
+
+
+def _start(args: argparse.Namespace) -> tuple[int, Path | None]:
+    """``(first step, checkpoint to load or None)`` (see the module doc)."""
+    if args.start is not None:
+        if args.start == 0:
+            return 0, None
+        path = checkpoint_path(args.checkpoints, args.start)
+        if not (path / ".metadata").exists():
+            raise SystemExit(f"--from {args.start}: no complete checkpoint at {path}")
+        return args.start, path
+    latest = latest_checkpoint(args.checkpoints) if args.resume else None
+    return (0, None) if latest is None else (int(latest.name.split("_")[1]), latest)
+
+
 def train(args: argparse.Namespace) -> None:
     """The whole run on this rank (collective; a new mesh, model and loader on every call)."""
+    args = _dirs(args)
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world // args.cp, args.cp), mesh_dim_names=("dp", "cp"))
     # FSDP2 over every rank: the dp x cp mesh flattened in mesh order, as torchtitan shards its
@@ -135,45 +171,62 @@ def train(args: argparse.Namespace) -> None:
     shard_model(model, fsdp_mesh)
     scorer = PolicyScorer.from_mesh(model, mesh, compute_entropy=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    start, checkpoint = _start(args)
+    config = LoaderConfig(
+        plan=PlanConfig(seq_len=args.seq_len, cp_layout="zigzag"),
+        stream=True,
+        start_step=start,
+        step_timeout_s=args.step_timeout,
+        max_staleness=args.max_staleness,
+        on_stale=args.on_stale,
+    )
     loader = build_dataloader(
-        RolloutDataset(read_step_file(step_file(args.workdir))),  # the same samples every pass
+        RolloutDataset.from_step_dir(args.steps_dir),
         topo,  # the plan's cp_size is the mesh's
-        LoaderConfig(plan=PlanConfig(seq_len=args.seq_len, cp_layout="zigzag")),
-        root=args.workdir / "payload",
+        config,
+        root=args.root,
         options=LoaderOptions(num_workers=args.workers),
     )
-    checkpoints = args.workdir / "checkpoints"
     objective = DemoObjective(
         clip_eps=args.clip_eps, correction=args.correction, centering=args.centering
     )
-    result = {"world": world, "cp": args.cp, "steps": args.steps, "clip_eps": args.clip_eps}
-    result |= {"correction": args.correction, "centering": args.centering}
-    result |= {"lr": args.lr, "ranks": [], "train": []}
-    done = 0
-    resume = latest_checkpoint(checkpoints) if args.resume else None
-    if args.resume and resume is None:
-        raise SystemExit(
-            f"--resume: no complete checkpoint (a step_* directory with .metadata) under "
-            f"{checkpoints}; run without --resume, with --checkpoint-every K, first"
-        )
-    if resume is not None:
-        done = load_checkpoint(resume, model, optimizer, loader)
-        result = json.loads((resume / "trainer.json").read_text()) | {"steps": args.steps}
-        logger.info("resumed from %s after %d steps", resume, done)
-    for step in range(done, args.steps):
+    result = {"world": world, "cp": args.cp, "steps": args.steps, "start": start}
+    result |= {"clip_eps": args.clip_eps, "correction": args.correction}
+    result |= {"centering": args.centering, "lr": args.lr, "seq_len": args.seq_len}
+    result |= {"dtype": args.dtype, "ranks": [], "train": []}
+    result |= {"max_staleness": args.max_staleness, "on_stale": args.on_stale}
+    if checkpoint is not None:
+        resume = args.start is None
+        load_checkpoint(checkpoint, model, optimizer, loader if resume else None)
+        if resume:
+            result = json.loads((checkpoint / "trainer.json").read_text()) | {"steps": args.steps}
+        logger.info("started from %s at step %d", checkpoint, start)
+        if resume and args.progress:  # a crash may have come between checkpoint and progress
+            announce(args, model, start, checkpoint)
+    cp_group = scorer.cp.group
+    for step in range(start, args.steps):
         t0 = time.perf_counter()
-        batches = list(loader)  # one pass: this rank's micro batches of the step
+        batches = list(loader)  # one pass: this rank's micro batches of step file `step`
         wait = time.perf_counter() - t0
         before = numerics(scorer, batches, wait) if step == 0 else None
         record = train_step(scorer, batches, optimizer, step=step, objective=objective)
         mine = {"delta": (record.trainer - record.sampler).tolist()}
         mine |= {"entropy": record.entropy.tolist(), "clipped": record.clipped}
+        mine["samples"] = [f for mb in batches for f in sample_fingerprints(mb, cp_group)]
+        mine["partial"] = [p for mb in batches for p in partial_rollouts(mb, cp_group)]
+        metrics = loader.metrics
+        # The loader counts whole rows, which every cp peer of a micro batch holds: cp rank 0's.
+        lead = topo.cp_rank == 0
+        mine["masked"] = metrics["stale_masked_tokens"] if lead else 0
+        lags = {k[7:]: int(v) for k, v in metrics.items() if k.startswith("tokens_lag")}
+        mine["lags"] = lags if lead else {}
         if before is not None:
             before |= {"sampler": record.sampler.tolist(), "replay": record.trainer.tolist()}
             before |= {"kept": record.kept.tolist(), "rank": rank, "dp_rank": topo.dp_rank}
             mine["numerics"] = before | {"cp_rank": topo.cp_rank}
         gathered: list = [None] * world
         dist.all_gather_object(gathered, mine)
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
         if step == 0:
             result["ranks"] = [g["numerics"] for g in gathered]
         result["train"].append(
@@ -186,27 +239,40 @@ def train(args: argparse.Namespace) -> None:
                 "objective": record.objective,
                 "delta": [d for g in gathered for d in g["delta"]],
                 "entropy": [e for g in gathered for e in g["entropy"]],
+                "samples": sorted(f for g in gathered for f in g["samples"]),
+                "digest": weights_digest(full),
+                "stale_dropped": int(metrics["stale_dropped"]),
+                "stale_masked_tokens": sum(int(g["masked"]) for g in gathered),
+                "tokens_by_lag": lag_totals(g["lags"] for g in gathered),
+                "partial": [p for g in gathered for p in g["partial"]],
             }
         )
         last = step + 1 == args.steps
         if args.checkpoint_every and ((step + 1) % args.checkpoint_every == 0 or last):
-            path = checkpoint_path(checkpoints, step + 1)
+            path = checkpoint_path(args.checkpoints, step + 1)
             if rank == 0:  # beside the DCP files, before them: .metadata comes last
                 path.mkdir(parents=True, exist_ok=True)
                 (path / "trainer.json").write_text(json.dumps(result))
             save_checkpoint(path, model, optimizer, loader)
+            if args.progress:  # after the checkpoint is complete
+                announce(args, model, step + 1, path)
     loader.close()  # the workers end now, not at interpreter exit
     if rank == 0:
-        (args.workdir / "trainer.json").write_text(json.dumps(result))
+        args.out.write_text(json.dumps(result))
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m rollfeed.demo.trainer")
-    ap.add_argument("--model-dir", type=Path, required=True)
-    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--model-dir", type=Path, required=True, help="the weights of step 0")
+    ap.add_argument("--workdir", type=Path, help="steps/, payload/, checkpoints/ under it")
+    ap.add_argument("--steps-dir", type=Path, help="the step files (default WORKDIR/steps)")
+    ap.add_argument("--root", type=Path, help="the payload root (default WORKDIR/payload)")
+    ap.add_argument("--checkpoints", type=Path, help="default WORKDIR/checkpoints")
+    ap.add_argument("--out", type=Path, help="the run's record (default WORKDIR/trainer.json)")
     ap.add_argument("--cp", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3, help="optimizer steps on the captured step")
+    ap.add_argument("--steps", type=int, default=3, help="train up to this step (exclusive)")
+    ap.add_argument("--from", dest="start", type=int, help="start at this step's checkpoint")
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--clip-eps", type=float, default=0.2, help="0: no clip")
     ap.add_argument("--correction", choices=sorted(CORRECTIONS), default="tis")
@@ -216,7 +282,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ap.add_argument("--workers", type=int, default=1, help="loader worker processes")
     ap.add_argument("--checkpoint-every", type=int, default=0, help="0: no checkpoints")
-    ap.add_argument("--resume", action="store_true", help="from W/checkpoints' newest")
+    ap.add_argument("--resume", action="store_true", help="from the newest checkpoint, if any")
+    ap.add_argument(
+        "--progress", action="store_true", help="write the progress file after each checkpoint"
+    )
+    ap.add_argument("--step-timeout", type=float, default=600.0, help="wait for a step file")
+    ap.add_argument(
+        "--weights", type=Path, help="with --progress: write the weights for the server here"
+    )
+    ap.add_argument("--max-staleness", type=int, help="the loader's bound (default: none)")
+    ap.add_argument("--on-stale", choices=("drop", "mask", "error"), default="error")
     return ap
 
 

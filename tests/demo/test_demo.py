@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from rollfeed.demo.report import Mismatch, format_report, kept_histogram, summarize, write_plot
+from rollfeed.demo.run import STEPS
+from rollfeed.orchestrator.progress import read_progress
+from tests.conftest import restore_base_weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,7 +56,7 @@ ROLLOUTS = {
         "rows_not_member": 0,
         "rows_repaired": 0,
     },
-    "seconds": {"engine_start": 1.0, "generate": 1.0},
+    "seconds": {"engine_start": 1.0, "produce": 1.0},
     "routed_experts": "not returned",
 }
 
@@ -121,7 +124,7 @@ def test_steps_separate_numerics_from_drift():
     assert second.mismatch.kl_k3 == pytest.approx(np.mean(np.exp(d) - 1 - d))
     assert second.entropy == pytest.approx(0.3) and second.clipped == 0.25
     lines = format_report(ROLLOUTS, r).splitlines()
-    assert "2 AdamW steps on the captured step (lr 0.001, clip ε 0.2)" in "\n".join(lines)
+    assert "2 AdamW steps, one per step of rollouts (lr 0.001, clip ε 0.2)" in "\n".join(lines)
     row0 = next(line for line in lines if line.split()[:2] == ["0", "-0.2500"])
     row1 = next(line for line in lines if line.split()[:2] == ["1", "-0.5000"])
     assert row0.endswith("numerics: the sampler's weights") and "25.0%" in row1
@@ -200,7 +203,7 @@ def test_plot_is_written(tmp_path):
 
 
 @pytest.mark.vllm
-def test_demo_end_to_end(capture_server):
+def test_demo_end_to_end(capture_server, tmp_path):
     # The session's capture server: its model is the demo's under this cache, its payload root
     # is this work directory's.
     env = dict(os.environ, XDG_CACHE_HOME=str(capture_server.cache))
@@ -208,12 +211,15 @@ def test_demo_end_to_end(capture_server):
     cmd = [sys.executable, "-m", "rollfeed", "demo", "--workdir", str(work)]
     cmd += ["--server", capture_server.url]
     cmd += ["--prompts", "4", "--samples", "2", "--max-tokens", "16"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=400)
+    finally:  # the trainer's weights back out of the session's server
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "support replay" in proc.stdout and (work / "demo.png").exists()
     rollouts = json.loads((work / "rollouts.json").read_text())
     trainer = json.loads((work / "trainer.json").read_text())
-    assert rollouts["completion_tokens"] == 4 * 2 * 16
+    assert rollouts["completion_tokens"] == 4 * 2 * 16 * STEPS
     assert trainer["world"] == 4 and trainer["cp"] == 2
     assert {(r["dp_rank"], r["cp_rank"]) for r in trainer["ranks"]} == {
         (0, 0),
@@ -222,23 +228,29 @@ def test_demo_end_to_end(capture_server):
         (1, 1),
     }
     r = summarize(rollouts, trainer)
-    # Every completion token is scored exactly once over the 4 ranks, with its recorded kept set.
-    assert r.replay.tokens == 128 and r.kept.sum() == rollouts["capture_metrics"]["support_ids"]
+    # Every completion token of step 0 is scored exactly once over the 4 ranks, with its
+    # recorded kept set, at the sampler's weights.
+    step0 = rollouts["capture_per_step"][0]
+    assert r.replay.tokens == 128 and r.kept.sum() == step0["support_ids"]
     assert r.replay.mean_abs < 1e-4 and r.replay.max_abs < 1e-3
     assert r.full.mean_abs > 100 * r.replay.mean_abs
     assert np.all(r.delta_full <= 1e-4)  # full vocab only ever adds mass outside the kept set
-    # Training: every loss token scored before each of the 3 updates; step 0 is the replay
-    # comparison above (the sampler's weights), the updates then move the policy away from it.
-    assert [s.step for s in r.steps] == [0, 1, 2] and trainer["steps"] == 3
+    # The loop: one step of rollouts per update, each step's 8 samples trained once; step 0 is
+    # the replay comparison above, later steps were sampled by an older policy than they are
+    # trained with.
+    assert [s.step for s in r.steps] == list(range(STEPS)) and trainer["steps"] == STEPS
     assert all(s.tokens == 128 and s.mismatch.tokens == 128 for s in r.steps)
+    assert [len(s["samples"]) for s in trainer["train"]] == [8] * STEPS
     assert r.steps[0].mismatch == r.replay
     assert r.steps[1].mismatch.mean_abs > 10 * r.steps[0].mismatch.mean_abs
     assert all(np.isfinite(s.loss) and s.entropy >= 0 for s in r.steps)
     # The objectives' divergences are computed for every step and never negative, step 0 too.
+    # (A lag bucket without a token has none computed: lag 1 at step 0.)
     for s in r.steps:
-        assert s.objective["not_computed"] == [], s.objective
+        assert [k for k in s.objective["not_computed"] if not k.startswith("lag")] == []
         assert min(s.objective[k] for k in ("kl", "chi2", "seq_chi2", "k3")) >= 0, s.objective
-    assert (work / "checkpoints" / "step_000003" / ".metadata").exists()
+    assert (work / "checkpoints" / f"step_{STEPS:06d}" / ".metadata").exists()
+    assert read_progress(work / "steps").step == STEPS
     verify = subprocess.run(
         [sys.executable, "-m", "rollfeed", "verify", str(work / "payload")],
         capture_output=True,
@@ -246,5 +258,24 @@ def test_demo_end_to_end(capture_server):
         cwd=REPO,
     )
     assert verify.returncode == 0 and "payload files are sound" in verify.stdout
-    files = list((work / "payload" / "step_000001").iterdir())
-    assert len(files) == 1  # the server keeps one writer per group
+    (run,) = [p for p in (work / "payload").iterdir() if p.name.startswith("run-")]
+    groups = sorted(p.name for p in run.iterdir())
+    assert groups == [f"step_{k:06d}" for k in range(STEPS)]
+    assert all(len(list((run / g).iterdir())) == 1 for g in groups)  # one writer per group
+    # The RL loop's versions: step 0 on-policy; step k >= 1 sampled by the weights of step k - 1
+    # (the producer one step ahead), some tokens by step k's where a rollout went on across the
+    # weight update. Nothing was stale beyond the bound, so nothing was dropped.
+    assert trainer["max_staleness"] == 1 and trainer["on_stale"] == "drop"
+    for rec in trainer["train"]:
+        k, lags = rec["step"], rec["tokens_by_lag"]
+        assert rec["stale_dropped"] == 0
+        assert lags.get("lag0", 0) + lags.get("lag1", 0) == 128, (k, lags)
+        assert rec["objective"]["lag0_tokens"] == lags.get("lag0", 0)
+        assert rec["objective"]["lag1_tokens"] == lags.get("lag1", 0)
+        for partial in rec["partial"]:
+            assert {v for v in partial["versions"] if v >= 0} == {k - 1, k}
+    assert trainer["train"][0]["tokens_by_lag"]["lag0"] == 128
+    assert all(rec["tokens_by_lag"]["lag1"] > 0 for rec in trainer["train"][1:])
+    assert "mismatch by version lag" in proc.stdout and "partial rollout" in proc.stdout
+    weights = sorted(p.name for p in (work / "weights").iterdir() if p.name != "step_000000")
+    assert weights == [f"step_{k:06d}" for k in range(1, STEPS + 1)]  # 0: the model's own

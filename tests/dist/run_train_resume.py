@@ -1,9 +1,12 @@
-"""Demo training ranks (dp 2 x cp 2): an uninterrupted run, and one cut after step 1 and resumed.
+"""Demo training ranks (dp 2 x cp 2): an uninterrupted run, one cut after step 1 and resumed, and
+steps 1 and 2 trained again from the log.
 
-Args: ``first WORK`` (launch A): ``WORK/full`` trains 3 steps and checkpoints after the last;
-``WORK/cut`` trains 1 step from fresh weights and checkpoints it. ``resume WORK`` (launch B, new
-processes): ``WORK/cut`` resumes from its checkpoint and trains to step 3, checkpointing each step.
-The test compares what the two runs wrote.
+Args: ``first WORK`` (launch A): ``WORK/full`` trains steps 0..2 and checkpoints after the last;
+``WORK/cut`` trains step 0 from fresh weights and checkpoints it. ``resume WORK`` (launch B, new
+processes): ``WORK/cut`` resumes from its checkpoint and trains to step 3, checkpointing each step;
+then steps 1 and 2 are trained again from ``WORK/cut``'s checkpoint of step 1 into
+``WORK/retrain.json`` (``--from 1``: model and AdamW from the checkpoint, the loader started at
+step 1). The test compares what the runs wrote.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def main(mode: str, work: str) -> None:
         run(work, "--workdir", f"{work}/cut", "--steps", "1", "--checkpoint-every", "1")
     else:
         run(work, "--workdir", f"{work}/cut", "--steps", "3", "--checkpoint-every", "1", "--resume")
+        again = ["--steps-dir", f"{work}/cut/steps", "--root", f"{work}/cut/payload"]
+        again += ["--checkpoints", f"{work}/cut/checkpoints", "--out", f"{work}/retrain.json"]
+        run(work, *again, "--steps", "3", "--from", "1")
     release_meshes()  # before run_rank destroys the groups (see the function)
 
 

@@ -1,9 +1,11 @@
 """Demo training under dp 2 x cp 2 (FSDP2, Ulysses): a run checkpointed after step 1 with DCP and
-resumed in new processes gives bitwise the losses and final weights of the run never stopped.
+resumed in new processes gives bitwise the losses and final weights of the run never stopped, and
+so does training steps 1 and 2 again from the log, from that checkpoint.
 
-Two torchrun launches of 4 ranks (``tests/dist/run_train_resume.py``): A trains 3 steps
-uninterrupted, then 1 step from fresh weights with a checkpoint; B resumes that checkpoint.
-Float64, a tiny dense Qwen3, a captured step by handle (kept sets in a payload root).
+Two torchrun launches of 4 ranks (``tests/dist/run_train_resume.py``): A trains steps 0..2
+uninterrupted, then step 0 from fresh weights with a checkpoint; B resumes that checkpoint, then
+trains steps 1 and 2 again from it. Float64, a tiny dense Qwen3, three captured steps by handle
+(kept sets in a payload root).
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ from tests.models.tiny import VOCAB, tiny_qwen3
 LENGTHS = [7, 10, 3, 9, 12, 5, 8, 11, 6, 4]
 
 
-def captured_step(work, seed: int = 3) -> int:
-    """``work/payload`` and ``work/steps/step_000000.rfs``: prompts, completions whose every
+def captured_step(work, step: int = 0, seed: int = 3) -> int:
+    """``work/payload`` and ``work/steps/step_<step>.rfs``: prompts, completions whose every
     token has a kept set holding it (1-4 ids) and the sampler's logprob of every kept id, near the
     kept set's uniform value (written by handle as the capture does), advantages of both signs.
     Returns the count of loss tokens."""
     rng = np.random.default_rng(seed)
     samples = []
-    with PayloadWriter(work / "payload", group="sampler") as writer:
+    with PayloadWriter(work / "payload", group=f"sampler{step}") as writer:
         for i, T in enumerate(LENGTHS):
             ids = rng.integers(0, VOCAB, T)
             prompt = int(rng.integers(1, T // 2 + 1))
@@ -61,8 +63,8 @@ def captured_step(work, seed: int = 3) -> int:
                     uid=f"s{i}",
                 )
             )
-    (work / "steps").mkdir()
-    write_step_file(work / "steps", 0, samples)
+    (work / "steps").mkdir(exist_ok=True)
+    write_step_file(work / "steps", step, samples)
     return sum(int(s.loss_mask.sum()) for s in samples)
 
 
@@ -87,7 +89,7 @@ def assert_same(a, b, where: str) -> None:
 @pytest.mark.dist
 def test_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
     tiny_qwen3(seed=5).save_pretrained(tmp_path / "model")
-    loss_tokens = captured_step(tmp_path / "full")
+    loss_tokens = [captured_step(tmp_path / "full", k, seed=3 + k) for k in range(3)]
     shutil.copytree(tmp_path / "full", tmp_path / "cut")
     torchrun("tests/dist/run_train_resume.py", nproc=4, args=["first", str(tmp_path)])
     cut_at_1 = json.loads((tmp_path / "cut/checkpoints/step_000001/trainer.json").read_text())
@@ -104,8 +106,16 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
     # The steps train: each update moves the trainer's logprobs and the loss.
     losses = [s["loss"] for s in full["train"]]
     assert len(set(losses)) == 3, losses
-    assert all(s["tokens"] == loss_tokens for s in full["train"])
-    assert len(full["train"][0]["delta"]) == loss_tokens  # every loss token, once over 4 ranks
+    assert [s["tokens"] for s in full["train"]] == loss_tokens
+    assert len(full["train"][0]["delta"]) == loss_tokens[0]  # every loss token, once over 4 ranks
+    assert [len(s["samples"]) for s in full["train"]] == [len(LENGTHS)] * 3  # each sample once
+    # Trained again from the log (checkpoint 1, the steps' files): bitwise the same steps.
+    again = json.loads((tmp_path / "retrain.json").read_text())
+    assert [s["step"] for s in again["train"]] == [1, 2]
+    for a, b in zip(full["train"][1:], again["train"], strict=True):
+        assert (a["loss"], a["delta"], a["digest"]) == (b["loss"], b["delta"], b["digest"])
+        assert a["samples"] == b["samples"]
+    assert full["train"][2]["digest"] != full["train"][1]["digest"]
 
     want = final_state(tmp_path / "full/checkpoints/step_000003")
     got = final_state(tmp_path / "cut/checkpoints/step_000003")

@@ -32,6 +32,7 @@ from tests.loaders.state_attacks import family_loader_states
 from tests.loaders.step_attacks import family_step_replace
 from tests.loaders.tree_index_attacks import family_tree_index
 from tests.objectives.adversary_objectives import family_objectives
+from tests.orchestrator.cursor_attacks import family_cursor
 from tests.payload.adversary_bounds import family_bounds
 from tests.payload.adversary_files import family_bytes, family_memory, family_truncation
 from tests.payload.adversary_fork import family_fork
@@ -127,6 +128,7 @@ FAMILIES = {
     "media": family_media,
     "trees": family_trees,
     "tree_index": family_tree_index,
+    "cursor": family_cursor,
 }
 
 
