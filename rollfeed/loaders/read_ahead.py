@@ -19,9 +19,9 @@ kept: one made for a guess the worker's tasks proved wrong is let go. A micro ba
 ahead failed is made again when asked for (a missing file may be there by then), so its error, if
 any, is raised by its task's own making, with its type and place.
 
-The dataset's reads run one at a time (its caches are the process's: a step's index, its open
-files), the collator's concurrently (the payload root is made for threads); the threads are
-daemons, so a worker that exits does not wait for a micro batch nobody asked for.
+The dataset's reads and the collator's run concurrently (a step's records are read by several
+threads at once, :mod:`rollfeed.loaders.step_held`; the payload root is made for threads); the
+threads are daemons, so a worker that exits does not wait for a micro batch nobody asked for.
 
 Example (worker 0 of 2, step 3 of 8 micro batches, two hints a task)::
 

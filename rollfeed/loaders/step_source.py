@@ -14,7 +14,8 @@ identity and version: :class:`LoadedStep`) and hands out its samples:
   one ranged read of its record. Each process keeps the last ``cache_steps`` steps (their index,
   and the step file open on the version it was read from); a forked worker keeps the inherited
   indexes but opens the file itself, and a file that is not the version a plan was made from is
-  :class:`~rollfeed.loaders.errors.StepReplacedError`.
+  :class:`~rollfeed.loaders.errors.StepReplacedError`. A process's threads read records of its
+  steps concurrently (:mod:`rollfeed.loaders.step_held`).
 
 Example: steps 3 and 4 of two and one samples -> ``source.indices(4) == [4 * 2**32 + 0]``.
 """
@@ -22,7 +23,6 @@ Example: steps 3 and 4 of two and one samples -> ``source.indices(4) == [4 * 2**
 from __future__ import annotations
 
 import os
-from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +37,7 @@ from rollfeed.loaders.errors import (
     StepReplacedError,
 )
 from rollfeed.loaders.step_files import MAX_STEP, STEP_STRIDE, step_error, step_file_name, step_root
+from rollfeed.loaders.step_held import HeldSteps
 from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_records import record_sample
 from rollfeed.loaders.step_version import StepVersion, replaced_error
@@ -159,11 +160,8 @@ class StoredSteps:
         self._reset()
 
     def _reset(self) -> None:
-        """Per-process state: cached steps, open step files, counters."""
-        self._cache: OrderedDict[int, LoadedStep] = OrderedDict()
-        self._files: dict[int, StepRecordFile] = {}
-        self._pid = os.getpid()
-        self._counts: Counter[str] = Counter()
+        """Per-process state (cached steps, open step files, counters), by process id."""
+        self._procs: dict[int, HeldSteps] = {os.getpid(): HeldSteps()}
 
     def __getstate__(self) -> dict:
         keys = ("directory", "root", "steps", "cache_steps")
@@ -173,22 +171,30 @@ class StoredSteps:
         vars(self).update(state)
         self._reset()
 
-    def _own_process(self) -> None:
-        """A forked worker keeps the inherited indexes (copy-on-write) but opens its own files
-        and starts its own counts."""
-        if self._pid != os.getpid():
-            self._pid, self._files, self._counts = os.getpid(), {}, Counter()
+    def _held(self) -> HeldSteps:
+        """This process's state. A forked worker keeps the inherited indexes (copy-on-write) but
+        opens its own files and starts its own counts and lock; its threads may ask at once
+        (``setdefault``: one state wins, made before any file is opened)."""
+        pid = os.getpid()
+        held = self._procs.get(pid)
+        if held is None:
+            parent = next(reversed(self._procs.values()))
+            held = self._procs.setdefault(pid, HeldSteps(parent.cache.copy()))
+        return held
 
     def __len__(self) -> int:
         """Samples of the steps cached in this process."""
-        return sum(len(v.lengths) for v in self._cache.values())
+        held = self._held()
+        with held.lock:
+            return sum(len(v.lengths) for v in held.cache.values())
 
     def where(self, step: int) -> str:
         return self.root.store.where(step_file_name(step))
 
     def metrics(self) -> dict[str, int]:
-        self._own_process()
-        return {k: self._counts[k] for k in ("steps_loaded", "samples_read")}
+        held = self._held()
+        with held.lock:
+            return {k: held.counts[k] for k in ("steps_loaded", "samples_read")}
 
     def check(self) -> None:
         """Refuse at once a local directory that cannot be a step directory (``from_step_dir``;
@@ -223,10 +229,16 @@ class StoredSteps:
         inherits indexes but not open files, and the file at the name is now another version)
         or is not ``want`` (a worker's copy older than the plan); :class:`StepReplacedError`
         when the step file is still not ``want``."""
-        self._own_process()
-        got = self._cache.get(step)
-        if got is not None and (not self._readable(step, got) or want not in (None, got.version)):
-            self._forget(step)
+        held = self._held()
+        with held.lock:
+            return self._loaded(held, step, want)
+
+    def _loaded(self, held: HeldSteps, step: int, want: StepVersion | None) -> LoadedStep:
+        got = held.cache.get(step)
+        if got is not None and (
+            not self._readable(held, step, got) or want not in (None, got.version)
+        ):
+            held.forget(step)
             got = None
         if got is None:
             f = self._open(step)
@@ -239,18 +251,18 @@ class StoredSteps:
                 raise replaced_error(
                     step, self.where(step), want, StepVersion(size=f.size, stamp=f.stamp)
                 )
-            got = self._cache[step] = self._load(step, f)
-            while len(self._cache) > self.cache_steps:
-                self._forget(next(iter(self._cache)))
+            got = held.cache[step] = self._load(held, step, f)
+            while len(held.cache) > self.cache_steps:
+                held.forget(next(iter(held.cache)))
         else:
-            self._cache.move_to_end(step)
+            held.cache.move_to_end(step)
         if want is not None and got.version != want:
             raise replaced_error(step, self.where(step), want, got.version)
         return got
 
-    def _readable(self, step: int, got: LoadedStep) -> bool:
+    def _readable(self, held: HeldSteps, step: int, got: LoadedStep) -> bool:
         """Whether this process reads ``got``'s records through a file open on its version."""
-        if step in self._files:
+        if step in held.files:
             return True
         f = self._open(step)
         if f is None:
@@ -258,16 +270,10 @@ class StoredSteps:
         if StepVersion(size=f.size, stamp=f.stamp) != got.version:
             f.close()
             return False
-        self._files[step] = f
+        held.files[step] = f
         return True
 
-    def _forget(self, step: int) -> None:
-        self._cache.pop(step, None)
-        f = self._files.pop(step, None)
-        if f is not None:
-            f.close()
-
-    def _load(self, step: int, f: StepRecordFile | None) -> LoadedStep:
+    def _load(self, held: HeldSteps, step: int, f: StepRecordFile | None) -> LoadedStep:
         """Step ``step``'s index, read from ``f``, its file opened now (kept open for its
         records)."""
         if step > MAX_STEP:
@@ -284,8 +290,8 @@ class StoredSteps:
         except ValueError as err:
             f.close()
             raise step_error(err, file=self.where(step), step=step) from None
-        self._files[step] = f
-        self._counts["steps_loaded"] += 1
+        held.files[step] = f
+        held.counts["steps_loaded"] += 1
         return LoadedStep(
             version=StepVersion(size=f.size, stamp=f.stamp),
             lengths=index.tokens,
@@ -312,21 +318,28 @@ class StoredSteps:
         )
 
     def sample(self, step: int, i: int, want: StepVersion | None) -> Sample:
-        got = self.loaded(step, want)
-        if not 0 <= i < len(got.lengths):
-            raise StepReplacedError(
-                f"dataset index {step * STEP_STRIDE + i} asks for sample {i} of step {step}, "
-                f"which has {len(got.lengths)}: the step file changed after the step was "
-                "planned; a written step file must not be replaced",
-                file=self.where(step),
-                step=step,
-            )
-        assert got.index is not None
-        self._counts["samples_read"] += 1
+        """Sample ``i`` of step ``step``: looked up under the process's lock, its record read
+        and decoded without it (threads read at once; :mod:`~rollfeed.loaders.step_held`)."""
+        held = self._held()
+        with held.lock:
+            got = self._loaded(held, step, want)
+            if not 0 <= i < len(got.lengths):
+                raise StepReplacedError(
+                    f"dataset index {step * STEP_STRIDE + i} asks for sample {i} of step {step}, "
+                    f"which has {len(got.lengths)}: the step file changed after the step was "
+                    "planned; a written step file must not be replaced",
+                    file=self.where(step),
+                    step=step,
+                )
+            assert got.index is not None
+            held.counts["samples_read"] += 1
+            f = held.take(step)
         try:
-            return record_sample(self._files[step].read(got.index, i))
+            return record_sample(f.read(got.index, i))
         except ValueError as err:
             raise step_error(err, file=self.where(step), step=step, sample=i) from None
+        finally:
+            held.release(f)
 
 
 def _prefixes(index: StepRecordIndex) -> SharedPrefixes | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-import threading
 import time
 import traceback
 from collections.abc import Sequence
@@ -79,7 +78,6 @@ class MicroBatchWork(Dataset):
         self.dataset, self.collator, self.handover = dataset, collator, handover
         self._sent = 0  # micro batches this process handed over
         self._ahead: ReadAhead | None = None  # a worker's, made in it
-        self._reads = threading.Lock()  # the dataset's reads, one at a time
 
     def __getstate__(self) -> dict:
         return {k: getattr(self, k) for k in ("dataset", "collator", "handover")}
@@ -119,8 +117,7 @@ class MicroBatchWork(Dataset):
     def _make(self, indices: Sequence[int]) -> tuple[TensorMicroBatch, MicroBatchFacts]:
         started = time.monotonic()
         getitems = getattr(self.dataset, "__getitems__", None)
-        with self._reads:
-            samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
+        samples = getitems(indices) if getitems else [self.dataset[i] for i in indices]
         read = time.monotonic() - started
         if self.handover is None or get_worker_info() is None:  # one storage in a worker
             batch = self.collator(samples)

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from rollfeed.demo.process_tree import kill_tree
+
 REPO = Path(__file__).resolve().parents[2]
 # Threads a live gloo process group owns (its workers and its transport's event loop).
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
@@ -59,8 +61,18 @@ def torchrun(
         str(REPO / script),
         *(args or []),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    output = proc.stdout + proc.stderr
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)  # the ranks too: killing torchrun alone would leave them running
+        stdout, stderr = proc.communicate()
+        raise AssertionError(
+            f"torchrun {script} (nproc={nproc}) ran past {timeout} s:\n{stdout}{stderr}"
+        ) from None
+    output = stdout + stderr
     if proc.returncode != 0:
         raise AssertionError(
             f"torchrun {script} (nproc={nproc}) exited {proc.returncode}:\n{output}"

@@ -128,7 +128,7 @@ def test_pickled_dataset_reads_in_its_own_process_state(run):
     assert copy[8].to_json() == samples[8].to_json()
     write_step_file(tmp / "steps", 1, samples[:2])
     assert copy[STEP_STRIDE + 1].to_json() == samples[1].to_json()  # step 0 evicted, file closed
-    assert list(copy.source._files) == [1]
+    assert list(copy.source._held().files) == [1]
 
 
 def test_a_step_is_written_as_its_samples_come_and_appears_whole(tmp_path):

@@ -4,6 +4,10 @@ kept."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from rollfeed.payload.errors import PayloadInputError
@@ -41,3 +45,49 @@ def test_what_blocks_serve_and_their_bounds() -> None:
     assert not blocks.serves(0, 10, None) and not blocks.serves(5, 5, '"e"')
     with pytest.raises(PayloadInputError, match="block_bytes >= 1"):
         PinnedBlocks(block_bytes=0)
+
+
+def test_two_blocks_are_fetched_at_once_and_one_block_once() -> None:
+    both = threading.Barrier(2, timeout=10)  # each GET waits until the other one has started
+    calls: list[tuple[int, int]] = []
+
+    def fetch(start: int, end: int) -> memoryview:
+        calls.append((start, end))
+        both.wait()
+        return memoryview(DATA[start:end])
+
+    blocks = PinnedBlocks(block_bytes=4096)
+    with ThreadPoolExecutor(6) as pool:  # three threads want block 0, three block 1
+        wanted = [(10, 300), (0, 4096), (100, 200), (5000, 6000), (4096, 8192), (8000, 8100)]
+        got = [pool.submit(blocks.get, "k", '"e"', a, b, fetch) for a, b in wanted]
+        for (a, b), future in zip(wanted, got, strict=True):
+            assert bytes(future.result(20)) == DATA[a:b]
+    assert sorted(calls) == [(0, 4096), (4096, 8192)] and blocks.fetched == 2
+
+
+def test_a_failed_fetch_reaches_every_waiter_and_is_tried_again() -> None:
+    started, go = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def fetch(start: int, end: int) -> memoryview:
+        calls.append(start)
+        if len(calls) == 1:
+            started.set()
+            assert go.wait(10)
+            raise PayloadInputError("the store said no")
+        return memoryview(DATA[start:end])
+
+    blocks = PinnedBlocks(block_bytes=4096)
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(blocks.get, "k", '"e"', 0, 10, fetch)
+        assert started.wait(10)
+        second = pool.submit(blocks.get, "k", '"e"', 20, 30, fetch)  # waits on the first GET
+        pending = blocks._fetching[("k", '"e"', 0)]
+        while not pending._condition._waiters:  # type: ignore[attr-defined]  # until it waits
+            time.sleep(0.001)
+        go.set()
+        for future in (first, second):
+            with pytest.raises(PayloadInputError, match="said no"):
+                future.result(10)
+    assert calls == [0] and blocks.fetched == 0
+    assert bytes(blocks.get("k", '"e"', 0, 10, fetch)) == DATA[:10] and calls == [0, 0]

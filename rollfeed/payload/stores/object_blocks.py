@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from rollfeed.payload.errors import PayloadInputError
 
@@ -38,7 +39,9 @@ KEEP = 8  # blocks held per process: 32 MiB at the default block size
 
 class PinnedBlocks:
     """Blocks of objects, keyed by ``(key, ETag, block number)`` (see the module doc); shared by a
-    process's threads (one lock: a block two threads want is fetched once)."""
+    process's threads: a block is fetched once however many threads want it (one future per
+    block in flight), and blocks are fetched concurrently (the lock guards the table only,
+    never a GET)."""
 
     def __init__(self, *, block_bytes: int = BLOCK_BYTES, keep: int = KEEP) -> None:
         if block_bytes < 1 or keep < 1:
@@ -48,6 +51,7 @@ class PinnedBlocks:
         self.block_bytes, self.keep = block_bytes, keep
         self.fetched = 0  # GETs made for blocks (what the benchmark reports)
         self._blocks: OrderedDict[tuple[str, str, int], memoryview] = OrderedDict()
+        self._fetching: dict[tuple[str, str, int], Future[memoryview]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:  # a new process starts with no blocks of its own
@@ -79,14 +83,36 @@ class PinnedBlocks:
     def _block(
         self, key: str, etag: str, n: int, fetch: Callable[[int, int], memoryview]
     ) -> memoryview:
+        """Block ``n``: held, or being fetched by another thread (waited for), or fetched here.
+        A failed fetch is raised to every thread that waited for it and not kept: the next ask
+        fetches again."""
+        name = (key, etag, n)
         with self._lock:
-            data = self._blocks.get((key, etag, n))
+            data = self._blocks.get(name)
             if data is not None:
-                self._blocks.move_to_end((key, etag, n))
+                self._blocks.move_to_end(name)
                 return data
+            pending = self._fetching.get(name)
+            if pending is None:
+                pending = self._fetching[name] = Future()
+                pending.set_running_or_notify_cancel()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return pending.result()
+        try:
             data = fetch(n * self.block_bytes, (n + 1) * self.block_bytes)
+        except BaseException as err:
+            with self._lock:
+                del self._fetching[name]
+            pending.set_exception(err)
+            raise
+        with self._lock:
+            del self._fetching[name]
             self.fetched += 1
-            self._blocks[(key, etag, n)] = data
+            self._blocks[name] = data
             while len(self._blocks) > self.keep:
                 self._blocks.popitem(last=False)
-            return data
+        pending.set_result(data)
+        return data

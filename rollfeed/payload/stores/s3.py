@@ -250,7 +250,9 @@ class ObjectFile:
     def __init__(self, store: S3Store, rel: str) -> None:
         self.store, self.rel, self.key = store, rel, store.url.key(rel)
         got = self._get(0, store.open_bytes, None)
-        self.size, self.etag, self.at, self.data = got.size, got.etag, 0, got.data
+        self.size, self.etag = got.size, got.etag
+        # the bytes held and where they start, one value: threads read at once (positional)
+        self._held: tuple[int, bytes | memoryview] = (0, got.data)
         self.stamp = f"ETag {got.etag}"
 
     def _get(self, start: int, end: int, etag: str | None):
@@ -262,14 +264,16 @@ class ObjectFile:
     def read(self, at: int, n: int) -> bytes:
         end = min(self.size, at + n)
         blocks = self.store.client.process().blocks
-        held = self.at <= at and at + n <= self.at + len(self.data)
+        start, data = self._held
+        held = start <= at and at + n <= start + len(data)
         if not held and blocks.serves(at, end, self.etag):
             fetch = lambda a, b: self._get(a, b, self.etag).data  # noqa: E731
             return bytes(blocks.get(self.key, self.etag, at, end, fetch))  # type: ignore[arg-type]
         if not held:
             end = min(self.size, at + max(n, self.store.open_bytes))
-            self.at, self.data = at, self._get(at, end, self.etag).data if end > at else b""
-        return bytes(self.data[at - self.at : at - self.at + n])
+            start, data = at, self._get(at, end, self.etag).data if end > at else b""
+            self._held = (start, data)
+        return bytes(data[at - start : at - start + n])
 
     def close(self) -> None:
-        self.data = b""
+        self._held = (0, b"")
