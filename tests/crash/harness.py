@@ -5,7 +5,7 @@ with SIGKILL at planned points and started again, then audited from the log.
 capture server) and where (a pause point of :mod:`tests.crash.points`, or a random moment).
 :class:`Pipeline` runs them: it starts the processes, arms a point and waits for the process to
 stop there (or sleeps the random delay), SIGKILLs the process and every process below it
-(:func:`kill_tree`: torchrun's ranks run in sessions of their own), starts it again (the trainer
+(:func:`kill_whole`: torchrun's ranks run in sessions of their own), starts it again (the trainer
 resumes from its newest complete checkpoint, the producer from its cursor, a server on the same
 port), waits until the trainer has trained a step more, and audits what is there
 (:mod:`tests.crash.audit`) and that the server samples with the trainer's version. A gate lets
@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from rollfeed.demo.process_tree import kill_tree
 from rollfeed.demo.train import latest_checkpoint
 from rollfeed.orchestrator import CaptureClient
 from rollfeed.orchestrator.progress import read_progress
@@ -91,28 +91,21 @@ def plan_kills(seed: int, count: int, *, server: int) -> list[Kill]:
     return kills
 
 
-def kill_tree(pid: int, timeout_s: float = 30.0) -> None:
-    """SIGKILL process ``pid``, its group and every process below it, and wait until they are
-    gone. torchrun starts each rank in a session of its own: SIGKILL to torchrun's group alone
-    leaves its ranks running, orphans that keep their memory and wait in a collective for good.
-    The group is stopped first so that torchrun starts no rank between the listing and the kill.
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGSTOP)
+def kill_whole(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL process ``pid`` and every process below it (:func:`kill_tree`: torchrun's ranks
+    run in sessions of their own), and wait until each has ended. Ended is dead or a zombie: an
+    orphaned rank is reaped by init, which may take a second or two to get to it, and a zombie
+    holds no memory and runs nothing."""
     try:
         below = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         below = []
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    for child in below:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)  # a rank and whatever it started
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    _, alive = psutil.wait_procs(below, timeout=timeout_s)
-    alive = [p for p in alive if not _gone(p)]
-    assert not alive, f"processes left after SIGKILL: {alive}"
+    kill_tree(pid)
+    deadline = time.monotonic() + timeout_s
+    while not all(_gone(p) for p in below):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes left after SIGKILL: {below}")
+        time.sleep(0.01)
 
 
 def _gone(proc: psutil.Process) -> bool:
@@ -250,7 +243,7 @@ class Pipeline:
 
     def kill(self, role: str) -> None:
         proc = self.procs.pop(role)
-        kill_tree(proc.pid)
+        kill_whole(proc.pid)
         proc.wait()
 
     def start_owned_server(self) -> None:
@@ -444,7 +437,7 @@ class Pipeline:
         for role in list(self.procs):
             self.kill(role)
         for proc in self.others:
-            kill_tree(proc.pid)
+            kill_whole(proc.pid)
             proc.wait()
         self.server_stack.close()
 
