@@ -7,7 +7,9 @@ checkpoint (:mod:`tests.crash.harness`, :mod:`tests.crash.audit`).
 (the test owns one; a start costs 20-45 s), over a run of 30 steps. ``test_two_crash_points``:
 the producer mid-append of its cursor, then the trainer and the producer at once with the trainer
 mid-checkpoint, over 3 steps on the session's capture server, the step trained after the restart
-checked with ``python -m rollfeed retrain``. Both print the table of the run.
+checked with ``python -m rollfeed retrain`` while the trainer restarts. Both print the table of
+the run (the seconds of each phase on its last line) and find no process of the run left once it
+is closed (a killed torchrun's ranks included).
 """
 
 from __future__ import annotations
