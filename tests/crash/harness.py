@@ -146,6 +146,7 @@ class Tally:
     audits: int = 0
     version_checks: int = 0
     phases: Counter = field(default_factory=Counter)  # seconds spent in each phase
+    start_s: dict[str, str] = field(default_factory=dict)  # see :func:`start_seconds`
 
 
 class Pipeline:
@@ -401,6 +402,7 @@ class Pipeline:
                 time.sleep(0.2)
         self.check_alive()
         lineage = json.loads((self.work / "trainer.json").read_text())["train"]
+        self.tally.start_s = start_seconds(self.ctl / "timeline.jsonl")
         with self.phase("audit"):
             return self.audit_of(lineage), lineage
 
@@ -467,6 +469,25 @@ def replay_records(
     }
 
 
+def start_seconds(timeline: Path) -> dict[str, str]:
+    """From each start of a process to its imports done (and, for the trainer, to its first
+    step begun), mean and max over its starts, from the marks of :meth:`Points.mark`:
+    ``{"trainer to imports": "7.1 (max 12.7) s", ...}``."""
+    spans: dict[str, list[float]] = {}
+    began: dict[str, float] = {}
+    for line in timeline.read_text().splitlines():
+        mark = json.loads(line)
+        role, event, t = mark["role"], mark["event"], mark["t"]
+        if event == "popen":
+            began[role] = t
+        elif role in began and (event == "imported" or event.startswith("step")):
+            what = "imports" if event == "imported" else "first step"
+            spans.setdefault(f"{role} to {what}", []).append(t - began[role])
+            if what == "first step" or role == "producer":
+                del began[role]
+    return {k: f"{np.mean(v):.1f} (max {max(v):.1f}) s" for k, v in spans.items()}
+
+
 def table(tally: Tally, final: Audit, *, bitwise: int, seed: int, steps: int) -> str:
     """The run in a few lines: kills by kind, process starts, samples."""
     by_target = Counter()
@@ -485,5 +506,6 @@ def table(tally: Tally, final: Audit, *, bitwise: int, seed: int, steps: int) ->
         f"version checks, {bitwise} steps trained after a restart equal bitwise to a fresh "
         "process from the same checkpoint",
         "  time       " + ", ".join(f"{k} {v:.0f} s" for k, v in tally.phases.most_common()),
+        "  starts     " + ", ".join(f"{k} {v}" for k, v in tally.start_s.items()),
     ]
     return "\n".join(lines)
