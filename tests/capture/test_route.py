@@ -119,7 +119,13 @@ def test_routed_experts_through_the_route_two_turns(capture_server, hf_model, tm
     assert p1.logprobs == p2.logprobs == TOP_K + 1 and p1.top_k == TOP_K
     (t1, t2) = rollout.turns
     routed = [[s for s in t.segments if s.field == "routed_experts"] for t in rollout.turns]
-    assert [(s.pos, s.rows, s.dtype) for (s,) in routed] == [(0, 9, "uint8"), (0, 7, "uint8")]
+    # Each turn's rows: its prompt's, a copy of their own (the requests of a group name one), then
+    # its completion's, back to back.
+    p1_rows, p2_rows = len(prompt), len(history) - start
+    assert [[(s.pos, s.rows, s.dtype) for s in r] for r in routed] == [
+        [(0, p1_rows, "uint8"), (p1_rows, 9 - p1_rows, "uint8")],
+        [(0, p2_rows, "uint8"), (p2_rows, 7 - p2_rows, "uint8")],
+    ]
     assert (t1.length, t2.length) == (10, 8)
     assert read_kept(t1.segments, tmp_path, 4, 10, ids1) == kept1
     assert read_kept(t2.segments, tmp_path, 3, 8, ids2) == kept2
