@@ -4,11 +4,8 @@ client that goes away, and the server itself killed mid-request (the session's o
 from __future__ import annotations
 
 import json
-import re
 import socket
 import threading
-import time
-import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,6 +15,7 @@ from rollfeed.capture.protocol import ROUTE
 from rollfeed.cli import main as cli
 from rollfeed.orchestrator.client import CaptureClient
 from rollfeed.payload import PayloadRoot
+from tests.capture.engine_metrics import engine_counts, wait_for
 from tests.capture.kept import read_kept
 
 pytestmark = pytest.mark.vllm
@@ -33,33 +31,11 @@ def client(capture_server):
     return CaptureClient(capture_server.url, timeout_s=300)
 
 
-def engine_counts(url: str) -> dict[str, float]:
-    """Requests the engine runs and holds waiting now, and the tokens it generated so far
-    (vLLM's Prometheus metrics)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-
-    def value(name: str) -> float:
-        return sum(float(v) for v in re.findall(rf"^vllm:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
-
-    names = {"running": "num_requests_running", "waiting": "num_requests_waiting"}
-    return {k: value(v) for k, v in names.items()} | {"tokens": value("generation_tokens_total")}
-
-
 def started(url: str, before: dict[str, float], seen: dict[str, float]) -> bool:
     """The engine is on a new request: it runs one, or has generated tokens since ``before``
     (a poll can fall between two of its steps); ``seen`` keeps the last counts for the message."""
     seen.update(engine_counts(url))
     return seen["running"] >= 1 or seen["tokens"] > before["tokens"]
-
-
-def wait_for(check, *, timeout_s: float, step_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step_s)
-    return True
 
 
 def post(client: CaptureClient, body: dict) -> None:

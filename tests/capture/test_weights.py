@@ -35,6 +35,7 @@ from rollfeed.loaders import LoaderConfig, RolloutDataset, Topology, build_datal
 from rollfeed.loaders.step_files import write_step_file
 from rollfeed.models.checkpoint import MARKER
 from rollfeed.orchestrator.client import CaptureClient, Rollout
+from tests.capture.engine_metrics import engine_counts, wait_for
 from tests.dist.launch import torchrun
 
 pytestmark = pytest.mark.vllm
@@ -84,13 +85,13 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
             assert torch.equal(loaded[name], want), name
 
 
-def _running(client: CaptureClient, timeout_s: float = 60.0) -> None:
-    """Return once the server holds a request (the long one), a little into its generation."""
-    deadline = time.monotonic() + timeout_s
-    while client.info().requests_running < 1:
-        assert time.monotonic() < deadline, "the long request never started"
-        time.sleep(0.02)
-    time.sleep(0.3)
+def _running(client: CaptureClient, before: float, timeout_s: float = 60.0) -> None:
+    """Return once the engine has generated a few tokens of the long request (its generated
+    tokens counted from ``before``): far enough in that the old weights wrote some, and as early
+    as that, so a reload lands inside it even on a loaded machine."""
+    assert wait_for(
+        lambda: engine_counts(client.url)["tokens"] >= before + 8, timeout_s=timeout_s
+    ), "the long request never started"
 
 
 def _probe(client: CaptureClient):
@@ -102,9 +103,10 @@ def _probe(client: CaptureClient):
 def _reload_mid_request(client: CaptureClient, path, version: int, in_flight: str):
     """Load ``path`` while a long request runs: the answer and the long request's response."""
     long = dict(SAMPLING, max_tokens=LONG, seed=5)
+    before = engine_counts(client.url)["tokens"]
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(client.generate, PROMPT, group="t-weights", sampling=long)
-        _running(client)
+        _running(client, before)
         answer = client.load_weights(path, version=version, in_flight=in_flight)
         response = running.result()
     assert answer.requests_in_flight == 1 and answer.in_flight == in_flight
