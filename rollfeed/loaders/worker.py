@@ -18,6 +18,7 @@ micro batch (a resume reads it again). Other errors are left to torch (type and 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
 import time
 import traceback
@@ -31,6 +32,8 @@ from rollfeed.collate import TensorMicroBatch
 from rollfeed.loaders.handover import Described, Handover
 from rollfeed.loaders.metrics import MicroBatchFacts, measure
 from rollfeed.loaders.read_ahead import ReadAhead, task_key
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class MicroBatchWork(Dataset):
     def __init__(self, dataset: Any, collator: Any, handover: Handover | None = None) -> None:
         self.dataset, self.collator, self.handover = dataset, collator, handover
         self._sent = 0  # micro batches this process handed over
+        self.warmed = 0  # warm-ups this process did (one per worker)
         self._ahead: ReadAhead | None = None  # a worker's, made in it
 
     def __getstate__(self) -> dict:
@@ -84,6 +88,16 @@ class MicroBatchWork(Dataset):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+    def warm(self, indices: Sequence[int]) -> None:
+        """Read the samples of ``indices`` now, on this worker's one thread, before its first
+        task (:mod:`~rollfeed.loaders.warm_up`); a failure is left to that task's own read."""
+        self.warmed += 1
+        getitems = getattr(self.dataset, "__getitems__", None)
+        try:
+            getitems(indices) if getitems else [self.dataset[i] for i in indices]
+        except Exception as err:
+            logger.debug("warming up on %d samples failed: %r", len(indices), err)
 
     def __getitems__(self, task: Task) -> Delivered | WorkerFailure:
         info = get_worker_info()
@@ -108,10 +122,11 @@ class MicroBatchWork(Dataset):
         if self._ahead is None:
             self._ahead = ReadAhead(self._make)
         made = self._ahead.take(task_key(task.step, task.indices))
-        self._ahead.hint([(task_key(step, ix), ix) for step, ix in task.ahead])
-        if made is None or made.exception() is not None:  # a failure is met afresh, here
-            return self._make(task.indices)
-        batch, facts = made.result()
+        with self._ahead.asked():
+            self._ahead.hint([(task_key(step, ix), ix) for step, ix in task.ahead])
+            if made is None or made.exception() is not None:  # a failure is met afresh, here
+                return self._make(task.indices)
+            batch, facts = made.result()
         return batch, dataclasses.replace(facts, ahead=True)
 
     def _make(self, indices: Sequence[int]) -> tuple[TensorMicroBatch, MicroBatchFacts]:
