@@ -19,57 +19,42 @@ kept: one made for a guess the worker's tasks proved wrong is let go. A micro ba
 ahead failed is made again when asked for (a missing file may be there by then), so its error, if
 any, is raised by its task's own making, with its type and place.
 
-The trainer waits for the micro batch a worker was asked for, not for its hints, so that one
-goes first: while the worker makes it (or waits for its making ahead), at most
-:data:`ASKED_SLOTS` makings ahead run beside it, and the rest start, in the order hinted (the
-worker's next task first), once it is made. Makings running already run on. On these 2 cores a
-worker's first task made its own micro batch and four hints at once, each taking 250-900 ms
-where one alone takes ~30 ms (they share the cores and the interpreter lock), so the trainer's
-micro batch came last.
-
 The dataset's reads and the collator's run concurrently (a step's records are read by several
 threads at once, :mod:`rollfeed.loaders.step_held`; the payload root is made for threads); the
 threads are daemons, so a worker that exits does not wait for a micro batch nobody asked for.
 
 Example (worker 0 of 2, step 3 of 8 micro batches, two hints a task)::
 
-    asked for micro batch 0, hints (3, mb2), (3, mb4): makes mb0 here, mb2 on a thread beside
-    it, mb4 once mb0 is made
+    asked for micro batch 0, hints (3, mb2), (3, mb4): makes mb0 here, mb2 and mb4 on its threads
     asked for mb2: made already -> handed over at once; hints (3, mb4), (3, mb6)
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 THREAD_NAME = "rollfeed-read-ahead"
 MAX_THREADS = 4
-ASKED_SLOTS = 1  # makings ahead beside the worker's asked micro batch while it is made
 
 
 class ReadAhead(Generic[T]):
     """``make(indices)`` run ahead on up to :data:`MAX_THREADS` threads of this process, for the
-    keys it was hinted, in the order hinted; while the worker's asked micro batch is not made
-    (:meth:`asked`), at most :data:`ASKED_SLOTS` makings ahead run beside it (see the module
-    doc)."""
+    keys it was hinted (see the module doc)."""
 
     def __init__(self, make: Callable[[Sequence[int]], T]) -> None:
         self._make = make
-        self._jobs: deque[tuple[Sequence[int], Future]] = deque()
+        self._jobs: queue.SimpleQueue[tuple[Sequence[int], Future]] = queue.SimpleQueue()
         self._made: OrderedDict[Hashable, Future] = OrderedDict()
         self._lock = threading.Lock()
-        self._turn = threading.Condition(self._lock)  # a job queued, or a slot freed
         self._threads: list[threading.Thread] = []
-        self._running = 0  # makings ahead running now
-        self._asked = 0  # asked micro batches in the making (this worker's task at hand)
 
     def take(self, key: Hashable) -> Future | None:
         """The making of ``key`` if it was hinted (started or done), else ``None``; one not yet
@@ -81,8 +66,8 @@ class ReadAhead(Generic[T]):
         return made
 
     def hint(self, hints: Sequence[tuple[Hashable, Sequence[int]]]) -> None:
-        """Start making each of ``hints`` not made or in the making, in their order; let go of
-        every other (a guess the worker's tasks proved wrong, or beyond a shorter read-ahead)."""
+        """Start making each of ``hints`` not made or in the making; let go of every other (a
+        guess the worker's tasks proved wrong, or beyond a shorter read-ahead)."""
         with self._lock:
             keys = {key for key, _ in hints}
             for key in [k for k in self._made if k not in keys]:
@@ -91,50 +76,23 @@ class ReadAhead(Generic[T]):
                 if key not in self._made:
                     made: Future = Future()
                     self._made[key] = made
-                    self._jobs.append((indices, made))
-            self._turn.notify_all()
+                    self._jobs.put((indices, made))
             want = min(len(hints), MAX_THREADS)
             while len(self._threads) < want:
                 thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 thread.start()
                 self._threads.append(thread)
 
-    @contextmanager
-    def asked(self) -> Iterator[None]:
-        """While the worker makes (or waits for) the micro batch it was asked for: the trainer
-        waits for that one, so it shares the cores with at most :data:`ASKED_SLOTS` makings
-        ahead (those running already run on; the next start when it is made)."""
-        with self._lock:
-            self._asked += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._asked -= 1
-                self._turn.notify_all()
-
-    def _next_job(self) -> tuple[Sequence[int], Future]:
-        """The first job queued, once a slot is free (the caller holds the lock)."""
-        while not self._jobs or self._running >= (ASKED_SLOTS if self._asked else MAX_THREADS):
-            self._turn.wait()
-        self._running += 1
-        return self._jobs.popleft()
-
     def _run(self) -> None:
         while True:
-            with self._lock:
-                indices, made = self._next_job()
+            indices, made = self._jobs.get()
+            if not made.set_running_or_notify_cancel():
+                continue
             try:
-                if made.set_running_or_notify_cancel():
-                    try:
-                        made.set_result(self._make(indices))
-                    except BaseException as err:  # its task makes it again, if one asks for it
-                        logger.debug("a micro batch made ahead failed: %r", err)
-                        made.set_exception(err)
-            finally:
-                with self._lock:
-                    self._running -= 1
-                    self._turn.notify_all()
+                made.set_result(self._make(indices))
+            except BaseException as err:  # its task makes it again, if one asks for it
+                logger.debug("a micro batch made ahead failed: %r", err)
+                made.set_exception(err)
             del made, indices
 
 

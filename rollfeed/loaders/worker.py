@@ -122,11 +122,10 @@ class MicroBatchWork(Dataset):
         if self._ahead is None:
             self._ahead = ReadAhead(self._make)
         made = self._ahead.take(task_key(task.step, task.indices))
-        with self._ahead.asked():
-            self._ahead.hint([(task_key(step, ix), ix) for step, ix in task.ahead])
-            if made is None or made.exception() is not None:  # a failure is met afresh, here
-                return self._make(task.indices)
-            batch, facts = made.result()
+        self._ahead.hint([(task_key(step, ix), ix) for step, ix in task.ahead])
+        if made is None or made.exception() is not None:  # a failure is met afresh, here
+            return self._make(task.indices)
+        batch, facts = made.result()
         return batch, dataclasses.replace(facts, ahead=True)
 
     def _make(self, indices: Sequence[int]) -> tuple[TensorMicroBatch, MicroBatchFacts]:

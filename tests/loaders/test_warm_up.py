@@ -1,19 +1,14 @@
 """A loader worker reads the samples of its first task as it starts, once, on its one thread,
-before the task comes (and its read-ahead's threads with it); the asked micro batch goes before
-the hints of its worker's read-ahead."""
+before the task comes (and its read-ahead's threads with it)."""
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
-
-import pytest
 
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import LoaderConfig, LoaderOptions, RolloutDataset, Topology, build_dataloader
-from rollfeed.loaders.read_ahead import ASKED_SLOTS, ReadAhead
 from rollfeed.loaders.step_files import write_step_file
 from rollfeed.loaders.warm_up import first_tasks
 from tests.loaders.common import SEQ_LEN, write_batch
@@ -85,33 +80,3 @@ def test_first_tasks_are_the_passs_first_per_worker_and_nothing_is_waited_for():
     assert first_tasks(_Sampler(3, 3, micro, [3]), 4) == ([3], [4], None, None)
     assert first_tasks(_Sampler(3, 0, micro, [3]), 2) == ([0], [1])
     assert first_tasks(_Sampler(3, 0, micro, [4]), 2) == (None, None)  # step 3 not there yet
-
-
-@pytest.mark.timeout(30)
-def test_the_asked_micro_batch_shares_the_worker_with_at_most_one_hint():
-    """While the worker makes its asked micro batch, one making ahead starts (the first hinted),
-    the next only when a slot frees; once the asked one is made, the rest start."""
-    started: list[int] = []
-    first_started, release = threading.Event(), threading.Event()
-    lock = threading.Lock()
-
-    def make(indices):
-        with lock:
-            started.append(indices[0])
-        if indices[0] == 2:
-            first_started.set()
-            release.wait(10)
-        return indices[0] * 10
-
-    ahead = ReadAhead(make)
-    assert ASKED_SLOTS == 1
-    with ahead.asked():
-        ahead.hint([(k, [k]) for k in (2, 4, 6)])
-        assert first_started.wait(10)
-        # mb 4 and 6 would start at once beside 2 with free threads; held back while asked
-        threading.Event().wait(0.3)
-        with lock:
-            assert started == [2], started
-    release.set()
-    assert [ahead.take(k).result(timeout=10) for k in (2, 4, 6)] == [20, 40, 60]
-    assert started[0] == 2 and sorted(started) == [2, 4, 6]
