@@ -6,7 +6,9 @@ makes its next micro batches on threads beside it, which all wait for the same i
 contend for the same interpreter lock: a worker's first micro batch took 250-900 ms where a
 warm one takes ~30 ms. So each worker, as it starts and on its one thread, reads the samples of
 the task it will be given first (:meth:`~rollfeed.loaders.worker.MicroBatchWork.warm`): the
-step's index, its file and those records' blocks are then held when the task comes.
+step's index, its file and those records' blocks are then held when the task comes. Over
+``python -m rollfeed.bench object_store`` this took a worker's reading of samples from 29-66 ms
+a micro batch (the first task's, read by five threads at once, averaged over the pass) to 3-6 ms.
 
 The loader's DataLoader gives the ``w``-th task of a pass to worker ``w``, and a pass starts at
 the sampler's position, so worker ``w`` first makes micro batch ``start + w`` of the step the
