@@ -4,13 +4,18 @@ with SIGKILL at planned points and started again, then audited from the log.
 :func:`plan_kills` draws the kills from a seed: which process (the trainer, the producer, both, the
 capture server) and where (a pause point of :mod:`tests.crash.points`, or a random moment).
 :class:`Pipeline` runs them: it starts the processes, arms a point and waits for the process to
-stop there (or sleeps the random delay), SIGKILLs the process group, starts it again (the trainer
+stop there (or sleeps the random delay), SIGKILLs the process and every process below it
+(:func:`kill_whole`: torchrun's ranks run in sessions of their own), starts it again (the trainer
 resumes from its newest complete checkpoint, the producer from its cursor, a server on the same
 port), waits until the trainer has trained a step more, and audits what is there
 (:mod:`tests.crash.audit`) and that the server samples with the trainer's version. A gate lets
-the trainer begin only the steps the next kill needs, so it never runs out of steps early. At
-the end every step trained after a restart is trained again from the same checkpoint in a fresh
-process (``tests/crash/run_retrain.py``), bitwise.
+the trainer begin only the steps the next kill needs, so it never runs out of steps early. Once
+the last restart has trained a step, every step trained after a restart is trained again from
+the same checkpoint in one fresh process (``tests/crash/run_retrain.py``, :func:`start_replays`)
+while the run trains its last steps; the records must be bitwise the run's. The table gives the
+seconds spent in each phase (``Pipeline.phase``), and each process marks in
+``<ctl>/timeline.jsonl`` when it was started, when its imports were done and when it began each
+step (:meth:`tests.crash.points.Points.mark`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 
+from rollfeed.demo.process_tree import kill_tree
 from rollfeed.demo.train import latest_checkpoint
 from rollfeed.orchestrator import CaptureClient
 from rollfeed.orchestrator.progress import read_progress
@@ -85,6 +91,42 @@ def plan_kills(seed: int, count: int, *, server: int) -> list[Kill]:
     return kills
 
 
+def kill_whole(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL process ``pid`` and every process below it (:func:`kill_tree`: torchrun's ranks
+    run in sessions of their own), and wait until each has ended. Ended is dead or a zombie: an
+    orphaned rank is reaped by init, which may take a second or two to get to it, and a zombie
+    holds no memory and runs nothing."""
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    kill_tree(pid)
+    deadline = time.monotonic() + timeout_s
+    while not all(_gone(p) for p in below):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes left after SIGKILL: {below}")
+        time.sleep(0.01)
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Ended (a zombie nobody reaped yet holds no memory and runs nothing)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def leftovers(work: Path) -> list[str]:
+    """The command lines of processes still running that name ``work`` (none once a run is
+    closed: every process the run started, torchrun's ranks included, ended with it)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
+        if str(work) in cmd and not _gone(proc):
+            found.append(f"{proc.pid}: {cmd[:200]}")
+    return found
+
+
 @dataclass(kw_only=True)
 class Settings:
     steps: int
@@ -103,6 +145,8 @@ class Tally:
     resumed_from: set[int] = field(default_factory=set)
     audits: int = 0
     version_checks: int = 0
+    phases: Counter = field(default_factory=Counter)  # seconds spent in each phase
+    start_s: dict[str, str] = field(default_factory=dict)  # see :func:`start_seconds`
 
 
 class Pipeline:
@@ -128,6 +172,7 @@ class Pipeline:
         for d in (self.steps, self.ctl):
             d.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
+        self.others: list[subprocess.Popen] = []  # the bitwise replays
         self.tally = Tally()
         self.arms = 0
         self.server_stack = contextlib.ExitStack()
@@ -147,6 +192,14 @@ class Pipeline:
         self.gate(1)
         self.env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         self.env |= {"GLOO_SOCKET_IFNAME": "lo", "HF_HUB_OFFLINE": "1", CTL_ENV: str(self.ctl)}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.tally.phases[name] += time.monotonic() - t0
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -176,6 +229,8 @@ class Pipeline:
                 "--out",
                 str(self.work / "trainer.json"),
             ]
+        with open(self.ctl / "timeline.jsonl", "a") as f:
+            f.write(json.dumps({"role": role, "event": "popen", "t": time.time()}) + "\n")
         self.procs[role] = subprocess.Popen(
             cmd,
             env=self.env,
@@ -189,14 +244,14 @@ class Pipeline:
 
     def kill(self, role: str) -> None:
         proc = self.procs.pop(role)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_whole(proc.pid)
         proc.wait()
 
     def start_owned_server(self) -> None:
         assert self.start_server is not None
         port = int(self.url.rsplit(":", 1)[1])
-        self.server = self.server_stack.enter_context(self.start_server(port))
+        with self.phase("server start"):
+            self.server = self.server_stack.enter_context(self.start_server(port))
         self.tally.starts["server"] += 1
 
     def kill_server(self) -> None:
@@ -290,8 +345,9 @@ class Pipeline:
 
     # -- the run --------------------------------------------------------------------------------
 
-    def do(self, kill: Kill) -> None:
-        """One kill and the restarts after it, then the audit."""
+    def do(self, kill: Kill, *, restarted: Callable[[], object] | None = None) -> None:
+        """One kill and the restarts after it (then ``restarted()``, while they start), then
+        the audit."""
         before = self.trained()
         roles = ["trainer", "producer"] if kill.target == "both" else [kill.target]
         # The steps this kill needs: one trained after it, and the trainer's point hit `after`
@@ -300,62 +356,136 @@ class Pipeline:
         self.gate(before + (kill.after + 1 if trainer_point else 1))
         if kill.target == "server":
             arm = self.arm("producer", "reload.mid", 1, release=True)
-            if kill.point == "reload.mid":
-                self.wait_paused("producer", arm)
-            else:
-                (self.ctl / "arm-producer.json").unlink()
-                time.sleep(kill.delay_s)
-            self.kill_server()
-            (self.ctl / f"release-{arm}").touch()
-            self.start_owned_server()
+            with self.phase("pause wait"):
+                if kill.point == "reload.mid":
+                    self.wait_paused("producer", arm)
+                else:
+                    (self.ctl / "arm-producer.json").unlink()
+                    time.sleep(kill.delay_s)
+            with self.phase("server restart"):
+                self.kill_server()
+                (self.ctl / f"release-{arm}").touch()
+                self.start_owned_server()
         else:
-            if kill.point == "timed":
-                time.sleep(kill.delay_s)
-            else:
-                role = "producer" if kill.target == "producer" else "trainer"
-                self.wait_paused(role, self.arm(role, kill.point, kill.after))
-            for role in roles:
-                if role in self.procs:
-                    self.kill(role)
-            for role in roles:
-                self.start(role)
+            with self.phase("pause wait"):
+                if kill.point == "timed":
+                    time.sleep(kill.delay_s)
+                else:
+                    role = "producer" if kill.target == "producer" else "trainer"
+                    self.wait_paused(role, self.arm(role, kill.point, kill.after))
+            with self.phase("kill"):
+                for role in roles:
+                    if role in self.procs:
+                        self.kill(role)
+            with self.phase("start"):
+                for role in roles:
+                    self.start(role)
         self.tally.kills[kill.kind] += 1
-        self.wait_trained(min(before + 1, self.s.steps))
-        self.check_versions()
-        self.audit()
+        if restarted is not None:
+            restarted()
+        with self.phase(f"next step trained ({kill.target})"):
+            self.wait_trained(min(before + 1, self.s.steps))
+        with self.phase("version check"):
+            self.check_versions()
+        with self.phase("audit"):
+            self.audit()
 
     def finish(self, timeout_s: float = 300.0) -> tuple[Audit, list[dict]]:
         """Wait for both processes to end; the final audit and the trainer's lineage."""
         self.gate(self.s.steps)
         deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in self.procs.values()):
-            self.check_alive()
-            if time.monotonic() > deadline:
-                raise AssertionError("the run did not finish in time")
-            time.sleep(0.2)
+        with self.phase("finish"):
+            while any(p.poll() is None for p in self.procs.values()):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise AssertionError("the run did not finish in time")
+                time.sleep(0.2)
         self.check_alive()
         lineage = json.loads((self.work / "trainer.json").read_text())["train"]
-        return self.audit_of(lineage), lineage
+        self.tally.start_s = start_seconds(self.ctl / "timeline.jsonl")
+        with self.phase("audit"):
+            return self.audit_of(lineage), lineage
+
+    def background(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        """``cmd`` started now, its output in ``<work>/<name>.log`` (:meth:`wait_background`)."""
+        with open(self.work / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        self.others.append(proc)
+        return proc
+
+    def wait_step_file(self, step: int, timeout_s: float = 120.0) -> None:
+        path = self.steps / f"step_{step:06d}.rfs"
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"step {step}'s file did not appear in {timeout_s} s")
+            time.sleep(0.05)
+
+    def wait_background(self, proc: subprocess.Popen, name: str, timeout_s: float = 600) -> None:
+        with self.phase(f"{name}, waited for"):
+            code = proc.wait(timeout=timeout_s)
+        tail = (self.work / f"{name}.log").read_text(errors="replace")[-6000:]
+        assert code == 0, f"{name} exited with {code}:\n{tail}"
 
     def close(self) -> None:
         for role in list(self.procs):
             self.kill(role)
+        for proc in self.others:
+            kill_whole(proc.pid)
+            proc.wait()
         self.server_stack.close()
 
 
-def retrain_digests(pipeline: Pipeline, starts: list[int]) -> dict[int, dict]:
+def start_replays(pipeline: Pipeline, starts: list[int]) -> subprocess.Popen:
     """Step ``c`` trained again from checkpoint ``c`` (``0``: the model's weights) in one fresh
-    torchrun launch, for each ``c`` of ``starts``; each one's record."""
-    from tests.dist.launch import torchrun
-
+    torchrun launch, for each ``c`` of ``starts`` (``tests/crash/run_retrain.py``), started in
+    the background: once the last restart has trained a step, the checkpoints and step files it
+    reads are all there, and it runs while the run trains its remaining steps."""
     spec = {"args": pipeline.trainer_args(), "starts": starts, "out": str(pipeline.work / "again")}
     path = pipeline.work / "retrain.json"
     path.write_text(json.dumps(spec))
-    torchrun("tests/crash/run_retrain.py", nproc=2, args=[str(path)], timeout=600)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return pipeline.background(
+        "replays", [*cmd, str(REPO / "tests/crash/run_retrain.py"), str(path)]
+    )
+
+
+def replay_records(
+    pipeline: Pipeline, proc: subprocess.Popen, starts: list[int]
+) -> dict[int, dict]:
+    """Each replayed step's record, once :func:`start_replays`' launch has ended."""
+    pipeline.wait_background(proc, "replays")
     return {
         c: json.loads((pipeline.work / "again" / f"from_{c}.json").read_text())["train"][0]
         for c in starts
     }
+
+
+def start_seconds(timeline: Path) -> dict[str, str]:
+    """From each start of a process to its imports done (and, for the trainer, to its first
+    step begun), mean and max over its starts, from the marks of :meth:`Points.mark`:
+    ``{"trainer to imports": "7.1 (max 12.7) s", ...}``."""
+    spans: dict[str, list[float]] = {}
+    began: dict[str, float] = {}
+    for line in timeline.read_text().splitlines():
+        mark = json.loads(line)
+        role, event, t = mark["role"], mark["event"], mark["t"]
+        if event == "popen":
+            began[role] = t
+        elif role in began and (event == "imported" or event.startswith("step")):
+            what = "imports" if event == "imported" else "first step"
+            spans.setdefault(f"{role} to {what}", []).append(t - began[role])
+            if what == "first step" or role == "producer":
+                del began[role]
+    return {k: f"{np.mean(v):.1f} (max {max(v):.1f}) s" for k, v in spans.items()}
 
 
 def table(tally: Tally, final: Audit, *, bitwise: int, seed: int, steps: int) -> str:
@@ -375,5 +505,7 @@ def table(tally: Tally, final: Audit, *, bitwise: int, seed: int, steps: int) ->
         f"  checks     {tally.audits} audits after restarts, {tally.version_checks} server "
         f"version checks, {bitwise} steps trained after a restart equal bitwise to a fresh "
         "process from the same checkpoint",
+        "  time       " + ", ".join(f"{k} {v:.0f} s" for k, v in tally.phases.most_common()),
+        "  starts     " + ", ".join(f"{k} {v}" for k, v in tally.start_s.items()),
     ]
     return "\n".join(lines)

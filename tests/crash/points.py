@@ -74,6 +74,13 @@ class Points:
                 return
             time.sleep(0.05)
 
+    def mark(self, event: str) -> None:
+        """Append ``event`` with the wall time to ``<ctl>/timeline.jsonl`` (where a start's
+        seconds go)."""
+        if self.active:
+            with open(self.ctl / "timeline.jsonl", "a") as f:
+                f.write(json.dumps({"role": self.role, "event": event, "t": time.time()}) + "\n")
+
     def at(self, point: str) -> None:
         """A point with nothing to do before the pause."""
         if self.due(point):

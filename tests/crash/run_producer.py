@@ -108,6 +108,7 @@ def make_sync(client: CaptureClient):
 
 
 def main(path: str) -> None:
+    POINTS.mark("imported")
     cfg = json.loads(Path(path).read_text())
     install_points()
     client = CaptureClient(cfg["server"], timeout_s=120)

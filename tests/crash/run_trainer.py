@@ -27,6 +27,7 @@ def install_points() -> None:
     train_step = trainer.train_step
 
     def gated_step(*args, step: int, **kwargs):
+        POINTS.mark(f"step {step}")
         POINTS.gate(step)
         return train_step(*args, step=step, **kwargs)
 
@@ -63,6 +64,7 @@ def install_points() -> None:
 
 
 if __name__ == "__main__":
+    POINTS.mark("imported")
     install_points()
     trainer.main(sys.argv[1:])
     trainer.end_process()

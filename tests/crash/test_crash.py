@@ -7,21 +7,30 @@ checkpoint (:mod:`tests.crash.harness`, :mod:`tests.crash.audit`).
 (the test owns one; a start costs 20-45 s), over a run of 30 steps. ``test_two_crash_points``:
 the producer mid-append of its cursor, then the trainer and the producer at once with the trainer
 mid-checkpoint, over 3 steps on the session's capture server, the step trained after the restart
-checked with ``python -m rollfeed retrain``. Both print the table of the run.
+checked with ``python -m rollfeed retrain`` while the trainer restarts. Both print the table of
+the run (the seconds of each phase on its last line) and find no process of the run left once it
+is closed (a killed torchrun's ranks included).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
 from rollfeed.capture.process import free_port, server_process
 from tests.conftest import MAX_LOGPROBS, START_TIMEOUT_S, restore_base_weights
-from tests.crash.harness import Kill, Pipeline, Settings, plan_kills, retrain_digests, table
-from tests.dist.launch import REPO
+from tests.crash.harness import (
+    Kill,
+    Pipeline,
+    Settings,
+    leftovers,
+    plan_kills,
+    replay_records,
+    start_replays,
+    table,
+)
 
 SEED = 7
 
@@ -51,26 +60,41 @@ def test_two_crash_points(capture_server, tmp_path):
         Kill(target="producer", point="cursor.torn", after=3),
         Kill(target="both", point="checkpoint.mid", after=1),
     ]
-    # The run starts from the model's own weights, version 0, as the server must.
-    restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+    restored = False
     try:
-        pipeline.start("producer")
+        # The trainer starts first (it waits for step 0's file) while the server is given the
+        # model's own weights, version 0, as the run starts from; then the producer.
         pipeline.start("trainer")
-        for kill in kills:
-            pipeline.do(kill)
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+        pipeline.start("producer")
+        replay = []
+
+        def retrain() -> None:
+            """The first step trained after the trainer's restart, trained again with the
+            command line from the same checkpoint while the trainer restarts."""
+            c = min(pipeline.tally.resumed_from)
+            pipeline.wait_step_file(c)
+            cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
+            cmd += ["--root", str(pipeline.root), "--checkpoints", str(tmp_path / "checkpoints")]
+            cmd += ["--model", str(capture_server.model_dir), "--from", str(c), "--to", str(c)]
+            cmd += ["--out", str(tmp_path / "again.json"), "--lr", "1e-4", "--seq-len", "32"]
+            cmd += ["--cp", "1", "--max-staleness", "1", "--on-stale", "drop"]
+            replay.append(pipeline.background("retrain", cmd))
+
+        pipeline.do(kills[0])
+        pipeline.do(kills[1], restarted=retrain)
         final, lineage = pipeline.finish()
+        # The session's server back at the model's weights while the step trains again.
+        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+        restored = True
+        pipeline.wait_background(replay[0], "retrain")
     finally:
         pipeline.close()
-        restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
-    # The first step trained after the trainer's first restart, again with the command line.
+        if not restored:
+            restore_base_weights(capture_server.url, capture_server.model_dir, tmp_path)
+    # Every process the run started ended with it: a killed torchrun's ranks too.
+    assert not leftovers(tmp_path), leftovers(tmp_path)
     c = min(pipeline.tally.resumed_from)
-    cmd = [sys.executable, "-m", "rollfeed", "retrain", "--steps", str(pipeline.steps)]
-    cmd += ["--root", str(pipeline.root), "--checkpoints", str(tmp_path / "checkpoints")]
-    cmd += ["--model", str(capture_server.model_dir), "--from", str(c), "--to", str(c)]
-    cmd += ["--out", str(tmp_path / "again.json"), "--lr", "1e-4", "--seq-len", "32", "--cp", "1"]
-    cmd += ["--max-staleness", "1", "--on-stale", "drop"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=pipeline.env)
-    assert done.returncode == 0, done.stdout + done.stderr
     again = {c: json.loads((tmp_path / "again.json").read_text())["train"][0]}
     bitwise = check_bitwise(pipeline, lineage, again)
     print(table(pipeline.tally, final, bitwise=bitwise, seed=SEED, steps=settings.steps))
@@ -108,15 +132,19 @@ def test_crash_points(tiny_model, tmp_path):
     )
     kills = plan_kills(SEED, 20, server=1)
     try:
+        # The trainer starts while the server does (it waits for step 0's file).
+        pipeline.start("trainer")
         pipeline.start_owned_server()
         pipeline.start("producer")
-        pipeline.start("trainer")
         for kill in kills:
             pipeline.do(kill)
+        starts = sorted(pipeline.tally.resumed_from)
+        replays = start_replays(pipeline, starts)
         final, lineage = pipeline.finish()
-        again = retrain_digests(pipeline, sorted(pipeline.tally.resumed_from))
+        again = replay_records(pipeline, replays, starts)
     finally:
         pipeline.close()
+    assert not leftovers(tmp_path), leftovers(tmp_path)
     bitwise = check_bitwise(pipeline, lineage, again)
     print(table(pipeline.tally, final, bitwise=bitwise, seed=SEED, steps=settings.steps))
     assert sum(pipeline.tally.kills.values()) == 20
