@@ -80,7 +80,6 @@ class MicroBatchWork(Dataset):
     def __init__(self, dataset: Any, collator: Any, handover: Handover | None = None) -> None:
         self.dataset, self.collator, self.handover = dataset, collator, handover
         self._sent = 0  # micro batches this process handed over
-        self.warmed = 0  # warm-ups this process did (one per worker)
         self._ahead: ReadAhead | None = None  # a worker's, made in it
 
     def __getstate__(self) -> dict:
@@ -92,7 +91,6 @@ class MicroBatchWork(Dataset):
     def warm(self, indices: Sequence[int]) -> None:
         """Read the samples of ``indices`` now, on this worker's one thread, before its first
         task (:mod:`~rollfeed.loaders.warm_up`); a failure is left to that task's own read."""
-        self.warmed += 1
         getitems = getattr(self.dataset, "__getitems__", None)
         try:
             getitems(indices) if getitems else [self.dataset[i] for i in indices]
