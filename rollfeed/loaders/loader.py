@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from rollfeed.collate import TensorMicroBatch
 from rollfeed.loaders.collator import MicroBatchCollator
@@ -61,6 +61,7 @@ from rollfeed.loaders.receive import Receiver
 from rollfeed.loaders.sampler import MicroBatchSampler
 from rollfeed.loaders.tasks import Tasks
 from rollfeed.loaders.transfer import move_micro_batch
+from rollfeed.loaders.warm_up import first_tasks
 from rollfeed.loaders.watch import TICK_S, WorkerWatch
 from rollfeed.loaders.worker import Delivered, MicroBatchWork, WorkerFailure, as_is
 from rollfeed.payload import is_store_url
@@ -174,6 +175,7 @@ class RolloutLoader:
         if method == "fork":  # forked workers inherit the next step's plan and index
             self.batch_sampler.warm()
         context = multiprocessing.get_context(method)
+        first = first_tasks(self.batch_sampler, workers)
         if method == "forkserver":  # workers fork from a server that has imported these
             context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         pids = context.Array("q", workers, lock=False)  # each worker's pid, as it starts
@@ -188,7 +190,7 @@ class RolloutLoader:
             num_workers=workers,
             multiprocessing_context=context,
             persistent_workers=True,
-            worker_init_fn=functools.partial(_start_worker, pids),
+            worker_init_fn=functools.partial(_start_worker, pids, first),
             timeout=tick,  # a wait of the watch's: it looks at the workers between ticks
         )
 
@@ -314,8 +316,12 @@ def _let_go(loader: DataLoader) -> None:
     del loader
 
 
-def _start_worker(pids: Any, worker_id: int) -> None:
+def _start_worker(pids: Any, first: tuple[Any, ...], worker_id: int) -> None:
     """In each worker as it starts: its pid for the watch; one torch intra-op thread (workers
-    decode, the trainer computes)."""
+    decode, the trainer computes); the samples of its first task read
+    (:mod:`~rollfeed.loaders.warm_up`)."""
     pids[worker_id] = os.getpid()
     torch.set_num_threads(1)
+    info = get_worker_info()
+    if info is not None and first[worker_id] is not None:
+        info.dataset.warm(first[worker_id])

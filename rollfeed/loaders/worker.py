@@ -18,6 +18,7 @@ micro batch (a resume reads it again). Other errors are left to torch (type and 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
 import time
 import traceback
@@ -31,6 +32,8 @@ from rollfeed.collate import TensorMicroBatch
 from rollfeed.loaders.handover import Described, Handover
 from rollfeed.loaders.metrics import MicroBatchFacts, measure
 from rollfeed.loaders.read_ahead import ReadAhead, task_key
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,15 @@ class MicroBatchWork(Dataset):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)  # type: ignore[misc]
+
+    def warm(self, indices: Sequence[int]) -> None:
+        """Read the samples of ``indices`` now, on this worker's one thread, before its first
+        task (:mod:`~rollfeed.loaders.warm_up`); a failure is left to that task's own read."""
+        getitems = getattr(self.dataset, "__getitems__", None)
+        try:
+            getitems(indices) if getitems else [self.dataset[i] for i in indices]
+        except Exception as err:
+            logger.debug("warming up on %d samples failed: %r", len(indices), err)
 
     def __getitems__(self, task: Task) -> Delivered | WorkerFailure:
         info = get_worker_info()

@@ -41,7 +41,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -269,6 +269,7 @@ class ObjectProcessState:
         self.store = self.obstore.store
         self.lock = threading.Lock()
         self.files: OrderedDict[str, ObjectEntry] = OrderedDict()
+        self.opening: dict[str, Future] = {}  # objects being opened (S3Store.acquire)
         self.blocks = PinnedBlocks()  # whole blocks of objects read by range (ObjectFile)
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None

@@ -32,7 +32,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from rollfeed.payload.errors import (
     PayloadError,
@@ -51,6 +53,8 @@ from rollfeed.payload.stores.store import Listed, Retry
 from rollfeed.payload.stores.store_url import StoreAccess, StoreURL
 from rollfeed.payload.write.object_writer import ObjectSink
 from rollfeed.payload.write.whole_file import ObjectStaged
+
+T = TypeVar("T")
 
 _MERGE_GAP = 1 << 20  # ranges of an object at most this far apart are fetched in one GET
 
@@ -149,23 +153,50 @@ class S3Store:
         self, files: Sequence[str], retry: Retry
     ) -> tuple[list[ObjectEntry], dict[int, memoryview]]:
         """Entries for ``files`` (opened when not cached) and, for those opened now, their first
-        bytes by position in ``files``: a read of a small object then needs no second GET."""
+        bytes by position in ``files``: a read of a small object then needs no second GET.
+
+        An object is opened once however many threads ask for it at once (the threads of a
+        loader worker's read-ahead): the first opens it, outside the lock, and the others wait
+        for its opening (one future per object being opened) and share its entry and first
+        bytes; a failed opening is raised to each of them and not kept."""
         proc = self.client.process()
+        mine: dict[int, Future] = {}  # positions this thread opens
+        theirs: dict[int, Future] = {}  # positions another thread is opening
         with proc.lock:
             held = [proc.files.get(rel) for rel in files]
-            for entry in held:
+            for i, entry in enumerate(held):
                 if entry is not None:
                     proc.files.move_to_end(entry.rel)
-        at = [i for i, e in enumerate(held) if e is None]
+                elif (pending := proc.opening.get(files[i])) is not None:
+                    theirs[i] = pending
+                else:
+                    pending = proc.opening[files[i]] = Future()
+                    pending.set_running_or_notify_cancel()
+                    mine[i] = pending
         first: dict[int, memoryview] = {}
-        if at:
-            opened = proc.map(lambda rel: self._open(rel, retry), [files[i] for i in at])
+        if mine:
+            try:
+                opened = proc.map(lambda i: _outcome(self._open, files[i], retry), list(mine))
+            except BaseException as err:  # the waiters hear of it too, never wait for ever
+                opened = [err] * len(mine)
             with proc.lock:
-                for i, (entry, data) in zip(at, opened, strict=True):
-                    proc.files[entry.rel] = held[i] = entry
-                    first[i] = data
+                for i, got in zip(mine, opened, strict=True):
+                    del proc.opening[files[i]]
+                    if not isinstance(got, BaseException):
+                        proc.files[got[0].rel] = held[i] = got[0]
+                        first[i] = got[1]
                 while len(proc.files) > self.max_open:
                     proc.files.popitem(last=False)
+            for pending, got in zip(mine.values(), opened, strict=True):
+                if isinstance(got, BaseException):
+                    pending.set_exception(got)
+                else:
+                    pending.set_result(got)
+            for got in opened:
+                if isinstance(got, BaseException):
+                    raise got
+        for i, pending in theirs.items():  # the same object twice in files: opened above
+            held[i], first[i] = pending.result()
         return held, first  # type: ignore[return-value]
 
     def replace(self, old: ObjectEntry, retry: Retry) -> tuple[ObjectEntry, memoryview]:
@@ -277,3 +308,11 @@ class ObjectFile:
 
     def close(self) -> None:
         self._held = (0, b"")
+
+
+def _outcome(fn: Callable[..., T], *args: Any) -> T | BaseException:
+    """``fn(*args)``, or the error it raised (each opening's own error reaches its waiters)."""
+    try:
+        return fn(*args)
+    except BaseException as err:  # handed to the future, then raised by acquire
+        return err
