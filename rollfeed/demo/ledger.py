@@ -40,14 +40,20 @@ def whole_row(
     mb: TensorMicroBatch, values: torch.Tensor, cp_group: dist.ProcessGroup | None, fill: int
 ) -> torch.Tensor:
     """``[seq_len]`` int64: this rank's ``values`` (at ``mb.positions``) and its cp peers',
-    in canonical order; collective over ``cp_group``."""
+    in canonical order; collective over ``cp_group``. A micro batch holding prefix trees splits
+    its flat rows unevenly (``mb.tree.flat_counts``): each rank's part is padded to the largest
+    for the all-gather and read back to its own count."""
     row = torch.full((mb.seq_len,), fill, dtype=torch.int64)
     if mb.cp_size > 1:
-        mine = torch.stack([mb.positions, values.to(torch.int64)])
+        n = mb.positions.numel()
+        counts = (n,) * mb.cp_size if mb.tree is None else mb.tree.flat_counts
+        mine = torch.zeros((2, max(counts)), dtype=torch.int64)
+        mine[0, :n] = mb.positions
+        mine[1, :n] = values.to(torch.int64)
         parts = [torch.empty_like(mine) for _ in range(mb.cp_size)]
-        dist.all_gather(parts, mine.contiguous(), group=cp_group)
-        for part in parts:
-            row[part[0]] = part[1]
+        dist.all_gather(parts, mine, group=cp_group)
+        for part, count in zip(parts, counts, strict=True):
+            row[part[0, :count]] = part[1, :count]
     else:
         row[mb.positions] = values.to(torch.int64)
     return row

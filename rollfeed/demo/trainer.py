@@ -96,18 +96,24 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def full_vocab(scorer: PolicyScorer, mb: TensorMicroBatch) -> torch.Tensor:
-    """Logprobs over the full vocabulary (no kept set) at this rank's positions, no gradient."""
+    """Logprobs over the full vocabulary (no kept set) at this rank's positions, no gradient.
+
+    A micro batch holding prefix trees runs its tree row (``mb.tree``), as
+    :meth:`~rollfeed.models.PolicyScorer.score` does: its flat rows are split unevenly over the
+    cp ranks, so they are no row to run on their own."""
     no_support = torch.full((mb.input_ids.numel(), 1), -1, dtype=torch.int32)
+    tree = mb.tree
     with torch.no_grad():
         out = scorer.score_tokens(
-            mb.input_ids,
-            mb.position_ids,
+            mb.input_ids if tree is None else tree.input_ids,
+            mb.position_ids if tree is None else tree.position_ids,
             mb.labels,
             no_support,
             temperature=mb.temperatures,
             canonical_index=mb.positions,
             cu_seqlens=mb.cu_seqlens,
             fallback_mask=mb.loss_mask,
+            tree=tree,
         )
     return out.logprobs[mb.positions]
 
