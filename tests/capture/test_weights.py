@@ -86,12 +86,18 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
 
 
 def _running(client: CaptureClient, before: float, timeout_s: float = 60.0) -> None:
-    """Return once the engine has generated a few tokens of the long request (its generated
-    tokens counted from ``before``): far enough in that the old weights wrote some, and as early
-    as that, so a reload lands inside it even on a loaded machine."""
-    assert wait_for(
-        lambda: engine_counts(client.url)["tokens"] >= before + 8, timeout_s=timeout_s
-    ), "the long request never started"
+    """Return once the server holds the long request and the engine has generated a few tokens
+    since ``before`` (its metrics may still be counting an earlier request's tokens, so both):
+    far enough in that the old weights wrote some, and as early as that, so a reload lands inside
+    it even on a loaded machine."""
+
+    def started() -> bool:
+        return (
+            client.info().requests_running >= 1
+            and engine_counts(client.url)["tokens"] >= before + 8
+        )
+
+    assert wait_for(started, timeout_s=timeout_s), "the long request never started"
 
 
 def _probe(client: CaptureClient):
