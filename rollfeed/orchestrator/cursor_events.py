@@ -43,32 +43,29 @@ class StepBegun(BaseModel):
     group_size: StrictInt = Field(ge=1)
 
 
-class TurnSent(BaseModel):
+class _OfSample(BaseModel):
+    """What every event of one rollout names: its step, prompt id and sample index."""
+
     model_config = _FROZEN
-    kind: Literal["sent"] = "sent"
     step: StrictInt
     prompt: str
     sample: StrictInt
+
+
+class TurnSent(_OfSample):
+    kind: Literal["sent"] = "sent"
     turn: StrictInt
 
 
-class TurnDone(BaseModel):
-    model_config = _FROZEN
+class TurnDone(_OfSample):
     kind: Literal["done"] = "done"
-    step: StrictInt
-    prompt: str
-    sample: StrictInt
     turn: StrictInt
     new_ids: list[StrictInt]
     response: GenerateResponse
 
 
-class RolloutDone(BaseModel):
-    model_config = _FROZEN
+class RolloutDone(_OfSample):
     kind: Literal["finished"] = "finished"
-    step: StrictInt
-    prompt: str
-    sample: StrictInt
     reward: float
 
 
