@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 import torch
@@ -85,19 +85,24 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
             assert torch.equal(loaded[name], want), name
 
 
-def _running(client: CaptureClient, before: float, timeout_s: float = 60.0) -> None:
-    """Return once the server holds the long request and the engine has generated a few tokens
-    since ``before`` (its metrics may still be counting an earlier request's tokens, so both):
-    far enough in that the old weights wrote some, and as early as that, so a reload lands inside
-    it even on a loaded machine."""
+def _in_flight(client: CaptureClient, before: float, request: Future, timeout_s: float = 60.0):
+    """Whether the server still holds ``request`` once the engine has generated a few tokens since
+    ``before`` (its metrics may still be counting an earlier request's tokens, so both): far
+    enough in that the old weights wrote some, and as early as that, so a reload lands inside it.
+    False when the request ended before it was seen running (a machine faster than the poll); a
+    request that failed raises its error."""
 
     def started() -> bool:
-        return (
+        return request.done() or (
             client.info().requests_running >= 1
             and engine_counts(client.url)["tokens"] >= before + 8
         )
 
-    assert wait_for(started, timeout_s=timeout_s), "the long request never started"
+    assert wait_for(started, timeout_s=timeout_s), f"no long request started in {timeout_s} s"
+    if request.done():
+        request.result()  # its error, if it failed
+        return False
+    return True
 
 
 def _probe(client: CaptureClient):
@@ -106,13 +111,18 @@ def _probe(client: CaptureClient):
     return c
 
 
-def _reload_mid_request(client: CaptureClient, path, version: int, in_flight: str):
-    """Load ``path`` while a long request runs: the answer and the long request's response."""
+def _reload_mid_request(client: CaptureClient, path, version: int, in_flight: str, tries: int = 3):
+    """Load ``path`` while a long request runs: the answer and the long request's response. A
+    long request that ended before it was seen running is sent again, up to ``tries`` times."""
     long = dict(SAMPLING, max_tokens=LONG, seed=5)
-    before = engine_counts(client.url)["tokens"]
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(client.generate, PROMPT, group="t-weights", sampling=long)
-        _running(client, before)
+        for _ in range(tries):
+            before = engine_counts(client.url)["tokens"]
+            running = pool.submit(client.generate, PROMPT, group="t-weights", sampling=long)
+            if _in_flight(client, before, running):
+                break
+        else:
+            raise AssertionError(f"{tries} long requests each ended before they were seen running")
         answer = client.load_weights(path, version=version, in_flight=in_flight)
         response = running.result()
     assert answer.requests_in_flight == 1 and answer.in_flight == in_flight
