@@ -161,10 +161,17 @@ def wait_for_step(
 
 
 class StepDirectory:
-    """The step files of ``directory`` (as given), listed through ``root``'s store; picklable."""
+    """The step files of ``directory`` (as given), listed through ``root``'s store; picklable.
+
+    A step the last listing found is not waited for with another: a step file, once there, stays
+    (a rewrite replaces it whole, which reading it checks; a step that was removed is missing
+    when read, and the listing that error makes forgets it), so a pass whose step the pass before
+    found (it plans the next step ahead, :mod:`~rollfeed.loaders.next_step`) starts without a
+    listing, a request over an object store."""
 
     def __init__(self, root: PayloadRoot, directory: str) -> None:
         self.root, self.directory = root, directory
+        self._seen: set[int] = set()  # steps a listing found
 
     def entries(self) -> list | None:
         """The directory's entries (``None`` when it does not exist); a JSON-lines step file
@@ -192,11 +199,16 @@ class StepDirectory:
 
     def steps_from(self, step: int) -> list[int]:
         """The steps present from ``step`` on, sorted."""
-        entries = self.entries() or []
-        return sorted(s for e in entries if (s := parse_step_name(e.rel)) is not None and s >= step)
+        names = (parse_step_name(e.rel) for e in self.entries() or [])
+        found = sorted(n for n in names if n is not None and n >= step)
+        self._seen = {n for n in self._seen if n < step} | set(found)  # a step pruned: forgotten
+        return found
 
     def wait_for_step(self, step: int, *, timeout_s: float, exact: bool) -> int:
-        """:func:`wait_for_step` over this directory's listing."""
+        """:func:`wait_for_step` over this directory's listing (none for a step found before:
+        the first step from ``step`` on is ``step`` itself)."""
+        if step in self._seen:
+            return step
 
         def find() -> int | None:
             present = self.steps_from(step)

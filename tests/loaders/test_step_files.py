@@ -23,6 +23,7 @@ from rollfeed.loaders import (
     RolloutDataset,
     StepFileError,
     StepMissingError,
+    StepTimeoutError,
     StepWriter,
     Topology,
     build_dataloader,
@@ -225,3 +226,20 @@ def test_json_lines_steps_are_refused_until_converted(tmp_path, capsys):
     with pytest.raises(StepFileError, match="step 2 is a step file of the JSON-lines format"):
         ds.steps_from(0)
     assert main(["steps", "convert", str(tmp_path)]) == 2  # nothing to convert: a usage error
+
+
+def test_a_step_the_last_listing_found_is_waited_for_without_another(run, monkeypatch):
+    tmp, samples, _ = run
+    write_step_file(tmp / "steps", 1, samples)
+    dataset = RolloutDataset.from_step_dir(tmp / "steps")
+    directory, listings = dataset.source.steps, []
+    listed = directory.entries
+    monkeypatch.setattr(directory, "entries", lambda: listings.append(1) or listed())
+    assert dataset.steps_from(1) == [1] and len(listings) == 1  # the next pass's, planned ahead
+    assert dataset.wait_for_step(1, timeout_s=0.1) == 1 and len(listings) == 1  # no listing
+    (tmp / "steps" / "step_000001.rfs").unlink()  # removed: read, it is missing
+    with pytest.raises(StepMissingError, match=r"step 1 has no step file step_000001\.rfs"):
+        dataset.lengths(1)
+    with pytest.raises(StepTimeoutError, match="found there: step files up to step 0"):
+        dataset.wait_for_step(1, timeout_s=0.1)  # the error's listing forgot it: waited for
+    assert len(listings) >= 3
