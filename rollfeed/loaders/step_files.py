@@ -67,6 +67,23 @@ def step_file_name(step: int) -> str:
     return f"step_{step:06d}{SUFFIX}"
 
 
+def listing_start(step: int) -> str:
+    """A name that the files of ``step`` and of every later step (``.rfs``, and ``.jsonl`` of
+    the old format) sort after: a listing's ``after``
+    (:meth:`~rollfeed.payload.stores.store.Store.names`).
+
+    Names sort as text, and numbers grow past six digits: ``step_1000000.rfs`` sorts before
+    ``step_999999.rfs``. So the bound is the lower of ``step``'s name and that of the first step
+    with more digits than six or ``step``'s, without its suffix (a listing may hold more than the
+    steps asked for, never fewer).
+
+    Example: ``listing_start(5)`` -> ``"step_000005"``; ``listing_start(999_999)`` ->
+    ``"step_1000000"`` (step 999,999's name sorts after it, as does every later step's).
+    """
+    wider = 10 ** max(6, len(str(step)))  # the first step whose name has more digits
+    return min(step_file_name(step), step_file_name(wider)).removesuffix(SUFFIX)
+
+
 def parse_step_name(name: str) -> int | None:
     """The step number of a step file name, or ``None`` for any other name."""
     m = _NAME.match(name)

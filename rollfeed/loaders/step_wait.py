@@ -34,7 +34,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rollfeed.loaders.errors import LoaderConfigError, StepFileError, StepTimeoutError
-from rollfeed.loaders.step_files import parse_json_step_name, parse_step_name, step_file_name
+from rollfeed.loaders.step_files import (
+    listing_start,
+    parse_json_step_name,
+    parse_step_name,
+    step_file_name,
+)
 from rollfeed.payload import PayloadMissingFileError, PayloadPathError, PayloadRoot
 
 logger = logging.getLogger(__name__)
@@ -173,12 +178,12 @@ class StepDirectory:
         self.root, self.directory = root, directory
         self._seen: set[int] = set()  # steps a listing found
 
-    def entries(self) -> list | None:
-        """The directory's entries (``None`` when it does not exist); a JSON-lines step file
-        without its step record file is a :class:`StepFileError` naming it and the command that
-        converts the directory."""
+    def entries(self, after: str = "") -> list | None:
+        """The directory's entries (those whose names sort after ``after``; ``None`` when it
+        does not exist); a JSON-lines step file without its step record file is a
+        :class:`StepFileError` naming it and the command that converts the directory."""
         try:
-            entries = self.root.store.names("")
+            entries = self.root.store.names("", after=after)
         except PayloadMissingFileError:
             return None
         names = {e.rel for e in entries}
@@ -198,8 +203,9 @@ class StepDirectory:
         return describe(self.entries() if entries is None else entries, look=self.root.store.names)
 
     def steps_from(self, step: int) -> list[int]:
-        """The steps present from ``step`` on, sorted."""
-        names = (parse_step_name(e.rel) for e in self.entries() or [])
+        """The steps present from ``step`` on, sorted (listed from there: a long run's earlier
+        steps are not listed again)."""
+        names = (parse_step_name(e.rel) for e in self.entries(listing_start(step)) or [])
         found = sorted(n for n in names if n is not None and n >= step)
         self._seen = {n for n in self._seen if n < step} | set(found)  # a step pruned: forgotten
         return found

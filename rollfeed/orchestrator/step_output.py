@@ -27,7 +27,7 @@ import numpy as np
 
 from rollfeed.collate import Sample
 from rollfeed.loaders import StepWriter, read_step_file, step_file_name
-from rollfeed.loaders.step_files import step_root
+from rollfeed.loaders.step_files import listing_start, step_root
 from rollfeed.orchestrator.client import Rollout
 from rollfeed.orchestrator.cursor_events import RolloutState, StepState
 from rollfeed.orchestrator.errors import CursorMismatchError
@@ -94,7 +94,7 @@ def put_step(
     root = step_root(directory, store)
     name = step_file_name(step)
     try:
-        present = any(e.rel == name for e in root.store.names(""))
+        present = any(e.rel == name for e in root.store.names("", after=listing_start(step)))
         where = root.store.where(name)
     finally:
         root.close()

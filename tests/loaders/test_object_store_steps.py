@@ -20,6 +20,7 @@ from rollfeed.loaders import (
     build_dataloader,
     write_step_file,
 )
+from rollfeed.loaders.step_files import listing_start, step_file_name
 from rollfeed.payload import PayloadIOError, PayloadRoot
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
 
@@ -141,6 +142,20 @@ def test_step_prefix_lists_and_refuses_a_missing_step_within_its_bound(object_st
     assert err.value.step == 3 and "the producer's last step seen: none" in str(err.value)
     assert time.monotonic() - t0 < 3
     assert "secret" not in repr(steps.source.root).lower()
+
+
+def test_a_listing_from_a_step_starts_there_in_the_store(object_store, s3_url):
+    steps = [0, 7, 99_999, 100_000, 999_999, 10**6]
+    root = PayloadRoot(f"{s3_url}/steps", **object_store.options())
+    for t in steps:
+        assert root.store.put_blob(step_file_name(t), b"")
+    root.store.put_blob("step_000007.jsonl", b"")
+    got = [e.rel for e in root.store.names("", after=listing_start(7))]
+    assert got[:2] == ["step_000007.jsonl", "step_000007.rfs"] and "step_000000.rfs" not in got
+    assert {step_file_name(t) for t in steps[2:]} <= set(got)
+    dataset = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
+    assert dataset.steps_from(999_999) == [999_999, 10**6]
+    assert dataset.steps_from(8) == steps[2:]
 
 
 def test_a_store_out_of_reach_is_a_typed_error_naming_the_store():

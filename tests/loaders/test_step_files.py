@@ -31,6 +31,8 @@ from rollfeed.loaders import (
     write_step_file,
 )
 from rollfeed.loaders.dataset import STEP_STRIDE
+from rollfeed.loaders.step_files import listing_start, step_file_name
+from rollfeed.payload import PayloadRoot
 from rollfeed.payload.format.step_layout import group_hash
 from tests.collate.gen import inline_batch
 from tests.loaders.common import SEQ_LEN, assert_bitwise, reference, write_batch
@@ -234,7 +236,7 @@ def test_a_step_the_last_listing_found_is_waited_for_without_another(run, monkey
     dataset = RolloutDataset.from_step_dir(tmp / "steps")
     directory, listings = dataset.source.steps, []
     listed = directory.entries
-    monkeypatch.setattr(directory, "entries", lambda: listings.append(1) or listed())
+    monkeypatch.setattr(directory, "entries", lambda after="": listings.append(1) or listed(after))
     assert dataset.steps_from(1) == [1] and len(listings) == 1  # the next pass's, planned ahead
     assert dataset.wait_for_step(1, timeout_s=0.1) == 1 and len(listings) == 1  # no listing
     (tmp / "steps" / "step_000001.rfs").unlink()  # removed: read, it is missing
@@ -243,3 +245,27 @@ def test_a_step_the_last_listing_found_is_waited_for_without_another(run, monkey
     with pytest.raises(StepTimeoutError, match="found there: step files up to step 0"):
         dataset.wait_for_step(1, timeout_s=0.1)  # the error's listing forgot it: waited for
     assert len(listings) >= 3
+
+
+@pytest.mark.parametrize("step", [0, 1, 41, 99_999, 100_000, 123_456, 999_999, 10**6, 12_345_678])
+def test_a_listing_from_a_step_holds_every_later_step_file_and_no_earlier_one(step):
+    after = listing_start(step)  # names sort as text: step 10**6's sorts before step 999,999's
+    later = {step, step + 1, step + 9, 2 * step + 1, 10 * step + 9, 10**6, 10**6 + 1, 10**7}
+    for t in sorted(t for t in later if t >= step):
+        name = step_file_name(t)
+        assert name > after and name.replace(".rfs", ".jsonl") > after, (t, after)
+    if 0 < step < 100_000:  # six digits and more below a million: nothing earlier is listed
+        assert step_file_name(step - 1).replace(".rfs", ".jsonl") < after
+
+
+def test_a_local_listing_from_a_step_lists_the_step_files_from_there(tmp_path):
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    for t in (0, 7, 99_999, 100_000, 999_999, 10**6):
+        (steps / step_file_name(t)).write_bytes(b"")
+    (steps / "step_000007.jsonl").write_bytes(b"")
+    root = PayloadRoot(steps)
+    got = [e.rel for e in root.store.names("", after=listing_start(7))]
+    assert got[:2] == ["step_000007.jsonl", "step_000007.rfs"] and "step_000000.rfs" not in got
+    assert {step_file_name(t) for t in (99_999, 100_000, 999_999, 10**6)} <= set(got)
+    assert RolloutDataset.from_step_dir(steps).steps_from(999_999) == [999_999, 10**6]

@@ -256,8 +256,8 @@ class LocalStore(PerProcess):
     def open_file(self, rel: str) -> LocalFile:
         return LocalFile(open_beneath(self.path, rel))
 
-    def names(self, folder: str) -> list[Listed]:
-        return local_names(self.path, folder)
+    def names(self, folder: str, *, after: str = "") -> list[Listed]:
+        return local_names(self.path, folder, after)
 
     def stage(self, rel: str, *, fsync: bool = False) -> LocalStaged:
         return LocalStaged(self.path, rel, fsync=fsync)

@@ -256,8 +256,8 @@ class S3Store:
     def open_file(self, rel: str) -> ObjectFile:
         return ObjectFile(self, rel)
 
-    def names(self, folder: str) -> list[Listed]:
-        return object_names(self.client, folder)
+    def names(self, folder: str, *, after: str = "") -> list[Listed]:
+        return object_names(self.client, folder, after)
 
     def stage(self, rel: str, *, fsync: bool = False) -> ObjectStaged:
         """One PUT on ``commit`` (a PUT returns once the object is stored: ``fsync`` adds
