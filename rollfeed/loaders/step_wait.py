@@ -12,7 +12,9 @@ filesystem). The wait is never silent: it logs at INFO once as it starts and the
 :class:`StepTimeoutError` naming the directory, what it found there and the producer's last step
 seen (the newest step file there). :func:`describe` finds the mistake a new user makes most, a
 run folder given for its ``steps/`` subfolder, which ``from_step_dir`` refuses at build time
-(:meth:`StepDirectory.check`).
+(:meth:`StepDirectory.check`) and a wait as it starts (an object-store prefix, which is not asked
+before the first pass; or a local folder whose subfolder got its step files since):
+:class:`LoaderConfigError`, not a wait of ``step_timeout_s``.
 
 Example (``/run/steps`` holds steps 0..5, the pass wants 6, ``step_timeout_s=600``)::
 
@@ -228,9 +230,17 @@ class StepDirectory:
             exact=exact,
             where=self.directory,
             file=self.root.store.where(step_file_name(step)),
-            describe=self.describe,
+            describe=self._described,
             timeout_s=timeout_s,
         )
+
+    def _described(self) -> Found:
+        """:meth:`describe`, refusing at once a directory whose step files are in a subfolder
+        (an object-store prefix is not checked at build time: its first wait does it)."""
+        found = self.describe()
+        if found.misplaced:
+            raise self._misplaced(found)
+        return found
 
     def check(self) -> None:
         """Refuse at once a local directory that cannot be a step directory: a missing path or
@@ -251,11 +261,12 @@ class StepDirectory:
             )
         found = self.describe(entries)
         if found.misplaced:
-            paths = [self.root.store.where(name) for name, _ in found.misplaced]
-            held = "; ".join(
-                f"{p} holds {w}" for p, (_, w) in zip(paths, found.misplaced, strict=True)
-            )
-            raise LoaderConfigError(
-                f"step directory {self.directory!r} holds no step file, but {held}: pass that "
-                f"directory, RolloutDataset.from_step_dir({paths[0]!r})"
-            )
+            raise self._misplaced(found)
+
+    def _misplaced(self, found: Found) -> LoaderConfigError:
+        paths = [self.root.store.where(name) for name, _ in found.misplaced]
+        held = "; ".join(f"{p} holds {w}" for p, (_, w) in zip(paths, found.misplaced, strict=True))
+        return LoaderConfigError(
+            f"step directory {self.directory!r} holds no step file, but {held}: pass that "
+            f"directory, RolloutDataset.from_step_dir({paths[0]!r})"
+        )

@@ -13,6 +13,7 @@ import pytest
 from rollfeed.collate import PlanConfig
 from rollfeed.loaders import (
     LoaderConfig,
+    LoaderConfigError,
     LoaderOptions,
     RolloutDataset,
     StepTimeoutError,
@@ -156,6 +157,22 @@ def test_a_listing_from_a_step_starts_there_in_the_store(object_store, s3_url):
     dataset = RolloutDataset.from_step_dir(f"{s3_url}/steps", store=store_options(object_store))
     assert dataset.steps_from(999_999) == [999_999, 10**6]
     assert dataset.steps_from(8) == steps[2:]
+
+
+def test_a_run_prefix_given_for_its_steps_is_refused_as_the_first_pass_starts(
+    tmp_path, object_store, s3_url
+):
+    root, _, remote = steps_in_store(tmp_path, object_store, s3_url)
+    write_step_file(f"{s3_url}/run/steps", 7, remote[7], store=store_options(object_store))
+    dataset = RolloutDataset.from_step_dir(f"{s3_url}/run", store=store_options(object_store))
+    topology = Topology(dp_rank=0, dp_size=1, cp_rank=0, cp_size=2)
+    config = LoaderConfig(plan=CONFIG, step_timeout_s=600)
+    loader = build_dataloader(dataset, topology, config, root=root)
+    t0 = time.monotonic()
+    with pytest.raises(LoaderConfigError, match=r"holds no step file, but .*/run/steps holds"):
+        next(iter(loader))
+    assert time.monotonic() - t0 < 30  # not a wait of step_timeout_s
+    loader.close()
 
 
 def test_a_store_out_of_reach_is_a_typed_error_naming_the_store():
