@@ -18,7 +18,12 @@ logs as they are:
   micro batches of every rank, dummies included) and ``dummy_micro_batches``; under a staleness
   bound (:mod:`rollfeed.loaders.staleness`) ``stale_samples`` (samples whose oldest version lags
   the step by more than ``max_staleness``) and ``stale_dropped`` (of those, left out under
-  ``"drop"``), both 0 without a bound;
+  ``"drop"``), both 0 without a bound; what ``on_reshard`` did as a pass from a restored mid-step
+  state started (:mod:`rollfeed.loaders.state`), both 0 on an ordinary pass:
+  ``reshard_restarted`` (1: the state's count could not be held to this plan of the step, its
+  file rewritten or the state saved under another world shape or plan, and ``"restart_step"``
+  trained the step from its start) and ``reshard_skipped`` (steps whose rest the pass went past:
+  under ``"next_step"``, or a step file gone);
 - this rank's micro batches handed out so far in the pass: ``micro_batches``, ``rank_samples``,
   ``rank_tokens`` (real tokens of their whole rows), ``payload_bytes`` (bytes of the fields read by
   handle, this rank's windows at their stored dtype), ``make_s`` (seconds spent reading and
@@ -77,6 +82,8 @@ PLAN_KEYS = (
     "dummy_micro_batches",
     "stale_samples",
     "stale_dropped",
+    "reshard_restarted",
+    "reshard_skipped",
 )
 
 

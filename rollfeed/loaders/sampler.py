@@ -67,6 +67,8 @@ from rollfeed.loaders.step_identity import StepIdentity
 from rollfeed.loaders.step_version import StepVersion
 
 logger = logging.getLogger(__name__)
+# what on_reshard did as a pass started: its step started over, steps whose rest it went past
+NO_FALLBACKS = {"reshard_restarted": 0, "reshard_skipped": 0}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -115,6 +117,8 @@ class MicroBatchSampler(Sampler[list[int]]):
         self._step_size: int | None = None  # micro steps of self._step once planned
         self._plan: _StepPlan | None = None
         self._warned: int | None = None  # the last step whose truncation was logged
+        self._fallbacks: dict[int, dict[str, int]] = {}  # the last pass's step: on_reshard's doing
+        self._loaded = dict(NO_FALLBACKS)  # on_reshard's doing as a state was loaded
 
     def plan(self, step: int) -> tuple[BatchPlan, np.ndarray]:
         """``(plan, order)``: ``plan[dp][k]`` positions into ``order``, the step's indices."""
@@ -228,10 +232,10 @@ class MicroBatchSampler(Sampler[list[int]]):
         return out
 
     def plan_metrics(self, step: int) -> dict[str, float]:
-        """``plan_lengths``'s metrics of ``step`` and its staleness counts (the whole step, the
-        same on every rank)."""
+        """``plan_lengths``'s metrics of ``step``, its staleness counts, and what ``on_reshard``
+        did as the pass over it started (the whole step, the same on every rank)."""
         got = self._step_plan(step)
-        return {**got.plan.metrics, **got.stale}
+        return {**got.plan.metrics, **got.stale, **self._fallbacks.get(step, NO_FALLBACKS)}
 
     def _normalize(self) -> None:
         if self._consumed and self._consumed == self._step_size:  # finished: resume at the next
@@ -259,16 +263,20 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def _resume(
         self, step: int, consumed: int, counted: StepIdentity | None, *, log: bool
-    ) -> tuple[int, int, list[Planned]]:
-        """``(step, start, micro batches)`` of the pass from ``(step, consumed)``, ``consumed``
-        counted in the samples ``counted``: waits for the step's file, skips a gap, and holds
-        the count to the step's samples and plan (:func:`~rollfeed.loaders.state.continue_at`,
-        ``log``: whether its policy warns)."""
+    ) -> tuple[int, int, list[Planned], dict[str, int]]:
+        """``(step, start, micro batches, fallbacks)`` of the pass from ``(step, consumed)``,
+        ``consumed`` counted in the samples ``counted``: waits for the step's file, skips a gap,
+        and holds the count to the step's samples and plan
+        (:func:`~rollfeed.loaders.state.continue_at`, ``log``: whether its policy warns);
+        ``fallbacks``: what ``on_reshard`` did (``reshard_restarted``: the step started over,
+        ``reshard_skipped``: steps whose rest was gone past)."""
+        fallbacks = dict(NO_FALLBACKS)
         while True:
             found = self._pass_step(step)
             if found != step:  # a gap in the step files: nothing of the missing steps was seen
                 if consumed:
                     step_gone(step, consumed, found, on_reshard=self.config.on_reshard, log=log)
+                    fallbacks["reshard_skipped"] += 1
                 step, consumed, counted = found, 0, None
             micro = self.step_micro_batches(step)
             identity, on_reshard = self._step_plan(step).identity, self.config.on_reshard
@@ -276,7 +284,9 @@ class MicroBatchSampler(Sampler[list[int]]):
                 step, consumed, counted, identity, len(micro), on_reshard=on_reshard, log=log
             )
             if start is not None:
-                return step, start, micro
+                fallbacks["reshard_restarted"] = int(consumed > 0 and start == 0)
+                return step, start, micro, fallbacks
+            fallbacks["reshard_skipped"] += 1
             step, consumed, counted = step + 1, 0, None
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -285,7 +295,11 @@ class MicroBatchSampler(Sampler[list[int]]):
 
     def _micro_batches(self) -> Iterator[list[int]]:
         self._normalize()
-        step, start, micro = self._resume(self._step, self._consumed, self._counted, log=True)
+        step, start, micro, fallbacks = self._resume(
+            self._step, self._consumed, self._counted, log=True
+        )
+        self._fallbacks = {step: {k: n + self._loaded[k] for k, n in fallbacks.items()}}
+        self._loaded = dict(NO_FALLBACKS)
         self._step, self._consumed = step, start
         self._counted = self._step_plan(step).identity
         self._step_size = len(micro)
@@ -331,7 +345,7 @@ class MicroBatchSampler(Sampler[list[int]]):
         if state is None:
             state = self.state_dict()
         counted = StepIdentity.from_dict(state["data"])
-        _, start, micro = self._resume(state["step"], state["micro_batches"], counted, log=False)
+        _, start, micro, _ = self._resume(state["step"], state["micro_batches"], counted, log=False)
         return len(micro) - start
 
     def state_dict(self) -> dict[str, Any]:
@@ -347,8 +361,9 @@ class MicroBatchSampler(Sampler[list[int]]):
         ).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        saved = SamplerState.from_dict(state)
         self._step, self._consumed, self._counted = resume_point(
-            SamplerState.from_dict(state),
+            saved,
             seed=self.config.seed,
             dp_size=self.topology.dp_size,
             cp_size=self.topology.cp_size,
@@ -356,6 +371,11 @@ class MicroBatchSampler(Sampler[list[int]]):
             on_reshard=self.config.on_reshard,
         )
         self._step_size = None
+        fell_back = saved.micro_batches and not self._consumed  # another world shape or plan
+        self._loaded = {
+            "reshard_restarted": int(fell_back and self._step == saved.step),
+            "reshard_skipped": int(fell_back and self._step != saved.step),
+        }
 
 
 class _Pass(Iterator[list[int]]):

@@ -93,6 +93,12 @@ def test_rewritten_step_under_a_policy_restarts_it_or_skips_its_rest(two_steps, 
             resumed = make_sampler(directory, on_reshard=policy)
             resumed.load_state_dict(state)
             assert run(resumed, 1) == want, policy
+            again = make_sampler(directory, on_reshard=policy)  # counted in its pass's metrics
+            again.load_state_dict(state)
+            list(again)
+            step, counts = (0, (1, 0)) if policy == "restart_step" else (1, (0, 1))
+            got = again.plan_metrics(step)
+            assert (got["reshard_restarted"], got["reshard_skipped"]) == counts, policy
     said = [r.getMessage() for r in caplog.records]
     assert any("restarting it" in m and "step 0" in m for m in said), said
     assert any("skipping its rest" in m for m in said), said
@@ -124,6 +130,7 @@ def test_mid_step_state_whose_step_file_is_gone(two_steps):
     skip = make_sampler(directory, on_reshard="next_step")
     skip.load_state_dict(state)
     assert run(skip, 1) == full[first:]
+    assert skip.plan_metrics(1)["reshard_skipped"] == 1  # the rest of step 0, gone
 
 
 def test_version_2_state_is_migrated_at_a_boundary_and_refused_mid_step(two_steps):

@@ -61,6 +61,8 @@ def _expected(ref, plan, taken: int) -> dict:
         # no sample holds versions: every loss token of the whole rows is unversioned
         stale_samples=0,
         stale_dropped=0,
+        reshard_restarted=0,  # a pass from the start: on_reshard did nothing
+        reshard_skipped=0,
         tokens_lag0=0,
         tokens_lag_ahead=0,
         tokens_unversioned=sum(int(t.step_counts.sample_loss_tokens.sum()) for t in tmbs),

@@ -138,13 +138,21 @@ def test_state_saved_under_another_plan_is_refused_naming_the_options():
             other.load_state_dict(state)
         assert err.value.step == 0 and other.state_dict()["micro_batches"] == 0
     # Under a reshard policy: the interrupted step replanned and started over, or skipped.
-    full = [tmb_key(t) for t in _inline_loader(ds, PlanConfig(seq_len=128))]
+    plain = _inline_loader(ds, PlanConfig(seq_len=128))
+    full = [tmb_key(t) for t in plain]
+    assert (plain.metrics["reshard_restarted"], plain.metrics["reshard_skipped"]) == (0, 0)
     restart = _inline_loader(ds, PlanConfig(seq_len=128), on_reshard="restart_step")
     restart.load_state_dict(state)
     assert [tmb_key(t) for t in restart] == full
+    assert (restart.metrics["reshard_restarted"], restart.metrics["reshard_skipped"]) == (1, 0)
+    list(restart)  # the next pass falls back on nothing
+    assert (restart.metrics["reshard_restarted"], restart.metrics["reshard_skipped"]) == (0, 0)
     skip = _inline_loader(ds, PlanConfig(seq_len=128), on_reshard="next_step")
     skip.load_state_dict(state)
     assert (skip.state_dict()["step"], skip.state_dict()["micro_batches"]) == (1, 0)
+    list(skip)
+    assert (skip.metrics["step"], skip.metrics["reshard_skipped"]) == (1, 1)
+    assert skip.metrics["reshard_restarted"] == 0
     # What is read of a micro batch is not its plan: the same position, the rest of the step.
     rest = [t.input_ids.tolist() for t in _inline_loader(ds, PlanConfig(seq_len=64))][1:]
     wider = _inline_loader(ds, PlanConfig(seq_len=64), whole_fields=True)
