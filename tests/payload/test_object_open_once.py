@@ -39,12 +39,17 @@ class _Gets:
         return self.real(key, *args, **kwargs)
 
 
+def _written(object_store, s3_url: str, *, seed: int):
+    """A fresh root over a prefix holding two samples, and the file of the first's first
+    segment (not opened yet by that root)."""
+    opts = object_store.options()
+    samples = write_batch(PayloadRoot(f"{s3_url}/p", **opts), 2, seed=seed)
+    return PayloadRoot(f"{s3_url}/p", **opts), samples[0].payload[0].file
+
+
 @pytest.mark.timeout(60)
 def test_two_threads_opening_one_object_get_it_once(object_store, s3_url):
-    opts = object_store.options()
-    samples = write_batch(PayloadRoot(f"{s3_url}/p", **opts), 2, seed=1)
-    rel = samples[0].payload[0].file
-    root = PayloadRoot(f"{s3_url}/p", **opts)
+    root, rel = _written(object_store, s3_url, seed=1)
     gets = _Gets(root)
     (a, first_a), (b, first_b) = _opened_by_two_threads(root, rel)
     assert len(gets.keys) == 1, gets.keys
@@ -54,10 +59,7 @@ def test_two_threads_opening_one_object_get_it_once(object_store, s3_url):
 
 @pytest.mark.timeout(60)
 def test_a_failed_opening_reaches_each_waiter_and_is_tried_again(object_store, s3_url):
-    opts = object_store.options()
-    samples = write_batch(PayloadRoot(f"{s3_url}/p", **opts), 2, seed=2)
-    rel = samples[0].payload[0].file
-    root = PayloadRoot(f"{s3_url}/p", **opts)
+    root, rel = _written(object_store, s3_url, seed=2)
     gets = _Gets(root, fail=True)
     got = _opened_by_two_threads(root, rel)
     assert [type(g) for g in got] == [RuntimeError, RuntimeError]
