@@ -14,11 +14,14 @@ corpus (:mod:`tests.payload.adversary_corpus`).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +50,7 @@ from tests.payload.adversary_writers import family_kill, family_races
 
 REPO = Path(__file__).resolve().parents[2]
 AS_LIMIT = 1 << 30  # the child imports torch in ~650 MiB of address space; measured, it fits
+STACKS = "stacks.txt"  # where a child that hangs writes every thread's stack
 
 
 # --------------------------------------------------------------------------- parent side
@@ -65,27 +69,36 @@ def run_family(
     summary as a dict. ``env``: variables added to the child's environment (the S3 server's
     ``AWS_*``).
 
-    A child that runs past ``timeout_s`` or dies reports a hang / crash naming its last case.
+    A child that runs past ``timeout_s`` or dies reports a hang / crash naming its last case (a
+    hang with every thread's stack at the time, dumped by the child on ``SIGUSR1``).
     """
     progress = workdir / "progress.txt"
     cmd = [sys.executable, "-m", "tests.payload.adversary", family, os.fspath(workdir), str(seed)]
+    child = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit)),
+        env={**os.environ, **(env or {})},
+    )
     try:
-        done = subprocess.run(
-            cmd,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit)),
-            env={**os.environ, **(env or {})},
-        )
+        out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGUSR1)  # every thread's stack into STACKS (see main)
+        time.sleep(1.0)
+        child.kill()
+        child.communicate()
         last = progress.read_text().splitlines()[-1:] if progress.exists() else []
-        return _broken(family, "hang", f"child ran past {timeout_s} s; last case: {last}")
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
+        stacks = workdir / STACKS
+        where = stacks.read_text()[-4000:] if stacks.exists() else "(no stacks written)"
+        why = f"child ran past {timeout_s} s; last case: {last}; its threads then:\n{where}"
+        return _broken(family, "hang", why)
+    lines = out.strip().splitlines()
+    if child.returncode != 0 or not lines:
         last = progress.read_text().splitlines()[-1:] if progress.exists() else []
-        why = f"child exited {done.returncode}; last case {last}; stderr: {done.stderr[-3000:]}"
+        why = f"child exited {child.returncode}; last case {last}; stderr: {err[-3000:]}"
         return _broken(family, "untyped", why)
     return json.loads(lines[-1])
 
@@ -134,6 +147,8 @@ FAMILIES = {
 
 def main(argv: list[str]) -> None:
     family, workdir, seed = argv[0], Path(argv[1]), int(argv[2])
+    stacks = open(workdir / STACKS, "w")  # noqa: SIM115  (open while the child runs)
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     rng = np.random.default_rng([seed, *family.encode()])
     import rollfeed.cli
     import rollfeed.loaders  # noqa: F401  (imported before tracemalloc starts: imports are slow under it)
