@@ -50,6 +50,12 @@ from tests.payload.adversary_writers import family_kill, family_races
 
 REPO = Path(__file__).resolve().parents[2]
 AS_LIMIT = 1 << 30  # the child imports torch in ~650 MiB of address space; measured, it fits
+# glibc reserves 64 MiB of address space for each thread's malloc arena (up to 8 per core), which
+# RLIMIT_AS counts as if allocated: the stores family (a proxy's threads, obstore's) peaked at
+# 1017 MiB of its 1024 so, and a thread more than usual could not start (a hang, or an abort
+# from obstore's runtime). Two arenas: it peaks at ~790 MiB, and the limit bounds what is
+# allocated, not how many threads ran.
+ARENAS = {"MALLOC_ARENA_MAX": "2"}
 STACKS = "stacks.txt"  # where a child that hangs writes every thread's stack
 
 
@@ -81,7 +87,7 @@ def run_family(
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit)),
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **ARENAS, **(env or {})},
     )
     try:
         out, err = child.communicate(timeout=timeout_s)
