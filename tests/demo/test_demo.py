@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rollfeed.demo.ledger import fingerprint
 from rollfeed.demo.report import Mismatch, format_report, kept_histogram, summarize, write_plot
 from rollfeed.demo.run import STEPS
+from rollfeed.loaders import read_step_file
 from rollfeed.orchestrator.progress import read_progress
 from tests.conftest import restore_base_weights
 
@@ -241,6 +243,9 @@ def test_demo_end_to_end(capture_server, tmp_path):
     assert [s.step for s in r.steps] == list(range(STEPS)) and trainer["steps"] == STEPS
     assert all(s.tokens == 128 and s.mismatch.tokens == 128 for s in r.steps)
     assert [len(s["samples"]) for s in trainer["train"]] == [8] * STEPS
+    for rec in trainer["train"]:  # exactly the samples of its step file (a multiset of hashes)
+        held = read_step_file(work / "steps" / f"step_{rec['step']:06d}.rfs")
+        assert sorted(fingerprint(s.token_ids) for s in held) == rec["samples"], rec["step"]
     assert r.steps[0].mismatch == r.replay
     assert r.steps[1].mismatch.mean_abs > 10 * r.steps[0].mismatch.mean_abs
     assert all(np.isfinite(s.loss) and s.entropy >= 0 for s in r.steps)
