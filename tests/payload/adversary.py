@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[2]
 AS_LIMIT = 1 << 30  # the child imports torch in ~650 MiB of address space; measured, it fits
 # glibc reserves 64 MiB of address space for each thread's malloc arena (up to 8 per core), which
 # RLIMIT_AS counts as if allocated: the stores family (a proxy's threads, obstore's) peaked at
-# 1017 MiB of its 1024 so, and a thread more than usual could not start (a hang, or an abort
+# 1017 MiB of its 1024 that way, and a thread more than usual could not start (a hang, or an abort
 # from obstore's runtime). Two arenas: it peaks at ~790 MiB, and the limit bounds what is
 # allocated, not how many threads ran.
 ARENAS = {"MALLOC_ARENA_MAX": "2"}
