@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from rollfeed.collate import BatchPlan, SharedPrefixes, Topology, plan_lengths
+from rollfeed.collate import BatchPlan, CollateError, SharedPrefixes, Topology, plan_lengths
 from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
@@ -151,14 +151,17 @@ class MicroBatchSampler(Sampler[list[int]]):
                 if prefixes is not None:
                     prefixes = SharedPrefixes(chains=tuple(prefixes.chains[k] for k in keep))
             dp_size = self.topology.dp_size
-            plan = plan_lengths(
-                lengths,
-                self.config.plan,
-                dp_size=dp_size,
-                loss_runs=runs,
-                image_runs=images,
-                prefixes=prefixes,
-            )
+            try:
+                plan = plan_lengths(
+                    lengths,
+                    self.config.plan,
+                    dp_size=dp_size,
+                    loss_runs=runs,
+                    image_runs=images,
+                    prefixes=prefixes,
+                )
+            except CollateError as err:  # an overlong sample, images claiming a prefix, ...
+                raise self._placed(err, step, order) from None
             got = self._plan = _StepPlan(
                 step=step,
                 plan=plan,
@@ -170,6 +173,23 @@ class MicroBatchSampler(Sampler[list[int]]):
             )
             self._log_truncation(step, plan.metrics)
         return got
+
+    def _placed(self, err: CollateError, step: int, order: np.ndarray) -> CollateError:
+        """``err``, raised planning ``step`` (whose samples in plan order are ``order``), naming
+        the sample by its number in the step rather than its place in the plan, and the step
+        and its file: as places where the error family has them, else in the message.
+
+        Example: an overlong sample at place 0 of a shuffled step 3, sample 5 of its file ->
+        ``OverlongError("... (step 3, /run/steps/step_000003.rfs)", sample=5)``."""
+        place = err.place
+        if place.get("sample") is not None:
+            place["sample"] = self.dataset.source.locate(int(order[place["sample"]]))[1]
+        where = {"file": self.dataset.where(step), "step": step}
+        if "file" in err.PLACE:
+            place.update({k: v for k, v in where.items() if place.get(k) is None})
+            return type(err)(err.message, **place)
+        file = "" if where["file"] is None else f", {where['file']}"
+        return type(err)(f"{err.message} (step {step}{file})", **place)
 
     def _stale(self, step: int, order: np.ndarray, versions: np.ndarray) -> dict[str, int]:
         """The step's staleness counts under the config's bound; ``"error"`` raises for the

@@ -68,7 +68,13 @@ def sample_record(
     policy_version: int | None = None,
 ) -> StepRecord:
     """``sample`` as a step record (module doc); ``policy_version``: see
-    :func:`record_policy_version`."""
+    :func:`record_policy_version`. A sample with images claims no shared prefix (they are not
+    packed as trees: the planner would refuse the step), so one given is ``ValueError``."""
+    if shared_prefix and sample.images:
+        raise ValueError(
+            f"a sample with images is not packed as a tree, so it claims no shared prefix (got "
+            f"shared_prefix={shared_prefix}); write it with shared_prefix=0 (its group may stay)"
+        )
     columns: dict[str, np.ndarray] = {
         name: value for name in _ARRAYS if (value := getattr(sample, name)) is not None
     }

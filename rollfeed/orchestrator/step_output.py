@@ -5,8 +5,8 @@ Every sample of step ``k`` is rebuilt from the cursor's records alone
 :class:`~rollfeed.orchestrator.Rollout`, its advantage its reward normalised within its prompt's
 group (:func:`~rollfeed.orchestrator.groups.group_advantages`). Samples come in prompt order, then
 sample order; each is named ``uid = "<prompt id>/<sample>"``, grouped by its prompt id with the
-prompt's tokens as shared prefix, and carries the oldest policy version among its tokens when the
-server reported versions.
+prompt's tokens as shared prefix (none for a sample with images: those are not packed as trees),
+and carries the oldest policy version among its tokens when the server reported versions.
 
 :func:`put_step` writes the step file whole (:class:`~rollfeed.loaders.StepWriter`), unless a
 file of that step is there already: a producer that crashed after putting the file and before
@@ -59,12 +59,12 @@ def step_samples(state: StepState, prompt_len: Mapping[str, int]) -> list[StepSa
         rollouts = [state.rollouts[(prompt, s)] for s in range(state.group_size)]
         advantages = group_advantages([r.reward for r in rollouts])  # type: ignore[misc]
         for s, (r, adv) in enumerate(zip(rollouts, advantages, strict=True)):
-            rollout = rebuild(r)
+            sample = rebuild(r).sample(advantage=float(adv), uid=f"{prompt}/{s}")
             out.append(
                 StepSample(
-                    sample=rollout.sample(advantage=float(adv), uid=f"{prompt}/{s}"),
+                    sample=sample,
                     group=prompt,
-                    shared_prefix=prompt_len[prompt],
+                    shared_prefix=0 if sample.images else prompt_len[prompt],
                     policy_version=None,
                 )
             )

@@ -10,13 +10,17 @@ import time
 import numpy as np
 import pytest
 
+from rollfeed.capture.protocol import CompletionRecord, GenerateResponse
 from rollfeed.loaders import read_step_file, write_step_file
 from rollfeed.orchestrator import Producer, ProducerConfig
+from rollfeed.orchestrator.cursor_events import RolloutState, StepState
 from rollfeed.orchestrator.cursor_frames import frame, scan
 from rollfeed.orchestrator.cursor_log import FOLDER, LOG_NAME
 from rollfeed.orchestrator.errors import CursorMismatchError
 from rollfeed.orchestrator.groups import Prompt
 from rollfeed.orchestrator.progress import TrainerProgress, read_progress, write_progress
+from rollfeed.orchestrator.step_output import put_step, step_samples
+from rollfeed.payload import ImageSpan
 from tests.orchestrator.fake_client import Crash, FakeClient
 
 PROMPTS = [Prompt(id=f"p{i}", token_ids=(1, 2, 3 + i)) for i in range(6)]
@@ -186,3 +190,34 @@ def test_advantages_are_normalised_within_each_group(tmp_path):
             adv = [a[-1] for _, _, a in step[2 * g : 2 * g + 2]]
             assert np.isclose(sum(adv), 0.0, atol=1e-6)
             assert all(abs(abs(x) - 1.0) < 1e-5 for x in adv) or adv == [0.0, 0.0]
+
+
+def test_rollouts_with_images_keep_their_group_but_claim_no_shared_prefix(tmp_path):
+    """Samples with images are not packed as trees, so their records claim no prompt prefix (the
+    step writer refuses one that does); text rollouts of the same step claim theirs."""
+
+    def answered(images: list[ImageSpan]) -> RolloutState:
+        c = CompletionRecord(
+            index=0,
+            token_ids=[7, 8],
+            logprobs=[-0.1, -0.2],
+            trainable=[True, True],
+            finish_reason="length",
+            new_prompt_len=6,
+            segments=[],
+            metrics={},
+        )
+        response = GenerateResponse(
+            request_id="r", prompt_start=0, temperature=1.0, completions=[c], images=images
+        )
+        return RolloutState(turns=[([1, 2, 3, 4, 5, 6], response)], reward=1.0)
+
+    image = ImageSpan(start=1, tokens=2, grid=(1, 2, 4), data=b"png")
+    rollouts = {("p", s): answered([image]) for s in range(2)}
+    rollouts |= {("q", s): answered([]) for s in range(2)}
+    state = StepState(prompts=["p", "q"], group_size=2, rollouts=rollouts)
+    samples = step_samples(state, {"p": 6, "q": 6})
+    got = [(s.group, s.shared_prefix) for s in samples]
+    assert got == [("p", 0), ("p", 0), ("q", 6), ("q", 6)]
+    put_step(tmp_path, 0, samples, fsync=False)
+    assert [len(s.images) for s in read_step_file(tmp_path / "step_000000.rfs")] == [1, 1, 0, 0]
