@@ -184,12 +184,12 @@ class MicroBatchSampler(Sampler[list[int]]):
         place = err.place
         if place.get("sample") is not None:
             place["sample"] = self.dataset.source.locate(int(order[place["sample"]]))[1]
-        where = {"file": self.dataset.where(step), "step": step}
-        if "file" in err.PLACE:
-            place.update({k: v for k, v in where.items() if place.get(k) is None})
+        file = self.dataset.where(step)
+        if {"file", "step"} <= set(err.PLACE):
+            place.update({k: v for k, v in (("file", file), ("step", step)) if place[k] is None})
             return type(err)(err.message, **place)
-        file = "" if where["file"] is None else f", {where['file']}"
-        return type(err)(f"{err.message} (step {step}{file})", **place)
+        at = "" if file is None else f", {file}"
+        return type(err)(f"{err.message} (step {step}{at})", **place)
 
     def _stale(self, step: int, order: np.ndarray, versions: np.ndarray) -> dict[str, int]:
         """The step's staleness counts under the config's bound; ``"error"`` raises for the
