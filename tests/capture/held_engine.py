@@ -27,11 +27,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rollfeed.capture.process import ServerProcess
+from tests.capture.engine_metrics import wait_for
 
 # The engine's run between two checks of run_until: a few ms, counted rather than slept (a
 # sleep's wake-up is one more chance for this process to be left unscheduled while the engine runs).
@@ -92,9 +92,4 @@ def held(server: ServerProcess) -> Iterator[Held]:
 def run_until(hold: Held, check: Callable[[], bool], *, timeout_s: float) -> bool:
     """Whether ``check()``, asked while the engine is held, came true within ``timeout_s`` of
     the engine running in pulses of :data:`PULSE_SPINS`."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        hold.run_for(PULSE_SPINS)
-    return True
+    return wait_for(check, timeout_s=timeout_s, between=lambda: hold.run_for(PULSE_SPINS))
