@@ -25,10 +25,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import psutil
 
 from rollfeed.capture.process import ServerProcess
 from tests.capture.engine_metrics import wait_for
@@ -38,55 +38,43 @@ from tests.capture.engine_metrics import wait_for
 PULSE_SPINS = 100_000
 
 
-def engine_pids(server: ServerProcess) -> list[int]:
-    """The processes of the server's process group but the server itself: vLLM's engine core and
-    its workers (``serve`` runs in a group of its own)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == server.proc.pid:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # it ended while listed
-            continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
-        if int(stat.rsplit(")", 1)[1].split()[2]) == server.proc.pid:
-            pids.append(int(entry))
-    return pids
-
-
 @dataclass(frozen=True, slots=True)
 class Held:
-    """An engine held by :func:`held`: its stopped processes."""
+    """An engine held by :func:`held`: the server's descendant processes (vLLM's engine core and
+    its workers), stopped."""
 
-    pids: tuple[int, ...]
+    procs: tuple[psutil.Process, ...]
 
-    def signal(self, sig: int) -> None:
-        for pid in self.pids:
-            with contextlib.suppress(ProcessLookupError):  # killed while held
-                os.kill(pid, sig)
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(psutil.NoSuchProcess):  # killed while held
+                proc.suspend()
+
+    def go_on(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.resume()
 
     def run_for(self, spins: int) -> None:
         """Let the engine run while this process counts to ``spins``, then hold it again."""
-        self.signal(signal.SIGCONT)
+        self.go_on()
         try:
             for _ in range(spins):
                 pass
         finally:
-            self.signal(signal.SIGSTOP)
+            self.stop()
 
 
 @contextlib.contextmanager
 def held(server: ServerProcess) -> Iterator[Held]:
     """Stop the engine of ``server`` for the block (see module doc)."""
-    hold = Held(tuple(engine_pids(server)))
-    assert hold.pids, f"the capture server {server.url} runs no engine process"
-    hold.signal(signal.SIGSTOP)
+    hold = Held(tuple(psutil.Process(server.proc.pid).children(recursive=True)))
+    assert hold.procs, f"the capture server {server.url} runs no engine process"
+    hold.stop()
     try:
         yield hold
     finally:
-        hold.signal(signal.SIGCONT)
+        hold.go_on()
 
 
 def run_until(hold: Held, check: Callable[[], bool], *, timeout_s: float) -> bool:
