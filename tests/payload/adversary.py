@@ -92,12 +92,14 @@ def run_family(
     try:
         out, err = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        stacks = workdir / STACKS
         child.send_signal(signal.SIGUSR1)  # every thread's stack into STACKS (see main)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not (stacks.exists() and stacks.stat().st_size):
+            time.sleep(0.05)
         child.kill()
         child.communicate()
         last = progress.read_text().splitlines()[-1:] if progress.exists() else []
-        stacks = workdir / STACKS
         where = stacks.read_text()[-4000:] if stacks.exists() else "(no stacks written)"
         why = f"child ran past {timeout_s} s; last case: {last}; its threads then:\n{where}"
         return _broken(family, "hang", why)
