@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from rollfeed.collate import BatchPlan, CollateError, SharedPrefixes, Topology, plan_lengths
+from rollfeed.collate import BatchPlan, CollateError, Topology, plan_lengths
 from rollfeed.loaders.config import LoaderConfig
 from rollfeed.loaders.dataset import RolloutDataset
 from rollfeed.loaders.errors import EmptyStepError, LoaderConfigError
@@ -64,6 +64,7 @@ from rollfeed.loaders.plan_fingerprint import plan_fingerprint
 from rollfeed.loaders.staleness import stale_error, stale_samples
 from rollfeed.loaders.state import SamplerState, continue_at, resume_point, step_gone
 from rollfeed.loaders.step_identity import StepIdentity
+from rollfeed.loaders.step_rows import StepRows
 from rollfeed.loaders.step_version import StepVersion
 
 logger = logging.getLogger(__name__)
@@ -128,45 +129,32 @@ class MicroBatchSampler(Sampler[list[int]]):
     def _step_plan(self, step: int) -> _StepPlan:
         got = self._plan
         if got is None or got.step != step:
-            order = self.dataset.step_indices(step)
-            lengths = self.dataset.lengths(step)
-            runs = self.dataset.loss_runs(step)
-            images = self.dataset.image_runs(step)
-            prefixes = self.dataset.shared_prefixes(step)
+            rows = StepRows.read(self.dataset, step)
             version = self.dataset.step_version(step)
             identity = self.dataset.step_identity(step)
-            versions = self.dataset.policy_versions(step)
             if self.config.shuffle:
-                perm = np.random.default_rng([self.config.seed, step]).permutation(len(order))
-                order, lengths, runs = order[perm], lengths[perm], runs.take(perm)
-                images = None if images is None else images.take(perm)
-                if prefixes is not None:
-                    prefixes = SharedPrefixes(chains=tuple(prefixes.chains[p] for p in perm))
-                versions = versions[perm]
-            stale = self._stale(step, order, versions)
+                rng = np.random.default_rng([self.config.seed, step])
+                rows = rows.take(rng.permutation(len(rows.order)))
+            stale = self._stale(step, rows.order, rows.versions)
             if stale["stale_dropped"]:
-                keep = np.flatnonzero(~stale_samples(versions, step, self.config.max_staleness))
-                order, lengths, runs = order[keep], lengths[keep], runs.take(keep)
-                images = None if images is None else images.take(keep)
-                if prefixes is not None:
-                    prefixes = SharedPrefixes(chains=tuple(prefixes.chains[k] for k in keep))
-            dp_size = self.topology.dp_size
+                fresh = ~stale_samples(rows.versions, step, self.config.max_staleness)
+                rows = rows.take(np.flatnonzero(fresh))
             try:
                 plan = plan_lengths(
-                    lengths,
+                    rows.lengths,
                     self.config.plan,
-                    dp_size=dp_size,
-                    loss_runs=runs,
-                    image_runs=images,
-                    prefixes=prefixes,
+                    dp_size=self.topology.dp_size,
+                    loss_runs=rows.runs,
+                    image_runs=rows.images,
+                    prefixes=rows.prefixes,
                 )
             except CollateError as err:  # an overlong sample, images claiming a prefix, ...
-                raise self._placed(err, step, order) from None
+                raise self._placed(err, step, rows.order) from None
             got = self._plan = _StepPlan(
                 step=step,
                 plan=plan,
-                order=order,
-                lengths=lengths,
+                order=rows.order,
+                lengths=rows.lengths,
                 version=version,
                 identity=identity,
                 stale=stale,
