@@ -21,15 +21,11 @@ def engine_counts(url: str) -> dict[str, float]:
     return {k: value(v) for k, v in names.items()} | {"tokens": value("generation_tokens_total")}
 
 
-def wait_for(check, *, timeout_s: float, step_s: float = 0.02, between=None) -> bool:
-    """Whether ``check()`` came true within ``timeout_s``, polled every ``step_s`` (or with
-    ``between()`` run between two checks, where it is given)."""
+def wait_for(check, *, timeout_s: float, step_s: float = 0.02) -> bool:
+    """Whether ``check()`` came true within ``timeout_s``, polled every ``step_s``."""
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
             return False
-        if between is None:
-            time.sleep(step_s)
-        else:
-            between()
+        time.sleep(step_s)
     return True

@@ -16,15 +16,15 @@ from rollfeed.cli import main as cli
 from rollfeed.orchestrator.client import CaptureClient
 from rollfeed.payload import PayloadRoot
 from tests.capture.engine_metrics import engine_counts, wait_for
-from tests.capture.held_engine import held, run_until
 from tests.capture.kept import read_kept
+from tests.capture.slowed_engine import slowed
 
 pytestmark = pytest.mark.vllm
 
 SAMPLING = {"top_k": 5, "top_p": 0.9, "temperature": 0.8, "ignore_eos": True}
 # 16 completions of up to 480 tokens, one at a time (the session's server runs one sequence at
-# a time), ~20 s: the engine, held (tests/capture/held_engine.py) and run in short pulses until it
-# is on the request, is far from its end when the client goes or the server is killed.
+# a time), ~20 s at full speed: the engine, slowed (tests/capture/slowed_engine.py) from before
+# the request, is far from its end when the client goes or the server is killed.
 N = 16
 LONG = dict(SAMPLING, max_tokens=480, n=N, seed=1)
 
@@ -91,12 +91,12 @@ def test_a_client_that_disconnects_cancels_its_generation(client, capture_server
     request = f"{head}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
     with (
         socket.create_connection((where.hostname, where.port)) as sock,
-        held(capture_server.process) as hold,  # the engine runs when the test lets it
+        slowed(capture_server.process),
     ):
         sock.sendall(request)
         seen: dict[str, float] = {}
-        assert run_until(hold, lambda: started(url, before, seen), timeout_s=120), seen
-        sock.close()  # a few tokens in: the server drops the request, the engine held
+        assert wait_for(lambda: started(url, before, seen), timeout_s=120), seen
+        sock.close()  # a few tokens in: the server drops the request, the engine slowed
         assert wait_for(lambda: client.info().requests_running == 0, timeout_s=30)
     now = {}
 
@@ -123,9 +123,9 @@ def test_server_killed_mid_request(client, capture_server, capsys):
 
     before, seen = engine_counts(capture_server.url), {}
     thread = threading.Thread(target=long_request)
-    with held(capture_server.process) as hold:  # the kill comes a few tokens in
+    with slowed(capture_server.process):  # the kill comes a few tokens in
         thread.start()
-        assert run_until(hold, lambda: started(capture_server.url, before, seen), timeout_s=120), (
+        assert wait_for(lambda: started(capture_server.url, before, seen), timeout_s=120), (
             before,
             seen,
             errors,

