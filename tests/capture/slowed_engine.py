@@ -59,13 +59,8 @@ def _cpu_hierarchy() -> Path:
 
 def _move(pid: int, group: Path) -> None:
     """Put process ``pid`` (all its threads) in ``group``; a process that has ended is skipped."""
-    try:
+    with contextlib.suppress(ProcessLookupError):  # ESRCH: killed in the block, and reaped
         (group / "cgroup.procs").write_text(str(pid))
-    except ProcessLookupError:
-        pass
-    except OSError as err:  # v1 answers a pid that ended with EINVAL on some kernels
-        if err.errno != errno.EINVAL or psutil.pid_exists(pid):
-            raise
 
 
 @contextlib.contextmanager
