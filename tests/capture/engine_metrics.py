@@ -22,7 +22,7 @@ def engine_counts(url: str) -> dict[str, float]:
 
 
 def wait_for(check, *, timeout_s: float, step_s: float = 0.02) -> bool:
-    """Whether ``check()`` came true within ``timeout_s``, polled every ``step_s``."""
+    """Whether ``check()`` came true within ``timeout_s`` (polled every ``step_s``)."""
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:

@@ -95,7 +95,7 @@ def test_a_client_that_disconnects_cancels_its_generation(client, capture_server
     ):
         sock.sendall(request)
         seen: dict[str, float] = {}
-        assert wait_for(lambda: started(url, before, seen), timeout_s=120), seen
+        assert wait_for(lambda: started(url, before, seen), timeout_s=120), (before, seen)
         sock.close()  # a few tokens in: the server drops the request, the engine slowed
         assert wait_for(lambda: client.info().requests_running == 0, timeout_s=30)
     now = {}
