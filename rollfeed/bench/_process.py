@@ -14,7 +14,9 @@ from the process that forked the child, so a child of ``bench all`` (whose earli
 held a GiB) reported that GiB as its own peak (1,037 MiB against a true 13 MiB).
 
 :func:`busy_core` holds one core busy from another process for a block, for the benchmarks'
-contention lines (the same measurement with and without it, interleaved).
+contention lines (the same measurement with and without it, interleaved). :func:`cpu_seconds`
+(one process, every thread) and :class:`Cores` (the whole machine) say whether a measurement
+was bound by this machine's cores rather than by waiting.
 
 Example (a child that allocates 100 MiB after its inputs)::
 
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 _RESET_PEAK = b"5"  # clear_refs: set VmHWM back to the current resident set
 # a busy loop that ends with the process that started it (killed without its finally: no orphan);
@@ -86,3 +89,32 @@ def peak_bytes() -> int:
             if line.startswith(b"VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("/proc/self/status has no VmHWM line: the memory bench needs Linux")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system, every thread) process ``pid`` has used so far
+    (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Cores:
+    """The machine's CPU time so far (``/proc/stat``): ``busy`` of ``total`` clock ticks over
+    every core. ``Cores.now().busy_since(before)``: how many of its cores were busy, on average,
+    between the two (``2.0`` on a 2-core machine: none was ever idle)."""
+
+    busy: int
+    total: int
+
+    @classmethod
+    def now(cls) -> Cores:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+        idle = ticks[3] + ticks[4]  # idle and waiting for I/O
+        return cls(busy=sum(ticks) - idle, total=sum(ticks))
+
+    def busy_since(self, before: Cores) -> float:
+        total = self.total - before.total
+        return (self.busy - before.busy) / total * (os.cpu_count() or 1) if total else 0.0
