@@ -56,7 +56,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -154,20 +156,56 @@ def _per_micro_batch(metrics: dict[str, float]) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Steps:
+    """Two steps of the same samples (step 1 repeats step 0), over the store and over local
+    files: each side's step dataset and payload root, made afresh by each call."""
+
+    samples: list  # the samples over the store
+    stored: Callable[[], RolloutDataset]
+    store_root: Callable[[], PayloadRoot]
+    on_disk: Callable[[], RolloutDataset]
+    local_root: str
+
+
+def _two_steps(work: Path, url: str, options: dict, name: str, *, seed: int, n: int) -> _Steps:
+    """``n`` samples written under ``{url}/{name}`` and ``work/{name}-payload``, their two step
+    files under ``{name}-steps`` on each side."""
+    access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
+    root = functools.partial(PayloadRoot, f"{url}/{name}", **options)
+    samples = make_step(root(), np.random.default_rng(seed), n)  # type: ignore[arg-type]
+    local_root, local_steps = work / f"{name}-payload", work / f"{name}-steps"
+    local_steps.mkdir()
+    local = make_step(str(local_root), np.random.default_rng(seed), n)
+    for step in (0, 1):
+        write_step_file(f"{url}/{name}-steps", step, samples, store=access)
+        write_step_file(local_steps, step, local)
+    return _Steps(
+        samples=samples,
+        stored=functools.partial(RolloutDataset.from_step_dir, f"{url}/{name}-steps", store=access),
+        store_root=root,
+        on_disk=functools.partial(RolloutDataset.from_step_dir, local_steps),
+        local_root=str(local_root),
+    )
+
+
+def _loader(dataset: RolloutDataset, root, *, workers: int = 2, method: str | None = None):
+    """One rank's loader of ``CONFIG`` micro batches, ``workers`` started by ``method``."""
+    return build_dataloader(
+        dataset,
+        Topology(dp_rank=0, dp_size=1),
+        LoaderConfig(plan=CONFIG),
+        root=root,
+        options=LoaderOptions(num_workers=workers, multiprocessing_context=method),
+    )
+
+
 def _loader_waits(
     work: Path, url: str, options: dict, busy_ms: list[float], runs: int, server_pid: int
 ) -> None:
-    root = PayloadRoot(f"{url}/loader", **options)
-    samples = make_step(root, np.random.default_rng(5), 40)  # type: ignore[arg-type]
-    access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
-    local_root, local_steps = work / "waits-payload", work / "waits-steps"
-    local_steps.mkdir()
-    local = make_step(str(local_root), np.random.default_rng(5), 40)
-    for step in (0, 1):  # the second: a running loader's next step
-        write_step_file(f"{url}/steps", step, samples, store=access)
-        write_step_file(local_steps, step, local)
-    plan = prepare_batch(samples, CONFIG, dp_size=1)
-    fresh = PayloadRoot(f"{url}/loader", **options)
+    steps = _two_steps(work, url, options, "loader", seed=5, n=40)
+    plan = prepare_batch(steps.samples, CONFIG, dp_size=1)
+    fresh = steps.store_root()
     server_s, own_s = cpu_seconds(server_pid), time.process_time()
     fetch = statistics.median(
         _median(lambda mb=mb: to_tensor_micro_batch(mb, cp_rank=0, root=fresh), 1) for mb in plan[0]
@@ -181,23 +219,10 @@ def _loader_waits(
     )
 
     def make(workers: int = 2):
-        ds = RolloutDataset.from_step_dir(f"{url}/steps", store=access)
-        return build_dataloader(
-            ds,
-            Topology(dp_rank=0, dp_size=1),
-            LoaderConfig(plan=CONFIG),
-            root=PayloadRoot(f"{url}/loader", **options),
-            options=LoaderOptions(num_workers=workers),
-        )
+        return _loader(steps.stored(), steps.store_root(), workers=workers)
 
     def make_local():  # the same samples over local files, forked workers
-        return build_dataloader(
-            RolloutDataset.from_step_dir(local_steps),
-            Topology(dp_rank=0, dp_size=1),
-            LoaderConfig(plan=CONFIG),
-            root=str(local_root),
-            options=LoaderOptions(num_workers=2),
-        )
+        return _loader(steps.on_disk(), steps.local_root)
 
     here = make(0)  # the same making in this process: the samples' GETs, then the payload's
     list(here)
@@ -282,21 +307,11 @@ def _next_pass(loader, busy_s: float) -> list[float]:
 
 
 def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
-    access = {k: options[k] for k in ("endpoint", "access_key_id", "secret_access_key", "region")}
-    root = PayloadRoot(f"{url}/start", **options)
-    samples = make_step(root, np.random.default_rng(7), 24)  # type: ignore[arg-type]
-    local_root, local_steps = work / "start-payload", work / "start-steps"
-    local_steps.mkdir()
-    local = make_step(str(local_root), np.random.default_rng(7), 24)
-    for step in range(2):
-        write_step_file(f"{url}/start-steps", step, samples, store=access)
-        write_step_file(local_steps, step, local)
-    stored = functools.partial(RolloutDataset.from_step_dir, f"{url}/start-steps", store=access)
-    on_disk = functools.partial(RolloutDataset.from_step_dir, local_steps)
+    steps = _two_steps(work, url, options, "start", seed=7, n=24)
     runs = {  # the store first: its first loader starts this process's fork server
-        "store, forkserver": (stored, root, None),
-        "local files, fork": (on_disk, str(local_root), "fork"),
-        "local files, forkserver": (on_disk, str(local_root), "forkserver"),
+        "store, forkserver": (steps.stored, steps.store_root, None),
+        "local files, fork": (steps.on_disk, lambda: steps.local_root, "fork"),
+        "local files, forkserver": (steps.on_disk, lambda: steps.local_root, "forkserver"),
     }
     firsts: dict[str, list[float]] = {k: [] for k in runs}
     per_step: dict[str, list[float]] = {k: [] for k in runs}
@@ -307,13 +322,7 @@ def _start_methods(work: Path, url: str, options: dict, reps: int) -> None:
         for name, (dataset, where, method) in runs.items():
             for pause in (None, PAUSE_S):
                 t0 = time.perf_counter()
-                loader = build_dataloader(
-                    dataset(),
-                    Topology(dp_rank=0, dp_size=1),
-                    LoaderConfig(plan=CONFIG),
-                    root=where,
-                    options=LoaderOptions(num_workers=2, multiprocessing_context=method),
-                )
+                loader = _loader(dataset(), where(), method=method)
                 micro = sum(1 for _ in loader)
                 if pause is None:  # first pass: the start included
                     firsts[name].append(time.perf_counter() - t0)
